@@ -1,0 +1,80 @@
+// Shapes, limits and the per-pair weight shared by the CPU and GPU kernels of
+// keras-yoso. Plain C++ (also compiled by nvcc); no TensorFlow include.
+//
+// Notation (YOSO, Zeng et al. 2021): B = flattened batch (batch x heads),
+// m = number of hashes, tau = bits per hash, Nq / Nk = number of queries / keys,
+// D = value width, W = weight width, 2^tau = number of buckets.
+#ifndef KERAS_YOSO_KERNELS_YOSO_COMMON_H_
+#define KERAS_YOSO_KERNELS_YOSO_COMMON_H_
+
+#include <cmath>
+#include <cstdint>
+
+#if defined(__CUDACC__)
+#define KY_HOST_DEVICE __host__ __device__
+#else
+#define KY_HOST_DEVICE
+#endif
+
+namespace keras_yoso {
+
+// Largest bucket count a cumulation accepts (tau <= 20).
+constexpr int64_t kMaxNumBuckets = int64_t{1} << 20;
+// Largest number of sign bits one hash code can hold in an int32.
+constexpr int kMaxHashCodeLen = 30;
+
+// Element type of the floating-point tensors handed to a GPU launcher.
+// Every kernel accumulates in float32 whatever this type is.
+enum class ScalarType { kFloat32 = 0, kFloat16 = 1, kBFloat16 = 2 };
+
+// Sizes of one hashing call: x [B, N, d] -> codes [B, m, N].
+struct HashDims {
+  int64_t batch;          // B
+  int64_t length;         // N
+  int64_t dim;            // d
+  int64_t num_hashes;     // m
+  int64_t hash_code_len;  // tau
+  int64_t padded_dim;     // Hadamard only: next power of two >= d
+  int64_t num_blocks;     // Hadamard only: ceil(m * tau / padded_dim)
+};
+
+// Sizes of one cumulation call. codes are [B, m, N]; masks [B, N] (keep where
+// != 0); query_weight [B, Nq, W], key_weight [B, Nk, W]; value [B, Nk, D];
+// output [B, Nq, D]. For the collision estimator, "query"/"key" vectors are
+// [B, N, vector_dim] and the output is [B, Nq, vector_dim].
+struct CumulationDims {
+  int64_t batch;        // B
+  int64_t num_hashes;   // m
+  int64_t num_queries;  // Nq
+  int64_t num_keys;     // Nk
+  int64_t weight_dim;   // W (0 when unweighted)
+  int64_t value_dim;    // D
+  int64_t vector_dim;   // d (collision estimator only)
+  int64_t num_buckets;  // 2^tau
+};
+
+// Weight of one colliding pair in the *YOSO estimator (appendix eq. 2):
+//   tau (1 - acos(x)/pi)^(tau-1) / (pi sqrt(1 - x^2 + eps)),  x clipped to [-1, 1].
+// The caller multiplies it by <dY_i, V_j>.
+KY_HOST_DEVICE inline float CollisionDerivative(float x, int hash_code_len, float epsilon) {
+  const float kPi = 3.14159265358979323846f;
+  x = x > 1.0f ? 1.0f : (x < -1.0f ? -1.0f : x);
+  const float p = 1.0f - acosf(x) / kPi;
+  const float dp = hash_code_len == 1 ? 1.0f : powf(p, static_cast<float>(hash_code_len - 1));
+  return static_cast<float>(hash_code_len) * dp / (kPi * sqrtf(1.0f - x * x + epsilon));
+}
+
+// True when hash h is the first hash in which query i and key j collide, so a
+// pair that collides in several hashes is visited exactly once.
+KY_HOST_DEVICE inline bool IsFirstCollision(const int32_t* query_codes, int64_t query_stride,
+                                            const int32_t* key_codes, int64_t key_stride,
+                                            int64_t h) {
+  for (int64_t g = 0; g < h; ++g) {
+    if (query_codes[g * query_stride] == key_codes[g * key_stride]) return false;
+  }
+  return true;
+}
+
+}  // namespace keras_yoso
+
+#endif  // KERAS_YOSO_KERNELS_YOSO_COMMON_H_

@@ -1,0 +1,486 @@
+// TensorFlow OpKernels of keras-yoso: validate inputs, allocate outputs and
+// scratch, then run the algorithm of yoso_cpu.h on TF's CPU worker pool or the
+// launcher of yoso_gpu.h on the op's CUDA stream. No math lives here.
+#define EIGEN_USE_THREADS
+#if GOOGLE_CUDA
+#define EIGEN_USE_GPU
+#endif
+
+#include <functional>
+#include <string>
+
+#include "tensorflow/core/framework/op_kernel.h"
+#include "tensorflow/core/framework/tensor.h"
+#include "tensorflow/core/framework/tensor_shape.h"
+#include "yoso_cpu.h"
+#if GOOGLE_CUDA
+#include "yoso_gpu.h"
+#endif
+
+namespace keras_yoso {
+
+using ::tensorflow::DEVICE_CPU;
+using ::tensorflow::OpKernel;
+using ::tensorflow::OpKernelConstruction;
+using ::tensorflow::OpKernelContext;
+using ::tensorflow::Status;
+using ::tensorflow::Tensor;
+using ::tensorflow::TensorShape;
+using CPUDevice = Eigen::ThreadPoolDevice;
+#if GOOGLE_CUDA
+using ::tensorflow::DEVICE_GPU;
+using GPUDevice = Eigen::GpuDevice;
+#endif
+
+namespace {
+
+// Runs yoso_cpu.h's work units on the op's intra-op thread pool.
+struct TfParallelFor {
+  OpKernelContext* ctx;
+  void operator()(int64_t units, int64_t cost_per_unit,
+                  const std::function<void(int64_t, int64_t)>& fn) const {
+    if (units <= 0) return;
+    ctx->device()->tensorflow_cpu_worker_threads()->workers->ParallelFor(units, cost_per_unit, fn);
+  }
+};
+
+std::string ShapeString(std::initializer_list<int64_t> dims) {
+  std::string s = "[";
+  for (auto it = dims.begin(); it != dims.end(); ++it) {
+    if (it != dims.begin()) s += ", ";
+    s += *it < 0 ? std::string("?") : std::to_string(*it);
+  }
+  return s + "]";
+}
+
+// Checks that `t` has rank dims.size() and every dimension that is >= 0 in `dims`.
+Status CheckShape(const Tensor& t, const char* name, const char* meaning,
+                  std::initializer_list<int64_t> dims) {
+  bool ok = t.dims() == static_cast<int>(dims.size());
+  int axis = 0;
+  for (int64_t want : dims) {
+    if (ok && want >= 0 && t.dim_size(axis) != want) ok = false;
+    ++axis;
+  }
+  if (ok) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(name, " must have shape ", meaning, " = ",
+                                                 ShapeString(dims), ", got ",
+                                                 t.shape().DebugString()));
+}
+
+Status CheckNumBucketsAttr(int64_t num_buckets) {
+  if (num_buckets < 1 || num_buckets > kMaxNumBuckets || (num_buckets & (num_buckets - 1)) != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "num_buckets must be a power of two in [1, 2**20], got ", num_buckets));
+  }
+  return absl::OkStatus();
+}
+
+template <typename Device>
+struct CodeValidator;
+
+template <>
+struct CodeValidator<CPUDevice> {
+  static int64_t CountInvalid(OpKernelContext*, const Tensor& codes, int64_t num_buckets) {
+    return CountInvalidCodes(codes.flat<int32_t>().data(), codes.NumElements(), num_buckets);
+  }
+};
+
+// Rejects codes outside [0, num_buckets), naming the input.
+template <typename Device>
+Status CheckCodes(OpKernelContext* ctx, const Tensor& codes, const char* name,
+                  int64_t num_buckets) {
+  if (codes.NumElements() == 0) return absl::OkStatus();
+  const int64_t invalid = CodeValidator<Device>::CountInvalid(ctx, codes, num_buckets);
+  if (invalid < 0) return absl::InternalError(absl::StrCat("could not validate ", name));
+  if (invalid == 0) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(name, " has ", invalid,
+                                                 " codes outside [0, num_buckets) = [0, ",
+                                                 num_buckets, ")"));
+}
+
+// Sizes of a cumulation from its codes and masks, checked against each other.
+Status CumulationSides(const Tensor& query_mask, const Tensor& query_codes,
+                       const Tensor& key_mask, const Tensor& key_codes, CumulationDims* d) {
+  TF_RETURN_IF_ERROR(CheckShape(query_codes, "query_codes", "[batch, num_hashes, num_queries]",
+                                {-1, -1, -1}));
+  d->batch = query_codes.dim_size(0);
+  d->num_hashes = query_codes.dim_size(1);
+  d->num_queries = query_codes.dim_size(2);
+  if (d->num_hashes < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("query_codes must have num_hashes >= 1 (axis 1), got shape ",
+                     query_codes.shape().DebugString()));
+  }
+  TF_RETURN_IF_ERROR(CheckShape(key_codes, "key_codes", "[batch, num_hashes, num_keys]",
+                                {d->batch, d->num_hashes, -1}));
+  d->num_keys = key_codes.dim_size(2);
+  TF_RETURN_IF_ERROR(
+      CheckShape(query_mask, "query_mask", "[batch, num_queries]", {d->batch, d->num_queries}));
+  TF_RETURN_IF_ERROR(
+      CheckShape(key_mask, "key_mask", "[batch, num_keys]", {d->batch, d->num_keys}));
+  return absl::OkStatus();
+}
+
+#if GOOGLE_CUDA
+template <typename T>
+constexpr ScalarType ScalarTypeOf();
+template <>
+constexpr ScalarType ScalarTypeOf<float>() { return ScalarType::kFloat32; }
+template <>
+constexpr ScalarType ScalarTypeOf<Eigen::half>() { return ScalarType::kFloat16; }
+template <>
+constexpr ScalarType ScalarTypeOf<Eigen::bfloat16>() { return ScalarType::kBFloat16; }
+
+cudaStream_t StreamOf(OpKernelContext* ctx) { return ctx->eigen_device<GPUDevice>().stream(); }
+
+Status CudaStatus(cudaError_t err, const char* what) {
+  if (err == cudaSuccess) return absl::OkStatus();
+  return absl::InternalError(absl::StrCat(what, " failed: ", cudaGetErrorString(err)));
+}
+
+template <>
+struct CodeValidator<GPUDevice> {
+  static int64_t CountInvalid(OpKernelContext* ctx, const Tensor& codes, int64_t num_buckets) {
+    Tensor count;
+    if (!ctx->allocate_temp(tensorflow::DT_UINT64, TensorShape({1}), &count).ok()) return -1;
+    unsigned long long host = 0;
+    auto* device_count = reinterpret_cast<unsigned long long*>(count.flat<tensorflow::uint64>().data());
+    cudaStream_t stream = StreamOf(ctx);
+    if (CountInvalidCodesGpu(codes.flat<int32_t>().data(), codes.NumElements(), num_buckets,
+                             device_count, stream) != cudaSuccess ||
+        cudaMemcpyAsync(&host, device_count, sizeof(host), cudaMemcpyDeviceToHost, stream) !=
+            cudaSuccess ||
+        cudaStreamSynchronize(stream) != cudaSuccess) {
+      return -1;
+    }
+    return static_cast<int64_t>(host);
+  }
+};
+
+Status AllocateWorkspace(OpKernelContext* ctx, size_t bytes, Tensor* workspace) {
+  return ctx->allocate_temp(tensorflow::DT_INT8,
+                            TensorShape({static_cast<int64_t>(std::max<size_t>(bytes, 1))}),
+                            workspace);
+}
+#endif  // GOOGLE_CUDA
+
+template <typename T>
+const T* Ptr(const Tensor& t) { return t.flat<T>().data(); }
+template <typename T>
+T* MutablePtr(Tensor* t) { return t->flat<T>().data(); }
+
+// ----------------------------------------------------------------------------
+// Hash codes.
+
+template <typename Device, typename T>
+struct HashCodesFunctor;
+
+template <typename T>
+struct HashCodesFunctor<CPUDevice, T> {
+  static Status Gaussian(OpKernelContext* ctx, const HashDims& d, const Tensor& x,
+                         const Tensor& projection, Tensor* codes) {
+    GaussianHashCodesCpu<T>(d, Ptr<T>(x), Ptr<float>(projection), MutablePtr<int32_t>(codes),
+                            TfParallelFor{ctx});
+    return absl::OkStatus();
+  }
+  static Status Hadamard(OpKernelContext* ctx, const HashDims& d, const Tensor& x,
+                         const Tensor& signs, Tensor* codes) {
+    HadamardHashCodesCpu<T>(d, Ptr<T>(x), Ptr<float>(signs), MutablePtr<int32_t>(codes),
+                            TfParallelFor{ctx});
+    return absl::OkStatus();
+  }
+};
+
+#if GOOGLE_CUDA
+template <typename T>
+struct HashCodesFunctor<GPUDevice, T> {
+  static Status Gaussian(OpKernelContext* ctx, const HashDims& d, const Tensor& x,
+                         const Tensor& projection, Tensor* codes) {
+    return CudaStatus(GaussianHashCodesGpu(d, ScalarTypeOf<T>(), x.data(), Ptr<float>(projection),
+                                           MutablePtr<int32_t>(codes), StreamOf(ctx)),
+                      "GaussianHashCodesGpu");
+  }
+  static Status Hadamard(OpKernelContext* ctx, const HashDims& d, const Tensor& x,
+                         const Tensor& signs, Tensor* codes) {
+    return CudaStatus(HadamardHashCodesGpu(d, ScalarTypeOf<T>(), x.data(), Ptr<float>(signs),
+                                           MutablePtr<int32_t>(codes), StreamOf(ctx)),
+                      "HadamardHashCodesGpu");
+  }
+};
+#endif
+
+enum class HashMethod { kGaussian, kHadamard };
+
+template <typename Device, typename T, HashMethod kMethod>
+class HashCodesOp : public OpKernel {
+ public:
+  explicit HashCodesOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("num_hashes", &num_hashes_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("hash_code_len", &hash_code_len_));
+    OP_REQUIRES(ctx, hash_code_len_ >= 1 && hash_code_len_ <= kMaxHashCodeLen,
+                absl::InvalidArgumentError(absl::StrCat(
+                    "hash_code_len must be in [1, 30] (int32 codes), got ", hash_code_len_)));
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor& x = ctx->input(0);
+    const Tensor& params = ctx->input(1);
+    OP_REQUIRES_OK(ctx, CheckShape(x, "x", "[batch, length, dim]", {-1, -1, -1}));
+    HashDims d{x.dim_size(0), x.dim_size(1), x.dim_size(2), num_hashes_, hash_code_len_, 0, 0};
+    const int64_t bits = num_hashes_ * hash_code_len_;
+    if (kMethod == HashMethod::kGaussian) {
+      OP_REQUIRES_OK(ctx, CheckShape(params, "projection", "[dim, num_hashes * hash_code_len]",
+                                     {d.dim, bits}));
+    } else {
+      OP_REQUIRES_OK(ctx, CheckShape(params, "signs", "[num_blocks, 3, padded_dim]", {-1, 3, -1}));
+      d.num_blocks = params.dim_size(0);
+      d.padded_dim = params.dim_size(2);
+      OP_REQUIRES(ctx,
+                  d.padded_dim >= 1 && (d.padded_dim & (d.padded_dim - 1)) == 0 &&
+                      d.padded_dim >= d.dim && d.num_blocks * d.padded_dim >= bits,
+                  absl::InvalidArgumentError(absl::StrCat(
+                      "signs must have shape [num_blocks, 3, padded_dim] with padded_dim a power "
+                      "of two >= dim (", d.dim, ") and num_blocks * padded_dim >= num_hashes * "
+                      "hash_code_len (", bits, "), got ", params.shape().DebugString())));
+    }
+    Tensor* codes = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({d.batch, num_hashes_, d.length}),
+                                             &codes));
+    if (codes->NumElements() == 0) return;
+    using F = HashCodesFunctor<Device, T>;
+    OP_REQUIRES_OK(ctx, kMethod == HashMethod::kGaussian ? F::Gaussian(ctx, d, x, params, codes)
+                                                         : F::Hadamard(ctx, d, x, params, codes));
+  }
+
+ private:
+  int64_t num_hashes_ = 0;
+  int64_t hash_code_len_ = 0;
+};
+
+// ----------------------------------------------------------------------------
+// Cumulations.
+
+template <typename Device, typename T>
+struct CumulationFunctor;
+
+template <typename T>
+struct CumulationFunctor<CPUDevice, T> {
+  static Status Plain(OpKernelContext* ctx, const CumulationDims& d, const Tensor& qm,
+                      const Tensor& qc, const Tensor& km, const Tensor& kc, const Tensor& value,
+                      Tensor* out) {
+    LshCumulationCpu<T>(d, Ptr<float>(qm), Ptr<int32_t>(qc), Ptr<float>(km), Ptr<int32_t>(kc),
+                        Ptr<T>(value), MutablePtr<T>(out), TfParallelFor{ctx});
+    return absl::OkStatus();
+  }
+  static Status Weighted(OpKernelContext* ctx, const CumulationDims& d, const Tensor& qm,
+                         const Tensor& qc, const Tensor& qw, const Tensor& km, const Tensor& kc,
+                         const Tensor& kw, const Tensor& value, Tensor* out) {
+    WeightedLshCumulationCpu<T>(d, Ptr<float>(qm), Ptr<int32_t>(qc), Ptr<T>(qw), Ptr<float>(km),
+                                Ptr<int32_t>(kc), Ptr<T>(kw), Ptr<T>(value), MutablePtr<T>(out),
+                                TfParallelFor{ctx});
+    return absl::OkStatus();
+  }
+  static Status Collision(OpKernelContext* ctx, const CumulationDims& d, int tau, float eps,
+                          const Tensor& qm, const Tensor& qc, const Tensor& q, const Tensor& qw,
+                          const Tensor& km, const Tensor& kc, const Tensor& k, const Tensor& kw,
+                          Tensor* out) {
+    Tensor sorted_codes, sorted_index;
+    TF_RETURN_IF_ERROR(ctx->allocate_temp(tensorflow::DT_INT32, kc.shape(), &sorted_codes));
+    TF_RETURN_IF_ERROR(ctx->allocate_temp(tensorflow::DT_INT32, kc.shape(), &sorted_index));
+    SortKeysByCodeCpu(d, Ptr<int32_t>(kc), MutablePtr<int32_t>(&sorted_codes),
+                      MutablePtr<int32_t>(&sorted_index), TfParallelFor{ctx});
+    CollisionCumulationCpu<T>(d, tau, eps, Ptr<float>(qm), Ptr<int32_t>(qc), Ptr<T>(q), Ptr<T>(qw),
+                              Ptr<float>(km), Ptr<int32_t>(kc), Ptr<T>(k), Ptr<T>(kw),
+                              Ptr<int32_t>(sorted_codes), Ptr<int32_t>(sorted_index),
+                              MutablePtr<T>(out), TfParallelFor{ctx});
+    return absl::OkStatus();
+  }
+};
+
+#if GOOGLE_CUDA
+template <typename T>
+struct CumulationFunctor<GPUDevice, T> {
+  static Status Plain(OpKernelContext* ctx, const CumulationDims& d, const Tensor& qm,
+                      const Tensor& qc, const Tensor& km, const Tensor& kc, const Tensor& value,
+                      Tensor* out) {
+    Tensor ws;
+    const size_t bytes = LshCumulationWorkspaceBytes(d);
+    TF_RETURN_IF_ERROR(AllocateWorkspace(ctx, bytes, &ws));
+    return CudaStatus(
+        LshCumulationGpu(d, ScalarTypeOf<T>(), Ptr<float>(qm), Ptr<int32_t>(qc), Ptr<float>(km),
+                         Ptr<int32_t>(kc), value.data(), out->data(), ws.data(), bytes,
+                         StreamOf(ctx)),
+        "LshCumulationGpu");
+  }
+  static Status Weighted(OpKernelContext* ctx, const CumulationDims& d, const Tensor& qm,
+                         const Tensor& qc, const Tensor& qw, const Tensor& km, const Tensor& kc,
+                         const Tensor& kw, const Tensor& value, Tensor* out) {
+    Tensor ws;
+    const size_t bytes = WeightedLshCumulationWorkspaceBytes(d);
+    TF_RETURN_IF_ERROR(AllocateWorkspace(ctx, bytes, &ws));
+    return CudaStatus(WeightedLshCumulationGpu(d, ScalarTypeOf<T>(), Ptr<float>(qm),
+                                               Ptr<int32_t>(qc), qw.data(), Ptr<float>(km),
+                                               Ptr<int32_t>(kc), kw.data(), value.data(),
+                                               out->data(), ws.data(), bytes, StreamOf(ctx)),
+                      "WeightedLshCumulationGpu");
+  }
+  static Status Collision(OpKernelContext* ctx, const CumulationDims& d, int tau, float eps,
+                          const Tensor& qm, const Tensor& qc, const Tensor& q, const Tensor& qw,
+                          const Tensor& km, const Tensor& kc, const Tensor& k, const Tensor& kw,
+                          Tensor* out) {
+    Tensor ws;
+    const size_t bytes = CollisionCumulationWorkspaceBytes(d);
+    TF_RETURN_IF_ERROR(AllocateWorkspace(ctx, bytes, &ws));
+    return CudaStatus(CollisionCumulationGpu(d, ScalarTypeOf<T>(), tau, eps, Ptr<float>(qm),
+                                             Ptr<int32_t>(qc), q.data(), qw.data(), Ptr<float>(km),
+                                             Ptr<int32_t>(kc), k.data(), kw.data(), out->data(),
+                                             ws.data(), bytes, StreamOf(ctx)),
+                      "CollisionCumulationGpu");
+  }
+};
+#endif
+
+template <typename Device, typename T>
+class LshCumulationOp : public OpKernel {
+ public:
+  explicit LshCumulationOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("num_buckets", &num_buckets_));
+    OP_REQUIRES_OK(ctx, CheckNumBucketsAttr(num_buckets_));
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor &qm = ctx->input(0), &qc = ctx->input(1), &km = ctx->input(2),
+                 &kc = ctx->input(3), &value = ctx->input(4);
+    CumulationDims d{};
+    d.num_buckets = num_buckets_;
+    OP_REQUIRES_OK(ctx, CumulationSides(qm, qc, km, kc, &d));
+    OP_REQUIRES_OK(ctx, CheckShape(value, "value", "[batch, num_keys, value_dim]",
+                                   {d.batch, d.num_keys, -1}));
+    d.value_dim = value.dim_size(2);
+    OP_REQUIRES_OK(ctx, CheckCodes<Device>(ctx, qc, "query_codes", num_buckets_));
+    OP_REQUIRES_OK(ctx, CheckCodes<Device>(ctx, kc, "key_codes", num_buckets_));
+    Tensor* out = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(
+                            0, TensorShape({d.batch, d.num_queries, d.value_dim}), &out));
+    if (out->NumElements() == 0) return;
+    OP_REQUIRES_OK(ctx, CumulationFunctor<Device, T>::Plain(ctx, d, qm, qc, km, kc, value, out));
+  }
+
+ private:
+  int64_t num_buckets_ = 0;
+};
+
+template <typename Device, typename T>
+class WeightedLshCumulationOp : public OpKernel {
+ public:
+  explicit WeightedLshCumulationOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("num_buckets", &num_buckets_));
+    OP_REQUIRES_OK(ctx, CheckNumBucketsAttr(num_buckets_));
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor &qm = ctx->input(0), &qc = ctx->input(1), &qw = ctx->input(2),
+                 &km = ctx->input(3), &kc = ctx->input(4), &kw = ctx->input(5),
+                 &value = ctx->input(6);
+    CumulationDims d{};
+    d.num_buckets = num_buckets_;
+    OP_REQUIRES_OK(ctx, CumulationSides(qm, qc, km, kc, &d));
+    OP_REQUIRES_OK(ctx, CheckShape(qw, "query_weight", "[batch, num_queries, weight_dim]",
+                                   {d.batch, d.num_queries, -1}));
+    d.weight_dim = qw.dim_size(2);
+    OP_REQUIRES_OK(ctx, CheckShape(kw, "key_weight", "[batch, num_keys, weight_dim]",
+                                   {d.batch, d.num_keys, d.weight_dim}));
+    OP_REQUIRES_OK(ctx, CheckShape(value, "value", "[batch, num_keys, value_dim]",
+                                   {d.batch, d.num_keys, -1}));
+    d.value_dim = value.dim_size(2);
+    OP_REQUIRES_OK(ctx, CheckCodes<Device>(ctx, qc, "query_codes", num_buckets_));
+    OP_REQUIRES_OK(ctx, CheckCodes<Device>(ctx, kc, "key_codes", num_buckets_));
+    Tensor* out = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(
+                            0, TensorShape({d.batch, d.num_queries, d.value_dim}), &out));
+    if (out->NumElements() == 0) return;
+    OP_REQUIRES_OK(ctx, CumulationFunctor<Device, T>::Weighted(ctx, d, qm, qc, qw, km, kc, kw,
+                                                               value, out));
+  }
+
+ private:
+  int64_t num_buckets_ = 0;
+};
+
+template <typename Device, typename T>
+class CollisionCumulationOp : public OpKernel {
+ public:
+  explicit CollisionCumulationOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("hash_code_len", &hash_code_len_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("epsilon", &epsilon_));
+    OP_REQUIRES(ctx, hash_code_len_ >= 1 && hash_code_len_ <= 20,
+                absl::InvalidArgumentError(
+                    absl::StrCat("hash_code_len must be in [1, 20], got ", hash_code_len_)));
+    OP_REQUIRES(ctx, epsilon_ >= 0.0f,
+                absl::InvalidArgumentError(absl::StrCat("epsilon must be >= 0, got ", epsilon_)));
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor &qm = ctx->input(0), &qc = ctx->input(1), &q = ctx->input(2),
+                 &qw = ctx->input(3), &km = ctx->input(4), &kc = ctx->input(5),
+                 &k = ctx->input(6), &kw = ctx->input(7);
+    CumulationDims d{};
+    d.num_buckets = int64_t{1} << hash_code_len_;
+    OP_REQUIRES_OK(ctx, CumulationSides(qm, qc, km, kc, &d));
+    OP_REQUIRES_OK(ctx, CheckShape(q, "query", "[batch, num_queries, dim]",
+                                   {d.batch, d.num_queries, -1}));
+    d.vector_dim = q.dim_size(2);
+    OP_REQUIRES_OK(ctx, CheckShape(k, "key", "[batch, num_keys, dim]",
+                                   {d.batch, d.num_keys, d.vector_dim}));
+    OP_REQUIRES_OK(ctx, CheckShape(qw, "query_weight", "[batch, num_queries, weight_dim]",
+                                   {d.batch, d.num_queries, -1}));
+    d.value_dim = qw.dim_size(2);
+    OP_REQUIRES_OK(ctx, CheckShape(kw, "key_weight", "[batch, num_keys, weight_dim]",
+                                   {d.batch, d.num_keys, d.value_dim}));
+    OP_REQUIRES_OK(ctx, CheckCodes<Device>(ctx, qc, "query_codes", d.num_buckets));
+    OP_REQUIRES_OK(ctx, CheckCodes<Device>(ctx, kc, "key_codes", d.num_buckets));
+    Tensor* out = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(
+                            0, TensorShape({d.batch, d.num_queries, d.vector_dim}), &out));
+    if (out->NumElements() == 0) return;
+    OP_REQUIRES_OK(ctx, CumulationFunctor<Device, T>::Collision(
+                            ctx, d, static_cast<int>(hash_code_len_), epsilon_, qm, qc, q, qw,
+                            km, kc, k, kw, out));
+  }
+
+ private:
+  int64_t hash_code_len_ = 0;
+  float epsilon_ = 0.0f;
+};
+
+}  // namespace
+
+#define KERAS_YOSO_REGISTER(DEVICE_NAME, DeviceType, T)                                          \
+  REGISTER_KERNEL_BUILDER(Name("YosoGaussianHashCodes")                                      \
+                              .Device(DEVICE_NAME)                                           \
+                              .TypeConstraint<T>("T"),                                       \
+                          HashCodesOp<DeviceType, T, HashMethod::kGaussian>);                    \
+  REGISTER_KERNEL_BUILDER(Name("YosoHadamardHashCodes")                                      \
+                              .Device(DEVICE_NAME)                                           \
+                              .TypeConstraint<T>("T"),                                       \
+                          HashCodesOp<DeviceType, T, HashMethod::kHadamard>);                    \
+  REGISTER_KERNEL_BUILDER(Name("YosoLshCumulation").Device(DEVICE_NAME).TypeConstraint<T>("T"), \
+                          LshCumulationOp<DeviceType, T>);                                       \
+  REGISTER_KERNEL_BUILDER(                                                                   \
+      Name("YosoWeightedLshCumulation").Device(DEVICE_NAME).TypeConstraint<T>("T"),          \
+      WeightedLshCumulationOp<DeviceType, T>);                                                   \
+  REGISTER_KERNEL_BUILDER(                                                                   \
+      Name("YosoCollisionCumulation").Device(DEVICE_NAME).TypeConstraint<T>("T"),            \
+      CollisionCumulationOp<DeviceType, T>);
+
+KERAS_YOSO_REGISTER(DEVICE_CPU, CPUDevice, float)
+KERAS_YOSO_REGISTER(DEVICE_CPU, CPUDevice, Eigen::half)
+KERAS_YOSO_REGISTER(DEVICE_CPU, CPUDevice, Eigen::bfloat16)
+#if GOOGLE_CUDA
+KERAS_YOSO_REGISTER(DEVICE_GPU, GPUDevice, float)
+KERAS_YOSO_REGISTER(DEVICE_GPU, GPUDevice, Eigen::half)
+KERAS_YOSO_REGISTER(DEVICE_GPU, GPUDevice, Eigen::bfloat16)
+#endif
+
+}  // namespace keras_yoso

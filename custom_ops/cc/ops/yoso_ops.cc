@@ -1,0 +1,195 @@
+// Registration of the keras-yoso ops with shape functions that reject bad
+// ranks, mismatched sizes and bad attributes while the graph is built.
+// The math of each op is documented in custom_ops/cc/kernels/yoso_cpu.h.
+#include "tensorflow/core/framework/common_shape_fns.h"
+#include "tensorflow/core/framework/op.h"
+#include "tensorflow/core/framework/shape_inference.h"
+
+namespace keras_yoso {
+
+using ::tensorflow::Status;
+using ::tensorflow::shape_inference::DimensionHandle;
+using ::tensorflow::shape_inference::InferenceContext;
+using ::tensorflow::shape_inference::ShapeHandle;
+
+namespace {
+
+constexpr int64_t kMaxNumBuckets = int64_t{1} << 20;
+
+Status CheckNumBuckets(InferenceContext* c) {
+  int64_t num_buckets = 0;
+  TF_RETURN_IF_ERROR(c->GetAttr("num_buckets", &num_buckets));
+  if (num_buckets < 1 || num_buckets > kMaxNumBuckets || (num_buckets & (num_buckets - 1)) != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "num_buckets must be a power of two in [1, 2**20], got ", num_buckets));
+  }
+  return absl::OkStatus();
+}
+
+// Input `index` must be [batch, num_hashes, length]; returns its dims.
+Status CodesShape(InferenceContext* c, int index, ShapeHandle* codes) {
+  return c->WithRank(c->input(index), 3, codes);
+}
+
+// Checks the mask / codes / per-position tensors of one side (queries or keys)
+// against each other: mask [B, N], codes [B, m, N], and each extra [B, N, *].
+Status SideShapes(InferenceContext* c, int mask_index, int codes_index,
+                  std::initializer_list<int> per_position, DimensionHandle* batch,
+                  DimensionHandle* num_hashes, DimensionHandle* length) {
+  ShapeHandle mask, codes;
+  TF_RETURN_IF_ERROR(c->WithRank(c->input(mask_index), 2, &mask));
+  TF_RETURN_IF_ERROR(CodesShape(c, codes_index, &codes));
+  TF_RETURN_IF_ERROR(c->Merge(c->Dim(mask, 0), c->Dim(codes, 0), batch));
+  TF_RETURN_IF_ERROR(c->Merge(c->Dim(mask, 1), c->Dim(codes, 2), length));
+  *num_hashes = c->Dim(codes, 1);
+  for (int index : per_position) {
+    ShapeHandle t;
+    TF_RETURN_IF_ERROR(c->WithRank(c->input(index), 3, &t));
+    TF_RETURN_IF_ERROR(c->Merge(*batch, c->Dim(t, 0), batch));
+    TF_RETURN_IF_ERROR(c->Merge(*length, c->Dim(t, 1), length));
+  }
+  return absl::OkStatus();
+}
+
+// Shared shape function of the three cumulations. `query_extra` / `key_extra`
+// list the per-position inputs of each side; the last dimension of
+// `width_pairs` inputs must agree pairwise; the output is [B, Nq, dim(out_dim_input, 2)].
+Status CumulationShape(InferenceContext* c, int query_codes_index,
+                       std::initializer_list<int> query_extra, int key_mask_index,
+                       int key_codes_index, std::initializer_list<int> key_extra,
+                       std::initializer_list<std::pair<int, int>> width_pairs, int out_dim_input) {
+  DimensionHandle qb, qm, nq, kb, km, nk, batch, num_hashes;
+  TF_RETURN_IF_ERROR(SideShapes(c, 0, query_codes_index, query_extra, &qb, &qm, &nq));
+  TF_RETURN_IF_ERROR(SideShapes(c, key_mask_index, key_codes_index, key_extra, &kb, &km, &nk));
+  TF_RETURN_IF_ERROR(c->Merge(qb, kb, &batch));
+  TF_RETURN_IF_ERROR(c->Merge(qm, km, &num_hashes));
+  for (const auto& pair : width_pairs) {
+    DimensionHandle merged;
+    TF_RETURN_IF_ERROR(c->Merge(c->Dim(c->input(pair.first), 2), c->Dim(c->input(pair.second), 2),
+                                &merged));
+  }
+  c->set_output(0, c->MakeShape({batch, nq, c->Dim(c->input(out_dim_input), 2)}));
+  return absl::OkStatus();
+}
+
+Status HashCodesShape(InferenceContext* c) {
+  ShapeHandle x;
+  TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 3, &x));
+  int64_t num_hashes = 0, hash_code_len = 0;
+  TF_RETURN_IF_ERROR(c->GetAttr("num_hashes", &num_hashes));
+  TF_RETURN_IF_ERROR(c->GetAttr("hash_code_len", &hash_code_len));
+  if (hash_code_len > 30) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("hash_code_len must be in [1, 30] (int32 codes), got ", hash_code_len));
+  }
+  c->set_output(0, c->MakeShape({c->Dim(x, 0), c->MakeDim(num_hashes), c->Dim(x, 1)}));
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+REGISTER_OP("YosoGaussianHashCodes")
+    .Input("x: T")
+    .Input("projection: float")
+    .Output("codes: int32")
+    .Attr("num_hashes: int >= 1")
+    .Attr("hash_code_len: int >= 1")
+    .Attr("T: {float, half, bfloat16}")
+    .SetShapeFn([](InferenceContext* c) {
+      TF_RETURN_IF_ERROR(HashCodesShape(c));
+      ShapeHandle projection;
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 2, &projection));
+      DimensionHandle unused;
+      TF_RETURN_IF_ERROR(c->Merge(c->Dim(c->input(0), 2), c->Dim(projection, 0), &unused));
+      return absl::OkStatus();
+    })
+    .Doc(R"doc(
+Hyperplane LSH codes from a dense Gaussian projection (YOSO appendix §1.2).
+x: [batch, length, dim]. projection: [dim, num_hashes * hash_code_len].
+codes: [batch, num_hashes, length], bit i of hash h is [<x, projection[:, h*tau+i]> > 0].
+)doc");
+
+REGISTER_OP("YosoHadamardHashCodes")
+    .Input("x: T")
+    .Input("signs: float")
+    .Output("codes: int32")
+    .Attr("num_hashes: int >= 1")
+    .Attr("hash_code_len: int >= 1")
+    .Attr("T: {float, half, bfloat16}")
+    .SetShapeFn([](InferenceContext* c) {
+      TF_RETURN_IF_ERROR(HashCodesShape(c));
+      ShapeHandle signs;
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 3, &signs));
+      DimensionHandle unused;
+      TF_RETURN_IF_ERROR(c->WithValue(c->Dim(signs, 1), 3, &unused));
+      return absl::OkStatus();
+    })
+    .Doc(R"doc(
+Hyperplane LSH codes from the fast Hadamard approximation (YOSO appendix §1.2).
+x: [batch, length, dim]. signs: [num_blocks, 3, padded_dim] of +-1, padded_dim a power
+of two >= dim, num_blocks * padded_dim >= num_hashes * hash_code_len.
+codes: [batch, num_hashes, length] from the signs of concat_q H D3 H D2 H D1 pad(x).
+)doc");
+
+REGISTER_OP("YosoLshCumulation")
+    .Input("query_mask: float")
+    .Input("query_codes: int32")
+    .Input("key_mask: float")
+    .Input("key_codes: int32")
+    .Input("value: T")
+    .Output("output: T")
+    .Attr("num_buckets: int")
+    .Attr("T: {float, half, bfloat16}")
+    .SetShapeFn([](InferenceContext* c) {
+      TF_RETURN_IF_ERROR(CheckNumBuckets(c));
+      return CumulationShape(c, 1, {}, 2, 3, {4}, {}, 4);
+    })
+    .Doc(R"doc(
+LSH cumulation (YOSO eq. 2 averaged over hashes):
+output[b,i] = qmask[b,i]/m * sum_h sum_j kmask[b,j] [qc[b,h,i] == kc[b,h,j]] value[b,j].
+)doc");
+
+REGISTER_OP("YosoWeightedLshCumulation")
+    .Input("query_mask: float")
+    .Input("query_codes: int32")
+    .Input("query_weight: T")
+    .Input("key_mask: float")
+    .Input("key_codes: int32")
+    .Input("key_weight: T")
+    .Input("value: T")
+    .Output("output: T")
+    .Attr("num_buckets: int")
+    .Attr("T: {float, half, bfloat16}")
+    .SetShapeFn([](InferenceContext* c) {
+      TF_RETURN_IF_ERROR(CheckNumBuckets(c));
+      return CumulationShape(c, 1, {2}, 3, 4, {5, 6}, {{2, 5}}, 6);
+    })
+    .Doc(R"doc(
+Weighted LSH cumulation: YosoLshCumulation with pair (i, j) weighted by
+<query_weight[b,i], key_weight[b,j]>.
+)doc");
+
+REGISTER_OP("YosoCollisionCumulation")
+    .Input("query_mask: float")
+    .Input("query_codes: int32")
+    .Input("query: T")
+    .Input("query_weight: T")
+    .Input("key_mask: float")
+    .Input("key_codes: int32")
+    .Input("key: T")
+    .Input("key_weight: T")
+    .Output("output: T")
+    .Attr("hash_code_len: int >= 1")
+    .Attr("epsilon: float")
+    .Attr("T: {float, half, bfloat16}")
+    .SetShapeFn([](InferenceContext* c) {
+      return CumulationShape(c, 1, {2, 3}, 4, 5, {6, 7}, {{2, 6}, {3, 7}}, 6);
+    })
+    .Doc(R"doc(
+Collision estimator of the YOSO-E gradient (*YOSO, appendix eq. 2 on colliding pairs):
+output[b,i] = sum over keys j colliding with i in >= 1 hash (once each) of
+<query_weight_i, key_weight_j> tau (1-acos(x)/pi)^(tau-1) / (pi sqrt(1-x^2+eps)) key_j,
+x = <query_i, key_j> clipped to [-1, 1].
+)doc");
+
+}  // namespace keras_yoso

@@ -1,0 +1,439 @@
+"""YOSO ops: LSH hashing, cumulation (hash scatter/gather) and the backward estimators.
+
+Every function takes `implementation="auto" | "custom_op" | "composite"`:
+"custom_op" runs the compiled C++/CUDA kernels, "composite" the pure-TF ops of
+`keras_yoso.ops.composite` (same numbers to float32 rounding; XLA- and
+serving-friendly), "auto" picks the custom op when the library is loaded and
+the graph is not being compiled with XLA, else the composite.
+
+`B` is any flattened batch (batch x heads). Codes are int32 `[B, m, N]`. Masks
+are `[B, N]`, bool or 0/1 float (any nonzero keeps the position). float16,
+bfloat16 and float32 inputs are accumulated in float32; outputs keep the input
+dtype. Paper: Zeng et al., "You Only Sample (Almost) Once", ICML 2021.
+"""
+
+import math
+import numbers
+
+import tensorflow as tf
+from tensorflow.python.ops import control_flow_util
+
+from keras_yoso.ops import _library
+from keras_yoso.ops import composite
+
+IMPLEMENTATIONS = ("auto", "custom_op", "composite")
+HASH_METHODS = ("gaussian", "hadamard")
+BACKWARDS = ("lower_bound", "collision")
+EXPECTATION_BACKWARDS = ("lower_bound", "exact")
+MAX_NUM_BUCKETS = 2 ** 20
+MAX_HASH_CODE_LEN = 30
+# epsilon in the *YOSO pair weight tau p^(tau-1) / (pi sqrt(1 - x^2 + epsilon)) (appendix eq. 2).
+COLLISION_EPSILON = 1e-6
+_FLOAT_DTYPES = (tf.float16, tf.bfloat16, tf.float32)
+
+
+# ----------------------------------------------------------------------------
+# Argument checking shared by the public functions.
+
+def _resolve(implementation):
+    if implementation not in IMPLEMENTATIONS:
+        raise ValueError(f"implementation must be one of {IMPLEMENTATIONS}, got {implementation!r}")
+    if implementation == "custom_op":
+        if not _library.custom_ops_available():
+            raise RuntimeError("implementation='custom_op' but the keras_yoso op library is not loaded: "
+                               f"{_library.load_error()}")
+        return "custom_op"
+    if implementation == "auto":
+        in_xla = control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph())
+        return "custom_op" if _library.custom_ops_available() and not in_xla else "composite"
+    return "composite"
+
+
+def _check_choice(value, name, choices):
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {choices}, got {value!r}")
+
+
+def _check_int(value, name, low, high=None):
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < low or (
+            high is not None and value > high):
+        bound = f"in [{low}, {high}]" if high is not None else f">= {low}"
+        raise ValueError(f"{name} must be an integer {bound}, got {value!r}")
+    return int(value)
+
+
+def _check_num_buckets(num_buckets):
+    num_buckets = _check_int(num_buckets, "num_buckets", 1, MAX_NUM_BUCKETS)
+    if num_buckets & (num_buckets - 1):
+        raise ValueError(f"num_buckets must be a power of two in [1, 2**20], got {num_buckets}")
+    return num_buckets
+
+
+def _float_tensor(x, name, rank):
+    x = tf.convert_to_tensor(x)
+    if not x.dtype.is_floating:
+        raise TypeError(f"{name} must be a floating-point tensor, got dtype {x.dtype.name}")
+    if x.dtype == tf.float64:
+        x = tf.cast(x, tf.float32)
+    if x.shape.rank is not None and x.shape.rank != rank:
+        raise ValueError(f"{name} must have rank {rank}, got shape {x.shape}")
+    return x
+
+
+def _codes_tensor(codes, name):
+    codes = tf.convert_to_tensor(codes)
+    if not codes.dtype.is_integer:
+        raise TypeError(f"{name} must be an integer tensor of hash codes, got dtype {codes.dtype.name}")
+    if codes.shape.rank is not None and codes.shape.rank != 3:
+        raise ValueError(f"{name} must have shape [batch, num_hashes, length], got shape {codes.shape}")
+    return tf.cast(codes, tf.int32)
+
+
+def _mask_tensor(mask, batch, length, name):
+    """[B, N] float 0/1 mask from None, bool or numeric input."""
+    if mask is None:
+        return tf.ones(tf.stack([batch, length]), tf.float32)
+    mask = tf.convert_to_tensor(mask)
+    if mask.shape.rank is not None and mask.shape.rank != 2:
+        raise ValueError(f"{name} must have shape [batch, length], got shape {mask.shape}")
+    if mask.dtype != tf.bool:
+        mask = tf.not_equal(mask, tf.zeros([], mask.dtype))
+    return tf.cast(mask, tf.float32)
+
+
+def _check_same(dims, what):
+    """Static check that every known dim in dims [(name, axis_text, dim)] agrees."""
+    known = [(name, dim) for name, dim in dims if dim is not None]
+    if len({dim for _, dim in known}) > 1:
+        listed = ", ".join(f"{name}={dim}" for name, dim in known)
+        raise ValueError(f"{what} must agree: {listed}")
+
+
+def _validated_codes(codes, num_buckets, name, implementation):
+    """Composite path: codes outside [0, num_buckets) raise InvalidArgumentError, as in the custom op's kernel."""
+    if implementation != "composite":
+        return codes
+    message = f"{name} must hold codes in [0, num_buckets) = [0, {num_buckets})"
+    checks = [tf.debugging.assert_non_negative(codes, message=message),
+              tf.debugging.assert_less(codes, tf.constant(num_buckets, codes.dtype), message=message)]
+    with tf.control_dependencies(checks):
+        return tf.identity(codes)
+
+
+def _side(codes, mask, per_position, side):
+    """Checks one side (query or key): codes [B, m, N], mask [B, N], tensors [B, N, *]."""
+    _check_same([(f"{side}_codes", codes.shape[0]), (f"{side}_mask", mask.shape[0])]
+                + [(name, t.shape[0]) for name, t in per_position], f"batch sizes (axis 0) of the {side} inputs")
+    _check_same([(f"{side}_codes axis 2", codes.shape[2]), (f"{side}_mask axis 1", mask.shape[1])]
+                + [(f"{name} axis 1", t.shape[1]) for name, t in per_position],
+                f"{side} lengths")
+
+
+# ----------------------------------------------------------------------------
+# Hashing.
+
+def _seed_tensor(seed):
+    if isinstance(seed, numbers.Integral) and not isinstance(seed, bool):
+        return tf.constant([int(seed) & 0x7FFFFFFF, (int(seed) >> 31) & 0x7FFFFFFF], tf.int64)
+    seed = tf.convert_to_tensor(seed)
+    if not seed.dtype.is_integer or (seed.shape.rank is not None and seed.shape != [2]):
+        raise ValueError(f"seed must be an int or an integer tensor of shape [2], got {seed!r}")
+    return tf.cast(seed, tf.int64)
+
+
+def _next_power_of_two(n):
+    return 1 if n <= 1 else 2 ** math.ceil(math.log2(n))
+
+
+def hash_parameters(dim, num_hashes, hash_code_len, seed, method="gaussian"):
+    """The random hash functions that `hash_codes` draws from `seed`.
+
+    Returns the Gaussian projection [dim, num_hashes * hash_code_len] or, for
+    method="hadamard", the diagonal signs [num_blocks, 3, padded_dim] (+-1) with
+    padded_dim the next power of two >= dim and num_blocks = ceil(m tau / padded_dim).
+    """
+    seed = _seed_tensor(seed)
+    bits = num_hashes * hash_code_len
+    if method == "gaussian":
+        return tf.random.stateless_normal([dim, bits], seed, dtype=tf.float32)
+    padded = _next_power_of_two(dim)
+    blocks = -(-bits // padded)
+    signs = tf.random.stateless_uniform([blocks, 3, padded], seed, minval=0, maxval=2, dtype=tf.int32)
+    return tf.cast(2 * signs - 1, tf.float32)
+
+
+def hash_codes(x, num_hashes, hash_code_len, seed, method="gaussian", implementation="auto"):
+    """Hyperplane (sign random projection) LSH codes of `x` (YOSO §3.2, appendix §1.2).
+
+    Args:
+      x: `[B, N, d]` float tensor (unit-norm rows for YOSO; any rows work).
+      num_hashes: m >= 1, the number of independent hashes.
+      hash_code_len: tau in [1, 30], sign bits per hash.
+      seed: int or `[2]` int tensor. The same seed gives the same hash
+        functions, so codes of queries and keys hashed with one seed collide
+        with probability (1 - theta/pi)^tau for vectors at angle theta
+        (exactly for "gaussian", approximately for "hadamard").
+      method: "gaussian" (dense N(0, 1) projection, O(N m tau d)) or "hadamard"
+        (H D3 H D2 H D1 with random sign diagonals, O(N m tau log d); x is
+        zero-padded to a power-of-two width, so any d works).
+      implementation: "auto", "custom_op" or "composite".
+
+    Returns:
+      int32 `[B, num_hashes, N]`, code = sum_i [<x, r_{h,i}> > 0] 2^i, in [0, 2^tau).
+    """
+    num_hashes = _check_int(num_hashes, "num_hashes", 1)
+    hash_code_len = _check_int(hash_code_len, "hash_code_len", 1, MAX_HASH_CODE_LEN)
+    _check_choice(method, "method", HASH_METHODS)
+    impl = _resolve(implementation)
+    x = _float_tensor(x, "x", 3)
+    dim = x.shape[-1]
+    if dim is None:
+        raise ValueError(f"the last dimension of x must be known statically, got shape {x.shape}")
+    if dim < 1:
+        raise ValueError(f"x must have at least one feature (axis 2), got shape {x.shape}")
+    params = hash_parameters(dim, num_hashes, hash_code_len, seed, method)
+    if impl == "custom_op":
+        op = (_library.library().yoso_gaussian_hash_codes if method == "gaussian"
+              else _library.library().yoso_hadamard_hash_codes)
+        return op(x, params, num_hashes=num_hashes, hash_code_len=hash_code_len)
+    fn = composite.gaussian_hash_codes if method == "gaussian" else composite.hadamard_hash_codes
+    return fn(x, params, num_hashes, hash_code_len)
+
+
+# ----------------------------------------------------------------------------
+# Cumulations.
+
+def _lsh(qm, qc, km, kc, value, num_buckets, impl):
+    if impl == "custom_op":
+        return _library.library().yoso_lsh_cumulation(qm, qc, km, kc, value, num_buckets=num_buckets)
+    return composite.lsh_cumulation(qm, qc, km, kc, value, num_buckets)
+
+
+def _weighted(qm, qc, qw, km, kc, kw, value, num_buckets, impl):
+    if impl == "custom_op":
+        return _library.library().yoso_weighted_lsh_cumulation(qm, qc, qw, km, kc, kw, value,
+                                                               num_buckets=num_buckets)
+    return composite.weighted_lsh_cumulation(qm, qc, qw, km, kc, kw, value, num_buckets)
+
+
+def _collision(qm, qc, q, qw, km, kc, k, kw, hash_code_len, impl):
+    if impl == "custom_op":
+        return _library.library().yoso_collision_cumulation(
+            qm, qc, q, qw, km, kc, k, kw, hash_code_len=hash_code_len, epsilon=COLLISION_EPSILON)
+    return composite.collision_cumulation(qm, qc, q, qw, km, kc, k, kw, hash_code_len, COLLISION_EPSILON)
+
+
+def _prepare_sides(query_codes, key_codes, query_mask, key_mask, query_side, key_side, num_buckets, impl):
+    qc = _codes_tensor(query_codes, "query_codes")
+    kc = _codes_tensor(key_codes, "key_codes")
+    _check_same([("query_codes", qc.shape[1]), ("key_codes", kc.shape[1])], "num_hashes (axis 1 of the codes)")
+    if qc.shape[1] == 0:
+        raise ValueError(f"query_codes must have num_hashes >= 1 (axis 1), got shape {qc.shape}")
+    qm = _mask_tensor(query_mask, tf.shape(qc)[0], tf.shape(qc)[2], "query_mask")
+    km = _mask_tensor(key_mask, tf.shape(kc)[0], tf.shape(kc)[2], "key_mask")
+    _side(qc, qm, query_side, "query")
+    _side(kc, km, key_side, "key")
+    _check_same([("query_codes", qc.shape[0]), ("key_codes", kc.shape[0])], "batch sizes (axis 0) of queries and keys")
+    qc = _validated_codes(qc, num_buckets, "query_codes", impl)
+    kc = _validated_codes(kc, num_buckets, "key_codes", impl)
+    return qm, qc, km, kc
+
+
+def lsh_cumulation(query_codes, key_codes, value, num_buckets, query_mask=None, key_mask=None,
+                   implementation="auto"):
+    """LSH cumulation: YOSO's Bernoulli-sampled attention, eq. 2 averaged over m hashes (§3.2).
+
+    out[b, i] = qmask[b, i] (1/m) sum_h sum_j kmask[b, j] [qc[b,h,i] == kc[b,h,j]] value[b, j]
+
+    computed by scattering values into `num_buckets` buckets per hash and
+    gathering by query code: O(B m (Nq + Nk) D) time, no O(N^2) term.
+
+    Args:
+      query_codes: int `[B, m, Nq]`; key_codes: int `[B, m, Nk]`, in [0, num_buckets).
+      value: float `[B, Nk, D]`.
+      num_buckets: a power of two <= 2**20 (2**hash_code_len).
+      query_mask: `[B, Nq]` or None; masked queries output 0.
+      key_mask: `[B, Nk]` or None; masked keys never contribute (NaN in them included).
+      implementation: "auto", "custom_op" or "composite".
+
+    Returns:
+      `[B, Nq, D]` in value's dtype. Differentiable in `value`.
+    """
+    num_buckets = _check_num_buckets(num_buckets)
+    impl = _resolve(implementation)
+    value = _float_tensor(value, "value", 3)
+    qm, qc, km, kc = _prepare_sides(query_codes, key_codes, query_mask, key_mask, [],
+                                    [("value", value)], num_buckets, impl)
+    return _lsh(qm, qc, km, kc, value, num_buckets, impl)
+
+
+def weighted_lsh_cumulation(query_codes, query_weight, key_codes, key_weight, value, num_buckets,
+                            query_mask=None, key_mask=None, implementation="auto"):
+    """LSH cumulation with each colliding pair weighted by <query_weight[b,i], key_weight[b,j]>.
+
+    out[b, i] = qmask (1/m) sum_h sum_j kmask [qc == kc] <qw[b,i], kw[b,j]> value[b, j]
+
+    The building block of the lower-bound backward (paper eq. 4): buckets hold
+    outer products key_weight (x) value, O(B m (Nq + Nk) W D) time.
+
+    Args:
+      query_codes `[B, m, Nq]`, query_weight `[B, Nq, W]`, key_codes `[B, m, Nk]`,
+      key_weight `[B, Nk, W]`, value `[B, Nk, D]`, num_buckets, masks and
+      implementation as in `lsh_cumulation`.
+
+    Returns:
+      `[B, Nq, D]`. Differentiable in query_weight, key_weight and value.
+    """
+    num_buckets = _check_num_buckets(num_buckets)
+    impl = _resolve(implementation)
+    query_weight = _float_tensor(query_weight, "query_weight", 3)
+    key_weight = _float_tensor(key_weight, "key_weight", 3)
+    value = _float_tensor(value, "value", 3)
+    _check_same([("query_weight", query_weight.shape[2]), ("key_weight", key_weight.shape[2])],
+                "weight widths (axis 2 of query_weight and key_weight)")
+    qm, qc, km, kc = _prepare_sides(query_codes, key_codes, query_mask, key_mask,
+                                    [("query_weight", query_weight)],
+                                    [("key_weight", key_weight), ("value", value)], num_buckets, impl)
+    query_weight, key_weight = tf.cast(query_weight, value.dtype), tf.cast(key_weight, value.dtype)
+    return _weighted(qm, qc, query_weight, km, kc, key_weight, value, num_buckets, impl)
+
+
+def yoso_cumulation(query, key, value, query_codes, key_codes, hash_code_len, query_mask=None,
+                    key_mask=None, backward="lower_bound", implementation="auto"):
+    """YOSO attention Y = B(Q, K) V with a gradient from the paper's estimators.
+
+    Forward equals `lsh_cumulation(query_codes, key_codes, value, 2**hash_code_len, masks)`
+    (eq. 2). The gradient reuses the forward's codes; c_ij = number of hashes in
+    which query i and key j collide:
+
+    - backward="lower_bound" (eq. 4): dV_j = (1/m) sum_i c_ij dY_i,
+      dQ_i = (tau/2)(1/m) sum_j c_ij <dY_i, V_j> K_j, dK_j = (tau/2)(1/m) sum_i c_ij <dY_i, V_j> Q_i.
+      O(B m N d D) time via `weighted_lsh_cumulation`.
+    - backward="collision" (*YOSO, appendix eq. 2 restricted to colliding pairs):
+      over pairs colliding in >= 1 hash, w_ij = <dY_i, V_j> tau (1 - acos(x)/pi)^(tau-1)
+      / (pi sqrt(1 - x^2 + eps)), x = <Q_i, K_j> clipped to [-1, 1], eps = 1e-6;
+      dQ_i = sum_j w_ij K_j, dK_j = sum_i w_ij Q_i, dV as above. Cost
+      O(nnz (m + d + D)) with nnz the number of colliding pairs (custom op; the
+      composite is dense, O(N^2)).
+
+    Args:
+      query `[B, Nq, d]`, key `[B, Nk, d]`: expected unit-norm (not renormalized here).
+      value `[B, Nk, D]`; query_codes `[B, m, Nq]`, key_codes `[B, m, Nk]` from
+      `hash_codes(query/key, m, hash_code_len, same seed)`.
+      hash_code_len: tau in [1, 20]; masks and implementation as in `lsh_cumulation`.
+
+    Returns:
+      `[B, Nq, D]` in value's dtype.
+    """
+    hash_code_len = _check_int(hash_code_len, "hash_code_len", 1, 20)
+    _check_choice(backward, "backward", BACKWARDS)
+    impl = _resolve(implementation)
+    num_buckets = 2 ** hash_code_len
+    value = _float_tensor(value, "value", 3)
+    query = tf.cast(_float_tensor(query, "query", 3), value.dtype)
+    key = tf.cast(_float_tensor(key, "key", 3), value.dtype)
+    _check_same([("query", query.shape[2]), ("key", key.shape[2])], "query and key widths (axis 2)")
+    qm, qc, km, kc = _prepare_sides(query_codes, key_codes, query_mask, key_mask, [("query", query)],
+                                    [("key", key), ("value", value)], num_buckets, impl)
+    half_tau = tf.constant(hash_code_len / 2.0, value.dtype)
+
+    @tf.custom_gradient
+    def _attention(q, k, v):
+        def grad(dy):
+            dy = tf.cast(dy, v.dtype)
+            if backward == "lower_bound":
+                dq = half_tau * _weighted(qm, qc, dy, km, kc, v, k, num_buckets, impl)
+                dk = half_tau * _weighted(km, kc, v, qm, qc, dy, q, num_buckets, impl)
+            else:
+                dq = _collision(qm, qc, q, dy, km, kc, k, v, hash_code_len, impl)
+                dk = _collision(km, kc, k, v, qm, qc, q, dy, hash_code_len, impl)
+            dv = _lsh(km, kc, qm, qc, dy, num_buckets, impl)
+            return dq, dk, dv
+
+        return _lsh(qm, qc, km, kc, v, num_buckets, impl), grad
+
+    return _attention(query, key, value)
+
+
+def yoso_expectation(query, key, value, hash_code_len, query_mask=None, key_mask=None,
+                     backward="lower_bound", implementation="auto"):
+    """YOSO-E: the expectation of YOSO over hash functions, E V (§3.1), in O(N^2).
+
+    E_ij = (1 - acos(<Q_i, K_j>)/pi)^tau, the cosine clipped to [-1, 1] (no NaN at +-1);
+    masked keys are dropped and masked queries output 0.
+
+    backward="lower_bound": dQ = (tau/2)[(dY V^T) . E] K, dK = (tau/2)[(dY V^T) . E]^T Q
+    (appendix eq. 3); backward="exact": the true derivative (appendix eq. 2),
+    tau (1 - acos(x)/pi)^(tau-1) / (pi sqrt(1 - x^2 + eps)), eps = 1e-6 keeps it
+    finite at x = +-1. dV = E^T dY for both. The computation is dense matmuls in
+    every `implementation` (there is no faster kernel for an O(N^2) quantity).
+
+    Returns `[B, Nq, D]` in value's dtype.
+    """
+    hash_code_len = _check_int(hash_code_len, "hash_code_len", 1, MAX_HASH_CODE_LEN)
+    _check_choice(backward, "backward", EXPECTATION_BACKWARDS)
+    _resolve(implementation)
+    value = _float_tensor(value, "value", 3)
+    dtype = value.dtype
+    query = _float_tensor(query, "query", 3)
+    key = _float_tensor(key, "key", 3)
+    _check_same([("query", query.shape[2]), ("key", key.shape[2])], "query and key widths (axis 2)")
+    _check_same([("query", query.shape[0]), ("key", key.shape[0]), ("value", value.shape[0])], "batch sizes (axis 0)")
+    _check_same([("key", key.shape[1]), ("value", value.shape[1])], "key lengths (axis 1 of key and value)")
+    qm = _mask_tensor(query_mask, tf.shape(query)[0], tf.shape(query)[1], "query_mask")
+    km = _mask_tensor(key_mask, tf.shape(key)[0], tf.shape(key)[1], "key_mask")
+    pair_mask = qm[:, :, None] * km[:, None, :]
+    tau = float(hash_code_len)
+
+    @tf.custom_gradient
+    def _expectation(q, k, v):
+        q32, k32 = tf.cast(q, tf.float32), composite._keep(km, tf.cast(k, tf.float32))
+        v32 = composite._keep(km, tf.cast(v, tf.float32))
+        x = tf.clip_by_value(tf.einsum("bid,bjd->bij", q32, k32), -1.0, 1.0)
+        e = tf.pow(1.0 - tf.acos(x) / math.pi, tau) * pair_mask
+
+        def grad(dy):
+            dy32 = tf.cast(dy, tf.float32) * qm[:, :, None]
+            dyv = tf.einsum("bid,bjd->bij", dy32, v32)
+            if backward == "lower_bound":
+                w = dyv * e * (tau / 2.0)
+            else:
+                w = dyv * composite.collision_derivative(x, tau, COLLISION_EPSILON) * pair_mask
+            dq = tf.einsum("bij,bjd->bid", w, k32)
+            dk = tf.einsum("bij,bid->bjd", w, q32)
+            dv = tf.einsum("bij,bid->bjd", e, dy32)
+            return tf.cast(dq, q.dtype), tf.cast(dk, k.dtype), tf.cast(dv, v.dtype)
+
+        return tf.cast(tf.einsum("bij,bjd->bid", e, v32), dtype), grad
+
+    return _expectation(query, key, value)
+
+
+# ----------------------------------------------------------------------------
+# Gradients of the raw custom ops (so tf.GradientTape works on them directly).
+
+def _register_gradients():
+    @tf.RegisterGradient("YosoLshCumulation")
+    def _lsh_cumulation_grad(op, dy):
+        qm, qc, km, kc, value = op.inputs
+        dv = _library.library().yoso_lsh_cumulation(km, kc, qm, qc, tf.cast(dy, value.dtype),
+                                                    num_buckets=op.get_attr("num_buckets"))
+        return [None, None, None, None, dv]
+
+    @tf.RegisterGradient("YosoWeightedLshCumulation")
+    def _weighted_lsh_cumulation_grad(op, dy):
+        qm, qc, qw, km, kc, kw, value = op.inputs
+        nb = op.get_attr("num_buckets")
+        run = _library.library().yoso_weighted_lsh_cumulation
+        dy = tf.cast(dy, value.dtype)
+        d_qw = run(qm, qc, dy, km, kc, value, kw, num_buckets=nb)
+        d_kw = run(km, kc, value, qm, qc, dy, qw, num_buckets=nb)
+        d_value = run(km, kc, kw, qm, qc, qw, dy, num_buckets=nb)
+        return [None, None, d_qw, None, None, d_kw, d_value]
+
+    for name in ("YosoGaussianHashCodes", "YosoHadamardHashCodes", "YosoCollisionCumulation"):
+        tf.no_gradient(name)
+
+
+if _library.custom_ops_available():
+    _register_gradients()

@@ -1,0 +1,162 @@
+"""Dense NumPy references of every keras-yoso op, written directly from the formulas.
+
+Used by the CPU test suite and by the standalone GPU harness (tests/gpu/), so it
+imports nothing but NumPy. All math is float64; shapes follow `keras_yoso.ops`.
+"""
+
+import numpy as np
+
+
+def _mask(mask, batch, length):
+    if mask is None:
+        return np.ones((batch, length), dtype=np.float64)
+    return (np.asarray(mask) != 0).astype(np.float64)
+
+
+def _pack_bits(bits, num_hashes, hash_code_len):
+    """bits [B, N, >= m*tau] bool -> codes int32 [B, m, N], bit i of hash h is bits[..., h*tau+i]."""
+    batch, length = bits.shape[:2]
+    bits = bits[..., : num_hashes * hash_code_len].reshape(batch, length, num_hashes, hash_code_len)
+    weights = (1 << np.arange(hash_code_len, dtype=np.int64))
+    codes = (bits.astype(np.int64) * weights).sum(-1)
+    return np.transpose(codes, (0, 2, 1)).astype(np.int32)
+
+
+def gaussian_hash_codes(x, projection, num_hashes, hash_code_len):
+    """Sign random projections, appendix §1.2: F(x) = sign(P x) -> int32 [B, m, N]."""
+    proj = np.einsum("bnd,dk->bnk", np.asarray(x, np.float64), np.asarray(projection, np.float64))
+    return _pack_bits(proj > 0, num_hashes, hash_code_len)
+
+
+def hadamard_matrix(size):
+    """Unnormalized Sylvester Hadamard matrix of a power-of-two size."""
+    h = np.ones((1, 1))
+    while h.shape[0] < size:
+        h = np.block([[h, h], [h, -h]])
+    return h
+
+
+def hadamard_hash_codes(x, signs, num_hashes, hash_code_len):
+    """Fast-Hadamard LSH, appendix §1.2: concat_q sign(H D3 H D2 H D1 x) -> int32 [B, m, N].
+
+    signs: [num_blocks, 3, padded_dim] of +-1; x is zero-padded to padded_dim.
+    """
+    x = np.asarray(x, np.float64)
+    signs = np.asarray(signs, np.float64)
+    num_blocks, _, padded_dim = signs.shape
+    h = hadamard_matrix(padded_dim)
+    y = np.zeros(x.shape[:2] + (padded_dim,))
+    y[..., : x.shape[-1]] = x
+    blocks = []
+    for q in range(num_blocks):
+        z = y
+        for p in range(3):
+            z = (z * signs[q, p]) @ h.T
+        blocks.append(z)
+    return _pack_bits(np.concatenate(blocks, -1) > 0, num_hashes, hash_code_len)
+
+
+def collision_counts(query_codes, key_codes):
+    """c[b, i, j] = number of hashes where query i and key j share a code."""
+    qc = np.asarray(query_codes)
+    kc = np.asarray(key_codes)
+    return (qc[:, :, :, None] == kc[:, :, None, :]).sum(1).astype(np.float64)
+
+
+def lsh_cumulation(query_codes, key_codes, value, query_mask=None, key_mask=None):
+    """out[b,i] = qmask (1/m) sum_h sum_j kmask [qc == kc] value[b, j] (YOSO eq. 2)."""
+    value = np.asarray(value, np.float64)
+    batch, num_hashes, nq = np.shape(query_codes)
+    nk = np.shape(key_codes)[2]
+    qm, km = _mask(query_mask, batch, nq), _mask(key_mask, batch, nk)
+    c = collision_counts(query_codes, key_codes) * qm[:, :, None] * km[:, None, :]
+    value = np.where(km[:, :, None] > 0, value, 0.0)
+    return np.einsum("bij,bjd->bid", c, value) / num_hashes
+
+
+def weighted_lsh_cumulation(query_codes, query_weight, key_codes, key_weight, value,
+                            query_mask=None, key_mask=None):
+    """lsh_cumulation with pair (i, j) weighted by <query_weight[b,i], key_weight[b,j]>."""
+    value = np.asarray(value, np.float64)
+    batch, num_hashes, nq = np.shape(query_codes)
+    nk = np.shape(key_codes)[2]
+    qm, km = _mask(query_mask, batch, nq), _mask(key_mask, batch, nk)
+    qw = np.where(qm[:, :, None] > 0, np.asarray(query_weight, np.float64), 0.0)
+    kw = np.where(km[:, :, None] > 0, np.asarray(key_weight, np.float64), 0.0)
+    value = np.where(km[:, :, None] > 0, value, 0.0)
+    c = collision_counts(query_codes, key_codes) * qm[:, :, None] * km[:, None, :]
+    pair = c * np.einsum("biw,bjw->bij", qw, kw)
+    return np.einsum("bij,bjd->bid", pair, value) / num_hashes
+
+
+def collision_derivative(x, hash_code_len, epsilon):
+    """tau (1 - acos(x)/pi)^(tau-1) / (pi sqrt(1 - x^2 + eps)), x clipped to [-1, 1]."""
+    x = np.clip(x, -1.0, 1.0)
+    p = 1.0 - np.arccos(x) / np.pi
+    return hash_code_len * p ** (hash_code_len - 1) / (np.pi * np.sqrt(1.0 - x * x + epsilon))
+
+
+def collision_cumulation(query_codes, query, query_weight, key_codes, key, key_weight,
+                         hash_code_len, epsilon, query_mask=None, key_mask=None):
+    """*YOSO estimator (appendix eq. 2 on colliding pairs): sum_j w_ij key[b, j] -> [B, Nq, d].
+
+    w_ij = <query_weight_i, key_weight_j> * collision_derivative(<query_i, key_j>) over pairs
+    that collide in at least one hash, each pair once.
+    """
+    query = np.asarray(query, np.float64)
+    key = np.asarray(key, np.float64)
+    batch, _, nq = np.shape(query_codes)
+    nk = np.shape(key_codes)[2]
+    qm, km = _mask(query_mask, batch, nq), _mask(key_mask, batch, nk)
+    collide = (collision_counts(query_codes, key_codes) > 0) * qm[:, :, None] * km[:, None, :]
+    key = np.where(km[:, :, None] > 0, key, 0.0)
+    kw = np.where(km[:, :, None] > 0, np.asarray(key_weight, np.float64), 0.0)
+    qw = np.where(qm[:, :, None] > 0, np.asarray(query_weight, np.float64), 0.0)
+    x = np.einsum("bid,bjd->bij", np.where(qm[:, :, None] > 0, query, 0.0), key)
+    w = np.einsum("biv,bjv->bij", qw, kw) * collision_derivative(x, hash_code_len, epsilon)
+    return np.einsum("bij,bjd->bid", np.where(collide > 0, w, 0.0), key)
+
+
+def expectation_matrix(query, key, hash_code_len):
+    """YOSO-E weights E_ij = (1 - acos(<Q_i, K_j>)/pi)^tau, cosine clipped to [-1, 1]."""
+    x = np.clip(np.einsum("bid,bjd->bij", np.asarray(query, np.float64),
+                          np.asarray(key, np.float64)), -1.0, 1.0)
+    return (1.0 - np.arccos(x) / np.pi) ** hash_code_len
+
+
+def yoso_expectation(query, key, value, hash_code_len, query_mask=None, key_mask=None):
+    """YOSO-E output E V with masked keys dropped and masked queries zero."""
+    batch, nq = np.shape(query)[:2]
+    nk = np.shape(key)[1]
+    qm, km = _mask(query_mask, batch, nq), _mask(key_mask, batch, nk)
+    e = expectation_matrix(query, key, hash_code_len) * qm[:, :, None] * km[:, None, :]
+    value = np.where(km[:, :, None] > 0, np.asarray(value, np.float64), 0.0)
+    return np.einsum("bij,bjd->bid", e, value)
+
+
+def yoso_lower_bound_gradients(query, key, value, query_codes, key_codes, hash_code_len,
+                               grad_output, query_mask=None, key_mask=None):
+    """Paper eq. 4 with the sampled counts c_ij: returns (dQ, dK, dV)."""
+    num_hashes = np.shape(query_codes)[1]
+    batch, nq = np.shape(query)[:2]
+    nk = np.shape(key)[1]
+    qm, km = _mask(query_mask, batch, nq), _mask(key_mask, batch, nk)
+    c = collision_counts(query_codes, key_codes) * qm[:, :, None] * km[:, None, :] / num_hashes
+    dy = np.asarray(grad_output, np.float64) * qm[:, :, None]
+    q = np.asarray(query, np.float64)
+    k = np.asarray(key, np.float64)
+    v = np.where(km[:, :, None] > 0, np.asarray(value, np.float64), 0.0)
+    g = c * np.einsum("bid,bjd->bij", dy, v) * hash_code_len / 2.0
+    return (np.einsum("bij,bjd->bid", g, k), np.einsum("bij,bid->bjd", g, q),
+            np.einsum("bij,bid->bjd", c, dy))
+
+
+def yoso_collision_gradients(query, key, value, query_codes, key_codes, hash_code_len,
+                             grad_output, epsilon, query_mask=None, key_mask=None):
+    """*YOSO estimator (appendix eq. 2 restricted to colliding pairs): returns (dQ, dK, dV)."""
+    dq = collision_cumulation(query_codes, query, grad_output, key_codes, key, value,
+                              hash_code_len, epsilon, query_mask, key_mask)
+    dk = collision_cumulation(key_codes, key, value, query_codes, query, grad_output,
+                              hash_code_len, epsilon, key_mask, query_mask)
+    dv = lsh_cumulation(key_codes, query_codes, grad_output, key_mask, query_mask)
+    return dq, dk, dv
