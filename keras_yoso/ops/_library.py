@@ -26,11 +26,10 @@ _load_error = None
 
 def _load():
     global _library, _load_error
+    candidates = sorted(glob.glob(os.path.join(_PACKAGE_DIR, "_yoso_ops*.so")))
     if os.environ.get("KERAS_YOSO_DISABLE_CUSTOM_OPS", "0") == "1":
         _load_error = "disabled by KERAS_YOSO_DISABLE_CUSTOM_OPS=1"
-        return
-    candidates = sorted(glob.glob(os.path.join(_PACKAGE_DIR, "_yoso_ops*.so")))
-    if not candidates:
+    elif not candidates:
         _load_error = f"no compiled library (_yoso_ops*.so) in {_PACKAGE_DIR}"
     else:
         try:

@@ -59,15 +59,19 @@ def fast_hadamard_transform(y):
 
 
 def hadamard_hash_codes(x, signs, num_hashes, hash_code_len):
-    """Fast-Hadamard LSH: concat_q sign(H D3 H D2 H D1 pad(x)), signs [nb, 3, padded_dim] (appendix §1.2)."""
+    """Fast-Hadamard LSH: concat_q sign(H D3 H D2 H D1 pad(x)), signs [nb, 3, padded_dim] (appendix §1.2).
+
+    The transform runs in float64, where the +-1 sums of float32 inputs are
+    exact, so structural zeros give bit 0 here and in the kernels alike.
+    """
     num_blocks = _static_dim(signs, 0, "the number of Hadamard blocks")
     padded_dim = _static_dim(signs, 2, "the padded dimension")
     dim = _static_dim(x, -1, "the last dimension of x")
-    x = tf.cast(x, COMPUTE_DTYPE)
+    x = tf.cast(tf.cast(x, COMPUTE_DTYPE), tf.float64)
     y = tf.pad(x, [[0, 0], [0, 0], [0, padded_dim - dim]])
     y = tf.tile(y[:, :, None, :], [1, 1, num_blocks, 1])  # [B, N, nb, p]
     for stage in range(3):
-        y = fast_hadamard_transform(y * signs[:, stage, :])
+        y = fast_hadamard_transform(y * tf.cast(signs[:, stage, :], tf.float64))
     projected = tf.reshape(y, tf.concat([tf.shape(x)[:2], [num_blocks * padded_dim]], 0))
     return pack_sign_bits(projected, num_hashes, hash_code_len)
 

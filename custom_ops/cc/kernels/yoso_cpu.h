@@ -33,11 +33,13 @@ inline int64_t CountInvalidCodes(const int32_t* codes, int64_t count, int64_t nu
 }
 
 // In-place unnormalized fast Walsh-Hadamard transform (Sylvester order), n a power of two.
-inline void FastHadamardTransform(float* y, int64_t n) {
+// Run in double: the +-1 sums of float32 inputs are then exact, so a structural
+// zero of H D3 H D2 H D1 x stays exactly 0 (bit 0) on every implementation.
+inline void FastHadamardTransform(double* y, int64_t n) {
   for (int64_t len = 1; len < n; len <<= 1) {
     for (int64_t i = 0; i < n; i += 2 * len) {
       for (int64_t j = i; j < i + len; ++j) {
-        const float a = y[j], b = y[j + len];
+        const double a = y[j], b = y[j + len];
         y[j] = a + b;
         y[j + len] = a - b;
       }
@@ -46,12 +48,12 @@ inline void FastHadamardTransform(float* y, int64_t n) {
 }
 
 // Packs sign bits bits[0, m*tau) (bit i of hash h at h*tau+i) into codes[h * stride].
-inline void PackSignBits(const float* projected, const HashDims& d, int32_t* codes,
-                         int64_t stride) {
+template <typename F>
+void PackSignBits(const F* projected, const HashDims& d, int32_t* codes, int64_t stride) {
   for (int64_t h = 0; h < d.num_hashes; ++h) {
     int32_t code = 0;
     for (int64_t i = 0; i < d.hash_code_len; ++i) {
-      code |= static_cast<int32_t>(projected[h * d.hash_code_len + i] > 0.0f) << i;
+      code |= static_cast<int32_t>(projected[h * d.hash_code_len + i] > F(0)) << i;
     }
     codes[h * stride] = code;
   }
@@ -88,13 +90,13 @@ void HadamardHashCodesCpu(const HashDims& d, const T* x, const float* signs, int
   int64_t log_p = 0;
   while ((int64_t{1} << log_p) < p) ++log_p;
   pf(d.batch * d.length, d.num_blocks * 3 * p * (log_p + 1) + 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> projected(d.num_blocks * p);
+    std::vector<double> projected(d.num_blocks * p);
     for (int64_t row = begin; row < end; ++row) {
       const int64_t b = row / d.length, n = row % d.length;
       const T* xr = x + row * d.dim;
       for (int64_t q = 0; q < d.num_blocks; ++q) {
-        float* y = projected.data() + q * p;
-        for (int64_t c = 0; c < p; ++c) y[c] = c < d.dim ? static_cast<float>(xr[c]) : 0.0f;
+        double* y = projected.data() + q * p;
+        for (int64_t c = 0; c < p; ++c) y[c] = c < d.dim ? static_cast<float>(xr[c]) : 0.0;
         for (int64_t stage = 0; stage < 3; ++stage) {
           const float* s = signs + (q * 3 + stage) * p;
           for (int64_t c = 0; c < p; ++c) y[c] *= s[c];

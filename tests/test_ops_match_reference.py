@@ -1,0 +1,149 @@
+"""Every op equals its dense NumPy reference, and custom op == composite, over a grid of shapes."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import numpy_reference as ref
+from conftest import IMPLEMENTATIONS, random_mask, unit_rows
+from keras_yoso import ops
+
+# Each value of every axis appears at least once (Nq != Nk throughout):
+# (Nq, Nk, D, m, tau, mask kind)
+CUMULATION_GRID = [
+    (7, 9, 3, 5, 8, "random"),
+    (0, 7, 3, 5, 8, "random"),
+    (7, 0, 3, 5, 8, "random"),
+    (1, 7, 64, 1, 1, "none"),
+    (1000, 700, 64, 32, 8, "random"),
+    (700, 1000, 100, 33, 12, "random"),
+    (7, 1, 1, 33, 12, "zeros"),
+    (64, 48, 100, 32, 1, "none"),
+    (37, 29, 3, 5, 12, "zeros"),
+]
+DTYPES = [(tf.float32, 1e-5), (tf.float16, 2e-2), (tf.bfloat16, 8e-2)]
+
+
+def _codes(rng, batch, m, n, tau):
+    return rng.integers(0, 2 ** tau, size=(batch, m, n)).astype(np.int32)
+
+
+def _assert_close(actual, expected, tol):
+    actual = np.asarray(tf.cast(actual, tf.float32))
+    scale = max(1.0, float(np.abs(expected).max(initial=0.0)))
+    np.testing.assert_allclose(actual, expected, atol=tol * scale, rtol=tol)
+
+
+@pytest.mark.parametrize("nq,nk,d,m,tau,mask_kind", CUMULATION_GRID)
+def test_lsh_cumulation_matches_reference(implementation, nq, nk, d, m, tau, mask_kind):
+    rng = np.random.default_rng(nq + 3 * nk + d)
+    qc, kc = _codes(rng, 2, m, nq, tau), _codes(rng, 2, m, nk, tau)
+    value = rng.normal(size=(2, nk, d)).astype(np.float32)
+    qm, km = random_mask(rng, mask_kind, 2, nq), random_mask(rng, mask_kind, 2, nk)
+    out = ops.lsh_cumulation(qc, kc, value, 2 ** tau, qm, km, implementation=implementation)
+    assert out.shape == (2, nq, d)
+    _assert_close(out, ref.lsh_cumulation(qc, kc, value, qm, km), 1e-5)
+
+
+@pytest.mark.parametrize("nq,nk,d,m,tau,mask_kind", CUMULATION_GRID)
+def test_weighted_lsh_cumulation_matches_reference(implementation, nq, nk, d, m, tau, mask_kind):
+    rng = np.random.default_rng(7 * nq + nk + d)
+    width = 1 + d % 5
+    qc, kc = _codes(rng, 2, m, nq, tau), _codes(rng, 2, m, nk, tau)
+    qw = rng.normal(size=(2, nq, width)).astype(np.float32)
+    kw = rng.normal(size=(2, nk, width)).astype(np.float32)
+    value = rng.normal(size=(2, nk, d)).astype(np.float32)
+    qm, km = random_mask(rng, mask_kind, 2, nq), random_mask(rng, mask_kind, 2, nk)
+    out = ops.weighted_lsh_cumulation(qc, qw, kc, kw, value, 2 ** tau, qm, km, implementation=implementation)
+    _assert_close(out, ref.weighted_lsh_cumulation(qc, qw, kc, kw, value, qm, km), 1e-5)
+
+
+@pytest.mark.parametrize("dtype,tol", DTYPES, ids=lambda v: getattr(v, "name", str(v)))
+def test_half_precision_inputs_accumulate_in_float32(implementation, dtype, tol):
+    rng = np.random.default_rng(5)
+    qc, kc = _codes(rng, 3, 32, 300, 4), _codes(rng, 3, 32, 200, 4)
+    value = rng.normal(size=(3, 200, 16)).astype(np.float32)
+    out = ops.lsh_cumulation(qc, kc, tf.cast(value, dtype), 16, implementation=implementation)
+    assert out.dtype == dtype
+    # Reference on the rounded inputs: the only error left is the output rounding.
+    rounded = np.asarray(tf.cast(tf.cast(value, dtype), tf.float32))
+    _assert_close(out, ref.lsh_cumulation(qc, kc, rounded), tol)
+    qw = tf.cast(rng.normal(size=(3, 300, 4)), dtype)
+    kw = tf.cast(rng.normal(size=(3, 200, 4)), dtype)
+    out = ops.weighted_lsh_cumulation(qc, qw, kc, kw, tf.cast(value, dtype), 16, implementation=implementation)
+    expected = ref.weighted_lsh_cumulation(qc, np.asarray(tf.cast(qw, tf.float32)), kc,
+                                           np.asarray(tf.cast(kw, tf.float32)), rounded)
+    _assert_close(out, expected, tol)
+
+
+@pytest.mark.parametrize("method", ["gaussian", "hadamard"])
+@pytest.mark.parametrize("n,d,m,tau", [(7, 3, 5, 8), (0, 16, 4, 4), (1, 64, 32, 8), (300, 100, 33, 12), (50, 5, 1, 1)])
+def test_hash_codes_match_reference(implementation, method, n, d, m, tau):
+    rng = np.random.default_rng(n + d)
+    x = rng.normal(size=(2, n, d)).astype(np.float32)
+    codes = ops.hash_codes(x, m, tau, seed=11, method=method, implementation=implementation).numpy()
+    params = ops.hash_parameters(d, m, tau, 11, method).numpy()
+    expected = (ref.gaussian_hash_codes if method == "gaussian" else ref.hadamard_hash_codes)(x, params, m, tau)
+    assert codes.shape == (2, m, n) and codes.dtype == np.int32
+    assert codes.size == 0 or (codes.min() >= 0 and codes.max() < 2 ** tau)
+    # A sign can only differ from the float64 reference where the projection is ~0.
+    assert (codes == expected).mean() >= 0.995 if codes.size else True
+
+
+@pytest.mark.parametrize("method", ["gaussian", "hadamard"])
+def test_hash_codes_agree_between_implementations(method):
+    if len(IMPLEMENTATIONS) < 2:
+        pytest.skip("custom ops not built")
+    x = np.random.default_rng(0).normal(size=(3, 500, 48)).astype(np.float32)
+    a = ops.hash_codes(x, 16, 8, seed=[1, 2], method=method, implementation="custom_op").numpy()
+    b = ops.hash_codes(x, 16, 8, seed=[1, 2], method=method, implementation="composite").numpy()
+    assert (a == b).mean() >= 0.999
+
+
+def test_same_seed_gives_same_hash_functions_and_other_seeds_differ():
+    x = np.random.default_rng(0).normal(size=(1, 64, 16)).astype(np.float32)
+    a = ops.hash_codes(x, 8, 8, seed=5).numpy()
+    assert np.array_equal(a, ops.hash_codes(x, 8, 8, seed=5).numpy())
+    assert not np.array_equal(a, ops.hash_codes(x, 8, 8, seed=6).numpy())
+
+
+@pytest.mark.parametrize("nq,nk,d,dv,m,tau,mask_kind", [
+    (9, 13, 8, 4, 5, 4, "random"), (31, 17, 16, 3, 32, 8, "random"), (12, 12, 4, 1, 1, 1, "none"),
+    (0, 5, 4, 2, 3, 4, "none"), (6, 5, 4, 2, 3, 4, "zeros"), (40, 64, 64, 64, 33, 12, "random"),
+])
+def test_collision_cumulation_matches_reference(implementation, nq, nk, d, dv, m, tau, mask_kind):
+    from keras_yoso.ops import yoso as yoso_ops
+    rng = np.random.default_rng(nq * nk + d)
+    q, k = unit_rows(rng, (2, nq, d)), unit_rows(rng, (2, nk, d))
+    qw = rng.normal(size=(2, nq, dv)).astype(np.float32)
+    kw = rng.normal(size=(2, nk, dv)).astype(np.float32)
+    qc, kc = _codes(rng, 2, m, nq, tau), _codes(rng, 2, m, nk, tau)
+    qm, km = random_mask(rng, mask_kind, 2, nq), random_mask(rng, mask_kind, 2, nk)
+    qmf = np.ones((2, nq), np.float32) if qm is None else qm.astype(np.float32)
+    kmf = np.ones((2, nk), np.float32) if km is None else km.astype(np.float32)
+    out = yoso_ops._collision(qmf, qc, q, qw, kmf, kc, k, kw, tau, implementation)
+    expected = ref.collision_cumulation(qc, q, qw, kc, k, kw, tau, yoso_ops.COLLISION_EPSILON, qm, km)
+    _assert_close(out, expected, 1e-4)
+
+
+def test_yoso_expectation_matches_reference():
+    rng = np.random.default_rng(3)
+    q, k = unit_rows(rng, (2, 19, 8)), unit_rows(rng, (2, 23, 8))
+    v = rng.normal(size=(2, 23, 5)).astype(np.float32)
+    qm, km = random_mask(rng, "random", 2, 19), random_mask(rng, "random", 2, 23)
+    out = ops.yoso_expectation(q, k, v, 8, qm, km)
+    _assert_close(out, ref.yoso_expectation(q, k, v, 8, qm, km), 1e-5)
+
+
+def test_yoso_expectation_is_finite_at_parallel_and_antiparallel_pairs():
+    q = np.array([[[1.0, 0.0], [0.0, 1.0]]], np.float32)
+    k = np.array([[[1.0, 0.0], [-1.0, 0.0], [0.0, 1.0]]], np.float32)
+    v = np.ones((1, 3, 2), np.float32)
+    for backward in ("lower_bound", "exact"):
+        qt, kt, vt = map(tf.constant, (q, k, v))
+        with tf.GradientTape() as tape:
+            tape.watch([qt, kt, vt])
+            out = ops.yoso_expectation(qt, kt, vt, 8, backward=backward)
+        grads = tape.gradient(out, [qt, kt, vt])
+        assert np.isfinite(out.numpy()).all()
+        assert all(np.isfinite(g.numpy()).all() for g in grads)
