@@ -270,6 +270,7 @@ void CollisionCumulationCpu(const CumulationDims& d, int hash_code_len, float ep
            const int32_t* qc = query_codes + b * d.num_hashes * d.num_queries + i;
            for (int64_t h = 0; h < d.num_hashes; ++h) {
              const int32_t code = qc[h * d.num_queries];
+             if (!internal::ValidCode(code, d.num_buckets)) continue;
              const int32_t* codes_row = sorted_codes + (b * d.num_hashes + h) * d.num_keys;
              const int32_t* index_row = sorted_index + (b * d.num_hashes + h) * d.num_keys;
              const int32_t* first = std::lower_bound(codes_row, codes_row + d.num_keys, code);

@@ -25,7 +25,7 @@
 
 namespace keras_yoso {
 
-// Writes into *device_count (one int64 on the device) the number of codes
+// Writes into *device_count (one unsigned 64-bit integer on the device) the number of codes
 // outside [0, num_buckets) among `count` codes.
 cudaError_t CountInvalidCodesGpu(const int32_t* codes, int64_t count, int64_t num_buckets,
                                  unsigned long long* device_count, cudaStream_t stream);
@@ -40,7 +40,10 @@ cudaError_t GaussianHashCodesGpu(const HashDims& dims, ScalarType dtype, const v
 // for block q, y_q = H D3 H D2 H D1 pad(x) with H the unnormalized Hadamard
 // matrix of size padded_dim and D_p = diag(signs[q, p - 1, :]); bit g of the
 // concatenated sign vector [y_0 > 0, y_1 > 0, ...] is bit g % tau of hash g / tau.
-// x [B, N, d] (dtype), signs [num_blocks, 3, padded_dim] float32 (+-1).
+// x [B, N, d] (dtype), signs [num_blocks, 3, padded_dim] float32 (+-1). The
+// transform runs in double in shared memory (padded_dim * 8 bytes per block), so
+// padded_dim is limited by the device's opt-in shared memory (8192 fits every
+// target GPU); beyond it the launcher returns the CUDA error.
 cudaError_t HadamardHashCodesGpu(const HashDims& dims, ScalarType dtype, const void* x,
                                  const float* signs, int32_t* codes, cudaStream_t stream);
 
