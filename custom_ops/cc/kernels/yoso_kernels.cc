@@ -341,13 +341,36 @@ struct CumulationFunctor<GPUDevice, T> {
 };
 #endif
 
-template <typename Device, typename T>
-class LshCumulationOp : public OpKernel {
+// Shared tail of every cumulation: rejects out-of-range codes, allocates the
+// [B, Nq, out_width] output and says whether there is anything to compute.
+template <typename Device>
+Status CheckCodesAndAllocate(OpKernelContext* ctx, const Tensor& qc, const Tensor& kc,
+                             const CumulationDims& d, int64_t out_width, Tensor** out,
+                             bool* has_work) {
+  TF_RETURN_IF_ERROR(CheckCodes<Device>(ctx, qc, "query_codes", d.num_buckets));
+  TF_RETURN_IF_ERROR(CheckCodes<Device>(ctx, kc, "key_codes", d.num_buckets));
+  TF_RETURN_IF_ERROR(
+      ctx->allocate_output(0, TensorShape({d.batch, d.num_queries, out_width}), out));
+  *has_work = (*out)->NumElements() > 0;
+  return absl::OkStatus();
+}
+
+// Base of the two table cumulations: parses and checks the num_buckets attr.
+class BucketedOpKernel : public OpKernel {
  public:
-  explicit LshCumulationOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+  explicit BucketedOpKernel(OpKernelConstruction* ctx) : OpKernel(ctx) {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("num_buckets", &num_buckets_));
     OP_REQUIRES_OK(ctx, CheckNumBucketsAttr(num_buckets_));
   }
+
+ protected:
+  int64_t num_buckets_ = 0;
+};
+
+template <typename Device, typename T>
+class LshCumulationOp : public BucketedOpKernel {
+ public:
+  using BucketedOpKernel::BucketedOpKernel;
 
   void Compute(OpKernelContext* ctx) override {
     const Tensor &qm = ctx->input(0), &qc = ctx->input(1), &km = ctx->input(2),
@@ -358,26 +381,18 @@ class LshCumulationOp : public OpKernel {
     OP_REQUIRES_OK(ctx, CheckShape(value, "value", "[batch, num_keys, value_dim]",
                                    {d.batch, d.num_keys, -1}));
     d.value_dim = value.dim_size(2);
-    OP_REQUIRES_OK(ctx, CheckCodes<Device>(ctx, qc, "query_codes", num_buckets_));
-    OP_REQUIRES_OK(ctx, CheckCodes<Device>(ctx, kc, "key_codes", num_buckets_));
     Tensor* out = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(
-                            0, TensorShape({d.batch, d.num_queries, d.value_dim}), &out));
-    if (out->NumElements() == 0) return;
+    bool has_work = false;
+    OP_REQUIRES_OK(ctx, CheckCodesAndAllocate<Device>(ctx, qc, kc, d, d.value_dim, &out, &has_work));
+    if (!has_work) return;
     OP_REQUIRES_OK(ctx, CumulationFunctor<Device, T>::Plain(ctx, d, qm, qc, km, kc, value, out));
   }
-
- private:
-  int64_t num_buckets_ = 0;
 };
 
 template <typename Device, typename T>
-class WeightedLshCumulationOp : public OpKernel {
+class WeightedLshCumulationOp : public BucketedOpKernel {
  public:
-  explicit WeightedLshCumulationOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("num_buckets", &num_buckets_));
-    OP_REQUIRES_OK(ctx, CheckNumBucketsAttr(num_buckets_));
-  }
+  using BucketedOpKernel::BucketedOpKernel;
 
   void Compute(OpKernelContext* ctx) override {
     const Tensor &qm = ctx->input(0), &qc = ctx->input(1), &qw = ctx->input(2),
@@ -394,18 +409,13 @@ class WeightedLshCumulationOp : public OpKernel {
     OP_REQUIRES_OK(ctx, CheckShape(value, "value", "[batch, num_keys, value_dim]",
                                    {d.batch, d.num_keys, -1}));
     d.value_dim = value.dim_size(2);
-    OP_REQUIRES_OK(ctx, CheckCodes<Device>(ctx, qc, "query_codes", num_buckets_));
-    OP_REQUIRES_OK(ctx, CheckCodes<Device>(ctx, kc, "key_codes", num_buckets_));
     Tensor* out = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(
-                            0, TensorShape({d.batch, d.num_queries, d.value_dim}), &out));
-    if (out->NumElements() == 0) return;
+    bool has_work = false;
+    OP_REQUIRES_OK(ctx, CheckCodesAndAllocate<Device>(ctx, qc, kc, d, d.value_dim, &out, &has_work));
+    if (!has_work) return;
     OP_REQUIRES_OK(ctx, CumulationFunctor<Device, T>::Weighted(ctx, d, qm, qc, qw, km, kc, kw,
                                                                value, out));
   }
-
- private:
-  int64_t num_buckets_ = 0;
 };
 
 template <typename Device, typename T>
@@ -438,12 +448,10 @@ class CollisionCumulationOp : public OpKernel {
     d.value_dim = qw.dim_size(2);
     OP_REQUIRES_OK(ctx, CheckShape(kw, "key_weight", "[batch, num_keys, weight_dim]",
                                    {d.batch, d.num_keys, d.value_dim}));
-    OP_REQUIRES_OK(ctx, CheckCodes<Device>(ctx, qc, "query_codes", d.num_buckets));
-    OP_REQUIRES_OK(ctx, CheckCodes<Device>(ctx, kc, "key_codes", d.num_buckets));
     Tensor* out = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(
-                            0, TensorShape({d.batch, d.num_queries, d.vector_dim}), &out));
-    if (out->NumElements() == 0) return;
+    bool has_work = false;
+    OP_REQUIRES_OK(ctx, CheckCodesAndAllocate<Device>(ctx, qc, kc, d, d.vector_dim, &out, &has_work));
+    if (!has_work) return;
     OP_REQUIRES_OK(ctx, CumulationFunctor<Device, T>::Collision(
                             ctx, d, static_cast<int>(hash_code_len_), epsilon_, qm, qc, q, qw,
                             km, kc, k, kw, out));

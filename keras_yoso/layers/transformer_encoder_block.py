@@ -1,0 +1,179 @@
+"""A Transformer encoder block whose self-attention is YOSO, softmax or another keras_yoso attention."""
+
+import inspect
+import random
+
+import keras
+
+import keras_yoso.layers
+
+# attention name -> the class name looked up in keras_yoso.layers (None: keras.layers.MultiHeadAttention).
+# A name switches on as soon as keras_yoso.layers exports its class.
+_ATTENTION_CLASS_NAMES = {
+    "yoso": "YosoAttention",
+    "softmax": None,
+    "linear_relative": "LinearRelativeAttention",
+}
+
+
+def _attention_class(attention):
+    if attention not in _ATTENTION_CLASS_NAMES:
+        raise ValueError("Received an invalid value for argument `attention`: expected one of "
+                         f"{tuple(_ATTENTION_CLASS_NAMES)}. Received: attention={attention!r}")
+    class_name = _ATTENTION_CLASS_NAMES[attention]
+    if class_name is None:
+        return keras.layers.MultiHeadAttention
+    cls = getattr(keras_yoso.layers, class_name, None)
+    if cls is None:
+        raise NotImplementedError(f"{attention} attention is not available yet: keras_yoso.layers has no "
+                                  f"{class_name}. Use attention='yoso' or attention='softmax'.")
+    return cls
+
+
+@keras.saving.register_keras_serializable(package="keras_yoso")
+class TransformerEncoderBlock(keras.layers.Layer):
+    """Transformer encoder block: self-attention and a feed-forward network, each with a residual.
+
+    Post-LN (`norm_first=False`, Vaswani et al. 2017):
+        x = LN(x + Dropout(Attention(x, x)));  y = LN(x + Dropout(FFN(x)))
+    Pre-LN (`norm_first=True`):
+        x = x + Dropout(Attention(LN(x), LN(x)));  y = x + Dropout(FFN(LN(x)))
+    with FFN(x) = Dense(hidden)(activation(Dense(intermediate_dim)(x))).
+
+    Padding masks (the Keras mask of `inputs`, e.g. from
+    `Embedding(mask_zero=True)`, or `padding_mask`) are passed to the attention
+    as `query_mask`/`value_mask`, so the outputs at unpadded positions never
+    depend on the content of padded positions; the mask is propagated to the
+    output.
+
+    Args:
+        num_heads: Number of attention heads.
+        intermediate_dim: Width of the feed-forward hidden layer.
+        attention: "yoso" (`keras_yoso.layers.YosoAttention`), "softmax"
+            (`keras.layers.MultiHeadAttention`) or "linear_relative"
+            (`keras_yoso.layers.LinearRelativeAttention`, once available).
+        attention_kwargs: Extra constructor arguments of the attention layer
+            (e.g. `num_hashes`, `hash_code_len`, `conv_window`, `key_dim`).
+            `key_dim` defaults to hidden // num_heads. A missing `seed` is
+            drawn at construction and stored here, so a reloaded block hashes
+            (YOSO) exactly as the original.
+        dropout: Dropout rate after the attention and after the feed-forward
+            network (the attention's own dropout is set in attention_kwargs).
+        norm_first: False for post-LN, True for pre-LN.
+        activation: Activation of the feed-forward hidden layer.
+        layer_norm_epsilon: Epsilon of the layer normalizations.
+
+    Call arguments:
+        inputs: `(B, T, hidden)` tensor.
+        padding_mask: Optional `(B, T)` mask (True or nonzero keeps a position).
+            Defaults to the Keras mask of `inputs`.
+        training: Whether dropout (and YOSO's fresh hashing) is active.
+
+    Returns:
+        `(B, T, hidden)` tensor.
+    """
+
+    def __init__(
+        self,
+        num_heads,
+        intermediate_dim,
+        attention="yoso",
+        attention_kwargs=None,
+        dropout=0.1,
+        norm_first=False,
+        activation="gelu",
+        layer_norm_epsilon=1e-5,
+        **kwargs,
+    ):
+        for name, value in (("num_heads", num_heads), ("intermediate_dim", intermediate_dim)):
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ValueError(f"Received an invalid value for argument `{name}`: expected a positive "
+                                 f"integer. Received: {name}={value!r}")
+        if not 0.0 <= dropout < 1.0:
+            raise ValueError(f"Received an invalid value for argument `dropout`: expected a float in [0, 1). "
+                             f"Received: dropout={dropout!r}")
+        if attention_kwargs is not None and not isinstance(attention_kwargs, dict):
+            raise ValueError("Received an invalid value for argument `attention_kwargs`: expected a dict or "
+                             f"None. Received: attention_kwargs={attention_kwargs!r}")
+        self._attention_class = _attention_class(attention)
+        super().__init__(**kwargs)
+        self.supports_masking = True
+        self.num_heads = num_heads
+        self.intermediate_dim = intermediate_dim
+        self.attention = attention
+        self.attention_kwargs = dict(attention_kwargs or {})
+        if self.attention_kwargs.get("seed") is None and "seed" in inspect.signature(
+                self._attention_class.__init__).parameters:
+            # Resolved now and kept in get_config: a reloaded YOSO block hashes as the original.
+            self.attention_kwargs["seed"] = random.randint(1, 2 ** 31 - 1)
+        self.dropout = float(dropout)
+        self.norm_first = norm_first
+        self.activation = keras.activations.get(activation)
+        self.layer_norm_epsilon = layer_norm_epsilon
+
+    def build(self, input_shape):
+        hidden = input_shape[-1]
+        if hidden is None:
+            raise ValueError(f"The last dimension of the inputs must be known, got shape {tuple(input_shape)}")
+        attention_kwargs = dict(self.attention_kwargs)
+        if "key_dim" not in attention_kwargs:
+            if hidden // self.num_heads < 1:
+                raise ValueError(f"hidden size {hidden} is smaller than num_heads={self.num_heads}; pass "
+                                 "attention_kwargs={'key_dim': ...}")
+            attention_kwargs["key_dim"] = hidden // self.num_heads
+        self._attention_layer = self._attention_class(
+            num_heads=self.num_heads, dtype=self.dtype_policy, name="self_attention", **attention_kwargs)
+        self._attention_layer.build(input_shape, input_shape)
+        self._attention_dropout = keras.layers.Dropout(self.dropout, dtype=self.dtype_policy)
+        self._attention_norm = keras.layers.LayerNormalization(
+            epsilon=self.layer_norm_epsilon, dtype=self.dtype_policy, name="attention_norm")
+        self._attention_norm.build(input_shape)
+        self._intermediate_dense = keras.layers.Dense(
+            self.intermediate_dim, activation=self.activation, dtype=self.dtype_policy, name="intermediate")
+        self._intermediate_dense.build(input_shape)
+        self._output_dense = keras.layers.Dense(hidden, dtype=self.dtype_policy, name="output")
+        self._output_dense.build(tuple(input_shape[:-1]) + (self.intermediate_dim,))
+        self._output_dropout = keras.layers.Dropout(self.dropout, dtype=self.dtype_policy)
+        self._output_norm = keras.layers.LayerNormalization(
+            epsilon=self.layer_norm_epsilon, dtype=self.dtype_policy, name="output_norm")
+        self._output_norm.build(input_shape)
+
+    @property
+    def attention_layer(self):
+        return self._attention_layer
+
+    def call(self, inputs, padding_mask=None, training=None):
+        if padding_mask is None:
+            padding_mask = getattr(inputs, "_keras_mask", None)
+        x = inputs
+        residual = x
+        if self.norm_first:
+            x = self._attention_norm(x)
+        x = self._attention_layer(x, x, query_mask=padding_mask, value_mask=padding_mask, training=training)
+        x = residual + self._attention_dropout(x, training=training)
+        if not self.norm_first:
+            x = self._attention_norm(x)
+        residual = x
+        if self.norm_first:
+            x = self._output_norm(x)
+        x = self._output_dense(self._intermediate_dense(x))
+        x = residual + self._output_dropout(x, training=training)
+        if not self.norm_first:
+            x = self._output_norm(x)
+        return x
+
+    def compute_output_shape(self, input_shape):
+        return input_shape
+
+    def get_config(self):
+        config = {
+            "num_heads": self.num_heads,
+            "intermediate_dim": self.intermediate_dim,
+            "attention": self.attention,
+            "attention_kwargs": self.attention_kwargs,
+            "dropout": self.dropout,
+            "norm_first": self.norm_first,
+            "activation": keras.activations.serialize(self.activation),
+            "layer_norm_epsilon": self.layer_norm_epsilon,
+        }
+        return {**super().get_config(), **config}

@@ -1,0 +1,153 @@
+"""TransformerEncoderBlock: shapes, masks, config/saving, and a long-sequence task that needs attention."""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from keras_yoso.layers import TransformerEncoderBlock
+from keras_yoso.layers import YosoAttention
+
+YOSO_KWARGS = dict(num_hashes=8, hash_code_len=4)
+
+
+def _lengths_mask(lengths, length):
+    return np.arange(length)[None, :] < np.asarray(lengths)[:, None]
+
+
+@pytest.mark.parametrize("attention", ["yoso", "softmax"])
+@pytest.mark.parametrize("norm_first", [False, True], ids=["post_ln", "pre_ln"])
+def test_output_shape_and_attention_layer(attention, norm_first):
+    x = np.random.default_rng(0).normal(size=(2, 9, 16)).astype(np.float32)
+    block = TransformerEncoderBlock(4, 32, attention=attention, norm_first=norm_first,
+                                    attention_kwargs=YOSO_KWARGS if attention == "yoso" else None)
+    assert block(x).shape == (2, 9, 16)
+    expected = YosoAttention if attention == "yoso" else keras.layers.MultiHeadAttention
+    assert isinstance(block.attention_layer, expected)
+    assert block.attention_layer.key_dim == 4
+
+
+def test_attention_kwargs_override_key_dim():
+    block = TransformerEncoderBlock(2, 32, attention_kwargs=dict(key_dim=3, conv_window=5, **YOSO_KWARGS))
+    block(np.zeros((1, 6, 16), np.float32))
+    assert block.attention_layer.key_dim == 3
+    assert block.attention_layer.conv_window == 5
+
+
+def test_linear_relative_attention_reports_it_is_not_available():
+    import keras_yoso.layers
+
+    if hasattr(keras_yoso.layers, "LinearRelativeAttention"):
+        pytest.skip("LinearRelativeAttention exists now; the block builds it")
+    with pytest.raises(NotImplementedError, match="linear_relative attention is not available yet"):
+        TransformerEncoderBlock(2, 32, attention="linear_relative")
+
+
+@pytest.mark.parametrize("arguments, match", [
+    (dict(num_heads=0, intermediate_dim=8), "num_heads.*positive integer"),
+    (dict(num_heads=2, intermediate_dim=0), "intermediate_dim.*positive integer"),
+    (dict(num_heads=2, intermediate_dim=8, attention="performer"), "attention.*yoso.*'performer'"),
+    (dict(num_heads=2, intermediate_dim=8, dropout=1.5), "dropout"),
+    (dict(num_heads=2, intermediate_dim=8, attention_kwargs=[1]), "attention_kwargs"),
+])
+def test_invalid_arguments_raise(arguments, match):
+    with pytest.raises(ValueError, match=match):
+        TransformerEncoderBlock(**arguments)
+
+
+@pytest.mark.parametrize("attention", ["yoso", "softmax"])
+def test_padded_content_does_not_change_unpadded_outputs(attention):
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(3, 10, 16)).astype(np.float32)
+    mask = _lengths_mask([10, 6, 2], 10)
+    noisy = np.where(mask[:, :, None], x, 100 * rng.normal(size=x.shape)).astype(np.float32)
+    kwargs = dict(YOSO_KWARGS, conv_window=3) if attention == "yoso" else None
+    block = TransformerEncoderBlock(2, 32, attention=attention, attention_kwargs=kwargs)
+    np.testing.assert_allclose(block(noisy, padding_mask=mask).numpy()[mask],
+                               block(x, padding_mask=mask).numpy()[mask], rtol=1e-4, atol=1e-4)
+
+
+def test_keras_masks_are_used_and_propagated():
+    tokens = keras.Input((None,), dtype="int32")
+    x = keras.layers.Embedding(20, 16, mask_zero=True)(tokens)
+    x = TransformerEncoderBlock(2, 32, attention_kwargs=YOSO_KWARGS)(x)
+    x = TransformerEncoderBlock(2, 32, attention_kwargs=YOSO_KWARGS, norm_first=True)(x)
+    model = keras.Model(tokens, x)
+    short = np.array([[4, 5, 6, 0], [7, 0, 0, 0]])
+    long = np.concatenate([short, np.zeros((2, 7), short.dtype)], axis=1)
+    np.testing.assert_allclose(model(long).numpy()[:, :4][short != 0], model(short).numpy()[short != 0],
+                               rtol=1e-4, atol=1e-5)
+    output = model.layers[-1](model.layers[-2](model.layers[1](tf.constant(short))))
+    np.testing.assert_array_equal(output._keras_mask.numpy(), short != 0)
+
+
+def test_config_round_trip_and_keras_save_load(tmp_path):
+    block = TransformerEncoderBlock(2, 24, attention_kwargs=dict(YOSO_KWARGS, conv_window=3), dropout=0.2,
+                                    norm_first=True, activation="relu", layer_norm_epsilon=1e-6)
+    config = block.get_config()
+    for argument in ("num_heads", "intermediate_dim", "attention", "attention_kwargs", "dropout", "norm_first",
+                     "activation", "layer_norm_epsilon"):
+        assert argument in config
+    assert TransformerEncoderBlock.from_config(config).get_config() == config
+
+    tokens = keras.Input((12,), dtype="int32")
+    x = keras.layers.Embedding(20, 16, mask_zero=True)(tokens)
+    x = TransformerEncoderBlock(2, 24, attention_kwargs=dict(YOSO_KWARGS, conv_window=3))(x)
+    x = TransformerEncoderBlock(2, 24, attention="softmax")(x)
+    model = keras.Model(tokens, keras.layers.GlobalAveragePooling1D()(x))
+    data = np.random.default_rng(2).integers(1, 20, size=(3, 12))
+    data[1, 5:] = 0
+    expected = model(data).numpy()
+    model.save(tmp_path / "encoder.keras")
+    np.testing.assert_array_equal(keras.saving.load_model(tmp_path / "encoder.keras")(data).numpy(), expected)
+
+
+# ----------------------------------------------------------------------------
+# A long-sequence task that attention must solve.
+
+def _matching_markers_task(rng, count, length):
+    """Filler token 3 everywhere, two marker tokens (1 or 2) at random far-apart positions.
+
+    Label: do the two markers match? Any per-token function summed (mean-pooled) over
+    the sequence adds f(first) + f(second), and no such sum separates
+    {(1, 1), (2, 2)} from {(1, 2), (2, 1)}, so the markers must see each other
+    through attention. Sequences are padded (token 0) from a random length.
+
+    All markers of one type share one query/key vector, so inference (one fixed
+    draw of hash functions) sees a single collision pattern for the whole test
+    set: the model uses num_hashes=32 so that this draw is close to its
+    expectation (with 8 hashes training converges but held-out accuracy jumps
+    between draws).
+    """
+    tokens = np.zeros((count, length), np.int32)
+    labels = np.zeros((count,), np.float32)
+    for i in range(count):
+        real = rng.integers(length // 2, length + 1)
+        tokens[i, :real] = 3
+        first, second = rng.choice(real, 2, replace=False)
+        marker, same = rng.integers(1, 3), rng.random() < 0.5
+        tokens[i, first], tokens[i, second] = marker, marker if same else 3 - marker
+        labels[i] = float(same)
+    return tokens, labels
+
+
+def _fit_matching_markers(length, steps, batch_size=16):
+    keras.utils.set_random_seed(0)
+    rng = np.random.default_rng(0)
+    train_tokens, train_labels = _matching_markers_task(rng, steps * batch_size, length)
+    test_tokens, test_labels = _matching_markers_task(rng, 256, length)
+    tokens = keras.Input((length,), dtype="int32")
+    x = keras.layers.Embedding(4, 32, mask_zero=True)(tokens)
+    for _ in range(2):
+        x = TransformerEncoderBlock(2, 64, attention="yoso", attention_kwargs=dict(num_hashes=32, hash_code_len=4),
+                                    dropout=0.0)(x)
+    x = keras.layers.GlobalAveragePooling1D()(x)  # masked mean
+    model = keras.Model(tokens, keras.layers.Dense(1, activation="sigmoid")(x))
+    model.compile(keras.optimizers.Adam(1e-3, clipnorm=1.0), "binary_crossentropy", metrics=["accuracy"])
+    model.fit(train_tokens, train_labels, batch_size=batch_size, epochs=1, verbose=0)
+    return model.evaluate(test_tokens, test_labels, verbose=0)[1]
+
+
+def test_yoso_encoder_learns_a_long_range_matching_task():
+    assert _fit_matching_markers(length=512, steps=300) >= 0.9
+
