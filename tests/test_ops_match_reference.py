@@ -147,3 +147,14 @@ def test_yoso_expectation_is_finite_at_parallel_and_antiparallel_pairs():
         grads = tape.gradient(out, [qt, kt, vt])
         assert np.isfinite(out.numpy()).all()
         assert all(np.isfinite(g.numpy()).all() for g in grads)
+
+
+def test_yoso_expectation_weights_match_reference_and_drive_yoso_expectation():
+    rng = np.random.default_rng(6)
+    q, k = unit_rows(rng, (2, 11, 8)), unit_rows(rng, (2, 13, 8))
+    v = rng.normal(size=(2, 13, 4)).astype(np.float32)
+    qm, km = random_mask(rng, "random", 2, 11), random_mask(rng, "random", 2, 13)
+    weights = ops.yoso_expectation_weights(q, k, 6, qm, km).numpy()
+    expected = ref.expectation_matrix(q, k, 6) * qm[:, :, None] * km[:, None, :]
+    _assert_close(weights, expected, 1e-5)
+    _assert_close(ops.yoso_expectation(q, k, v, 6, qm, km), np.einsum("bij,bjd->bid", expected, v), 1e-5)

@@ -4,7 +4,6 @@ Paper: Zeng et al., "You Only Sample (Almost) Once: Linear Cost Self-Attention
 Via Bernoulli Sampling", ICML 2021.
 """
 
-import math
 import numbers
 import random
 
@@ -15,11 +14,12 @@ from keras import initializers
 from keras import regularizers
 
 from keras_yoso import ops
+from keras_yoso.ops.yoso import BACKWARDS as _BACKWARDS
+from keras_yoso.ops.yoso import HASH_METHODS as _HASH_METHODS
+from keras_yoso.ops.yoso import IMPLEMENTATIONS as _IMPLEMENTATIONS
 
+# yoso_cumulation's limit: 2**hash_code_len buckets of at most 2**20.
 _MAX_HASH_CODE_LEN = 20
-_BACKWARDS = ("lower_bound", "collision")
-_HASH_METHODS = ("gaussian", "hadamard")
-_IMPLEMENTATIONS = ("auto", "custom_op", "composite")
 # yoso_expectation's name for the true derivative that "collision" estimates.
 _EXPECTATION_BACKWARD = {"lower_bound": "lower_bound", "collision": "exact"}
 _OUTPUT_LETTERS = "opqrsuvwxyz"
@@ -459,13 +459,6 @@ class YosoAttention(keras.layers.Layer):
             strides=[1, 1, 1, 1], padding="SAME")
         return tf.reshape(out, [batch, length, self._num_heads, self._value_dim])
 
-    def _attention_scores(self, query, key, query_mask, key_mask):
-        """YOSO-E weights `[B * heads, T, S]` (query and key unit rows, masks `[B * heads, N]`)."""
-        cosine = tf.clip_by_value(tf.einsum("bid,bjd->bij", query, key), -1.0, 1.0)
-        scores = tf.pow(1.0 - tf.acos(cosine) / math.pi, float(self._hash_code_len))
-        pair_mask = tf.logical_and(query_mask[:, :, None], key_mask[:, None, :])
-        return scores * tf.cast(pair_mask, scores.dtype)
-
     def call(
         self,
         query,
@@ -537,7 +530,7 @@ class YosoAttention(keras.layers.Layer):
         output = self._output_dense(out)
         output._keras_mask = query_mask
         if return_attention_scores:
-            scores = self._attention_scores(q, k, q_mask, k_mask)
+            scores = ops.yoso_expectation_weights(q, k, self._hash_code_len, q_mask, k_mask)
             scores = tf.reshape(scores, tf.stack([batch, self._num_heads, query_length, key_length]))
             return output, tf.cast(scores, self.compute_dtype)
         return output

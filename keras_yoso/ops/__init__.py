@@ -11,6 +11,7 @@ from keras_yoso.ops.yoso import lsh_cumulation
 from keras_yoso.ops.yoso import weighted_lsh_cumulation
 from keras_yoso.ops.yoso import yoso_cumulation
 from keras_yoso.ops.yoso import yoso_expectation
+from keras_yoso.ops.yoso import yoso_expectation_weights
 
 __all__ = [
     "custom_ops_available",
@@ -20,4 +21,5 @@ __all__ = [
     "weighted_lsh_cumulation",
     "yoso_cumulation",
     "yoso_expectation",
+    "yoso_expectation_weights",
 ]

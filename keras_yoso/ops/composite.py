@@ -124,6 +124,16 @@ def weighted_lsh_cumulation(query_mask, query_codes, query_weight, key_mask, key
     return tf.cast(_keep(query_mask, total / num_hashes), dtype)
 
 
+def expectation_weights(query, key, hash_code_len, pair_mask):
+    """YOSO-E weights E_ij = (1 - acos(x_ij)/pi)^tau * pair_mask_ij, x = <Q_i, K_j> clipped to [-1, 1] (§3.1).
+
+    query [B, Nq, d], key [B, Nk, d] (float32), pair_mask [B, Nq, Nk] of 0/1.
+    Returns (x, E), both [B, Nq, Nk]: the backward of YOSO-E needs the cosines too.
+    """
+    x = tf.clip_by_value(tf.einsum("bid,bjd->bij", query, key), -1.0, 1.0)
+    return x, tf.pow(1.0 - tf.acos(x) / math.pi, float(hash_code_len)) * pair_mask
+
+
 def collision_derivative(x, hash_code_len, epsilon):
     """tau (1 - acos(x)/pi)^(tau-1) / (pi sqrt(1 - x^2 + eps)), x clipped to [-1, 1] (appendix eq. 2)."""
     x = tf.clip_by_value(x, -1.0, 1.0)

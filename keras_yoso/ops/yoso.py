@@ -389,8 +389,7 @@ def yoso_expectation(query, key, value, hash_code_len, query_mask=None, key_mask
     def _expectation(q, k, v):
         q32, k32 = tf.cast(q, tf.float32), composite._keep(km, tf.cast(k, tf.float32))
         v32 = composite._keep(km, tf.cast(v, tf.float32))
-        x = tf.clip_by_value(tf.einsum("bid,bjd->bij", q32, k32), -1.0, 1.0)
-        e = tf.pow(1.0 - tf.acos(x) / math.pi, tau) * pair_mask
+        x, e = composite.expectation_weights(q32, k32, tau, pair_mask)
 
         def grad(dy):
             dy32 = tf.cast(dy, tf.float32) * qm[:, :, None]
@@ -407,6 +406,24 @@ def yoso_expectation(query, key, value, hash_code_len, query_mask=None, key_mask
         return tf.cast(tf.einsum("bij,bjd->bid", e, v32), dtype), grad
 
     return _expectation(query, key, value)
+
+
+def yoso_expectation_weights(query, key, hash_code_len, query_mask=None, key_mask=None):
+    """The YOSO-E attention matrix E_ij = (1 - acos(<Q_i, K_j>)/pi)^tau (§3.1), O(Nq Nk) memory.
+
+    Cosines are clipped to [-1, 1]; entries of masked queries or keys are 0.
+    query `[B, Nq, d]`, key `[B, Nk, d]` (unit rows), masks `[B, N]`.
+    Returns float32 `[B, Nq, Nk]`; `yoso_expectation` computes E @ V with the same weights.
+    """
+    hash_code_len = _check_int(hash_code_len, "hash_code_len", 1, MAX_HASH_CODE_LEN)
+    query = _float_tensor(query, "query", 3)
+    key = _float_tensor(key, "key", 3)
+    _check_same([("query", query.shape[2]), ("key", key.shape[2])], "query and key widths (axis 2)")
+    qm = _mask_tensor(query_mask, tf.shape(query)[0], tf.shape(query)[1], "query_mask")
+    km = _mask_tensor(key_mask, tf.shape(key)[0], tf.shape(key)[1], "key_mask")
+    key32 = composite._keep(km, tf.cast(key, tf.float32))
+    return composite.expectation_weights(tf.cast(query, tf.float32), key32, hash_code_len,
+                                         qm[:, :, None] * km[:, None, :])[1]
 
 
 # ----------------------------------------------------------------------------
