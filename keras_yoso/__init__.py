@@ -7,9 +7,10 @@ warning if they cannot be loaded.
 
 from keras_yoso import layers
 from keras_yoso import ops
+from keras_yoso.layers import LinearRelativeAttention
 from keras_yoso.layers import TransformerEncoderBlock
 from keras_yoso.layers import YosoAttention
 
 __version__ = "0.1.0"
 
-__all__ = ["TransformerEncoderBlock", "YosoAttention", "layers", "ops"]
+__all__ = ["LinearRelativeAttention", "TransformerEncoderBlock", "YosoAttention", "layers", "ops"]

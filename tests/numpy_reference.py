@@ -160,3 +160,73 @@ def yoso_collision_gradients(query, key, value, query_codes, key_codes, hash_cod
                               hash_code_len, epsilon, key_mask, query_mask)
     dv = lsh_cumulation(key_codes, query_codes, grad_output, key_mask, query_mask)
     return dq, dk, dv
+
+
+def elu_plus_one(x):
+    """phi(x) = elu(x) + 1 (Scaleformer §V)."""
+    x = np.asarray(x, np.float64)
+    return np.where(x > 0, x + 1.0, np.exp(np.minimum(x, 0.0)))
+
+
+def _linear_relative_scores(query, key, relative_embeddings, horizon, causal, key_mask):
+    """Dense [B, Lq, Lk] scores S_ij of Scaleformer eq. 9/11 with the masks applied, and their parts."""
+    phi_q, phi_k = elu_plus_one(query), elu_plus_one(key)
+    batch, q_len, k_len = query.shape[0], query.shape[1], key.shape[1]
+    scores = np.einsum("bid,bjd->bij", phi_q, phi_k)
+    rows = None
+    phi_rel = None
+    if horizon is not None:
+        phi_rel = elu_plus_one(relative_embeddings)
+        if phi_rel.ndim == 2:
+            phi_rel = np.broadcast_to(phi_rel, (batch,) + phi_rel.shape)
+        rows = np.clip(np.arange(k_len)[None, :] - np.arange(q_len)[:, None], -horizon, horizon) + horizon
+        rel_all = np.einsum("bid,brd->bir", phi_q, phi_rel)  # [B, Lq, 2k+1]
+        scores = scores + np.take_along_axis(rel_all, np.broadcast_to(rows, (batch, q_len, k_len)), axis=2)
+    allowed = np.broadcast_to(_mask(key_mask, batch, k_len)[:, None, :], (batch, q_len, k_len)).copy()
+    if causal:
+        allowed *= np.tril(np.ones((q_len, k_len)))
+    return scores * allowed, allowed, phi_q, phi_k, phi_rel, rows
+
+
+def linear_relative_attention(query, key, value, relative_embeddings=None, horizon=None, causal=False,
+                              query_mask=None, key_mask=None, epsilon=1e-6):
+    """Scaleformer eq. 10, densely: out_i = sum_j S_ij V_j / (sum_j S_ij + eps), padded queries 0."""
+    query, key, value = (np.asarray(t, np.float64) for t in (query, key, value))
+    scores = _linear_relative_scores(query, key, relative_embeddings, horizon, causal, key_mask)[0]
+    q_mask = _mask(query_mask, query.shape[0], query.shape[1])
+    out = np.einsum("bij,bje->bie", scores, value) / (scores.sum(-1, keepdims=True) + epsilon)
+    return out * q_mask[:, :, None]
+
+
+def linear_relative_attention_gradients(query, key, value, out_grad, relative_embeddings=None, horizon=None,
+                                        causal=False, query_mask=None, key_mask=None, epsilon=1e-6):
+    """Analytic gradients of sum(out * out_grad) for `linear_relative_attention`.
+
+    Returns (d_query, d_key, d_value, d_relative_embeddings or None); d_relative_embeddings
+    has the shape of relative_embeddings (summed over the batch when it is shared).
+    """
+    query, key, value, out_grad = (np.asarray(t, np.float64) for t in (query, key, value, out_grad))
+    scores, allowed, phi_q, phi_k, phi_rel, rows = _linear_relative_scores(
+        query, key, relative_embeddings, horizon, causal, key_mask)
+    q_mask = _mask(query_mask, query.shape[0], query.shape[1])[:, :, None]
+    numerator = np.einsum("bij,bje->bie", scores, value)
+    denominator = scores.sum(-1, keepdims=True) + epsilon
+    d_numerator = q_mask * out_grad / denominator
+    d_denominator = -q_mask * (out_grad * numerator).sum(-1, keepdims=True) / denominator ** 2
+    d_scores = allowed * (np.einsum("bie,bje->bij", d_numerator, value) + d_denominator)
+    d_value = np.einsum("bij,bie->bje", scores, d_numerator)
+    d_phi_q = np.einsum("bij,bjd->bid", d_scores, phi_k)
+    d_phi_k = np.einsum("bij,bid->bjd", d_scores, phi_q)
+    d_rel = None
+    if horizon is not None:
+        onehot = np.eye(2 * horizon + 1)[rows]  # [Lq, Lk, 2k+1]
+        d_rel_scores = np.einsum("bij,ijr->bir", d_scores, onehot)
+        d_phi_q += np.einsum("bir,brd->bid", d_rel_scores, phi_rel)
+        d_phi_rel = np.einsum("bir,bid->brd", d_rel_scores, phi_q)
+        rel = np.asarray(relative_embeddings, np.float64)
+        if rel.ndim == 2:
+            d_phi_rel = d_phi_rel.sum(0)
+        d_rel = d_phi_rel * np.where(rel > 0, 1.0, np.exp(np.minimum(rel, 0.0)))
+    d_query = d_phi_q * np.where(query > 0, 1.0, np.exp(np.minimum(query, 0.0)))
+    d_key = d_phi_k * np.where(key > 0, 1.0, np.exp(np.minimum(key, 0.0)))
+    return d_query, d_key, d_value, d_rel

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from keras_yoso.layers import LinearRelativeAttention
 from keras_yoso.layers import TransformerEncoderBlock
 from keras_yoso.layers import YosoAttention
 
@@ -15,15 +16,18 @@ def _lengths_mask(lengths, length):
     return np.arange(length)[None, :] < np.asarray(lengths)[:, None]
 
 
-@pytest.mark.parametrize("attention", ["yoso", "softmax"])
+ATTENTION_CLASSES = {"yoso": YosoAttention, "softmax": keras.layers.MultiHeadAttention,
+                     "linear_relative": LinearRelativeAttention}
+
+
+@pytest.mark.parametrize("attention", list(ATTENTION_CLASSES))
 @pytest.mark.parametrize("norm_first", [False, True], ids=["post_ln", "pre_ln"])
 def test_output_shape_and_attention_layer(attention, norm_first):
     x = np.random.default_rng(0).normal(size=(2, 9, 16)).astype(np.float32)
     block = TransformerEncoderBlock(4, 32, attention=attention, norm_first=norm_first,
                                     attention_kwargs=YOSO_KWARGS if attention == "yoso" else None)
     assert block(x).shape == (2, 9, 16)
-    expected = YosoAttention if attention == "yoso" else keras.layers.MultiHeadAttention
-    assert isinstance(block.attention_layer, expected)
+    assert isinstance(block.attention_layer, ATTENTION_CLASSES[attention])
     assert block.attention_layer.key_dim == 4
 
 
@@ -34,13 +38,18 @@ def test_attention_kwargs_override_key_dim():
     assert block.attention_layer.conv_window == 5
 
 
-def test_linear_relative_attention_reports_it_is_not_available():
-    import keras_yoso.layers
-
-    if hasattr(keras_yoso.layers, "LinearRelativeAttention"):
-        pytest.skip("LinearRelativeAttention exists now; the block builds it")
-    with pytest.raises(NotImplementedError, match="linear_relative attention is not available yet"):
-        TransformerEncoderBlock(2, 32, attention="linear_relative")
+def test_linear_relative_block_passes_its_attention_kwargs():
+    block = TransformerEncoderBlock(2, 32, attention="linear_relative",
+                                    attention_kwargs=dict(horizon=3, causal=True, share_relative_embeddings=True))
+    x = np.random.default_rng(3).normal(size=(1, 12, 16)).astype(np.float32)
+    out = block(x).numpy()
+    layer = block.attention_layer
+    assert (layer.horizon, layer.causal, layer.share_relative_embeddings) == (3, True, True)
+    assert tuple(layer.relative_embeddings.shape) == (7, 8)
+    x_future = x.copy()
+    x_future[:, 6:] += 1.0
+    # Causal attention, then position-wise layers: outputs before position 6 ignore later inputs.
+    np.testing.assert_allclose(block(x_future).numpy()[:, :6], out[:, :6], rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("arguments, match", [
@@ -55,7 +64,7 @@ def test_invalid_arguments_raise(arguments, match):
         TransformerEncoderBlock(**arguments)
 
 
-@pytest.mark.parametrize("attention", ["yoso", "softmax"])
+@pytest.mark.parametrize("attention", list(ATTENTION_CLASSES))
 def test_padded_content_does_not_change_unpadded_outputs(attention):
     rng = np.random.default_rng(1)
     x = rng.normal(size=(3, 10, 16)).astype(np.float32)

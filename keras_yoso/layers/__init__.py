@@ -1,6 +1,7 @@
 """keras_yoso.layers: Keras layers built on keras_yoso.ops."""
 
+from keras_yoso.layers.linear_relative_attention import LinearRelativeAttention
 from keras_yoso.layers.transformer_encoder_block import TransformerEncoderBlock
 from keras_yoso.layers.yoso_attention import YosoAttention
 
-__all__ = ["TransformerEncoderBlock", "YosoAttention"]
+__all__ = ["LinearRelativeAttention", "TransformerEncoderBlock", "YosoAttention"]

@@ -5,29 +5,21 @@ import random
 
 import keras
 
-import keras_yoso.layers
+from keras_yoso.layers.linear_relative_attention import LinearRelativeAttention
+from keras_yoso.layers.yoso_attention import YosoAttention
 
-# attention name -> the class name looked up in keras_yoso.layers (None: keras.layers.MultiHeadAttention).
-# A name switches on as soon as keras_yoso.layers exports its class.
-_ATTENTION_CLASS_NAMES = {
-    "yoso": "YosoAttention",
-    "softmax": None,
-    "linear_relative": "LinearRelativeAttention",
+_ATTENTION_CLASSES = {
+    "yoso": YosoAttention,
+    "softmax": keras.layers.MultiHeadAttention,
+    "linear_relative": LinearRelativeAttention,
 }
 
 
 def _attention_class(attention):
-    if attention not in _ATTENTION_CLASS_NAMES:
+    if attention not in _ATTENTION_CLASSES:
         raise ValueError("Received an invalid value for argument `attention`: expected one of "
-                         f"{tuple(_ATTENTION_CLASS_NAMES)}. Received: attention={attention!r}")
-    class_name = _ATTENTION_CLASS_NAMES[attention]
-    if class_name is None:
-        return keras.layers.MultiHeadAttention
-    cls = getattr(keras_yoso.layers, class_name, None)
-    if cls is None:
-        raise NotImplementedError(f"{attention} attention is not available yet: keras_yoso.layers has no "
-                                  f"{class_name}. Use attention='yoso' or attention='softmax'.")
-    return cls
+                         f"{tuple(_ATTENTION_CLASSES)}. Received: attention={attention!r}")
+    return _ATTENTION_CLASSES[attention]
 
 
 @keras.saving.register_keras_serializable(package="keras_yoso")
@@ -51,7 +43,8 @@ class TransformerEncoderBlock(keras.layers.Layer):
         intermediate_dim: Width of the feed-forward hidden layer.
         attention: "yoso" (`keras_yoso.layers.YosoAttention`), "softmax"
             (`keras.layers.MultiHeadAttention`) or "linear_relative"
-            (`keras_yoso.layers.LinearRelativeAttention`, once available).
+            (`keras_yoso.layers.LinearRelativeAttention`, bidirectional unless
+            attention_kwargs sets `causal=True`).
         attention_kwargs: Extra constructor arguments of the attention layer
             (e.g. `num_hashes`, `hash_code_len`, `conv_window`, `key_dim`).
             `key_dim` defaults to hidden // num_heads. A missing `seed` is

@@ -4,16 +4,18 @@ Paper: Zeng et al., "You Only Sample (Almost) Once: Linear Cost Self-Attention
 Via Bernoulli Sampling", ICML 2021.
 """
 
-import numbers
 import random
 
 import keras
 import tensorflow as tf
-from keras import constraints
-from keras import initializers
-from keras import regularizers
 
 from keras_yoso import ops
+from keras_yoso.layers.multi_head_attention_base import MultiHeadAttentionBase
+from keras_yoso.layers.multi_head_attention_base import check_bool
+from keras_yoso.layers.multi_head_attention_base import check_choice
+from keras_yoso.layers.multi_head_attention_base import check_int
+from keras_yoso.layers.multi_head_attention_base import flatten_heads
+from keras_yoso.layers.multi_head_attention_base import unflatten_heads
 from keras_yoso.ops.yoso import BACKWARDS as _BACKWARDS
 from keras_yoso.ops.yoso import HASH_METHODS as _HASH_METHODS
 from keras_yoso.ops.yoso import IMPLEMENTATIONS as _IMPLEMENTATIONS
@@ -22,97 +24,10 @@ from keras_yoso.ops.yoso import IMPLEMENTATIONS as _IMPLEMENTATIONS
 _MAX_HASH_CODE_LEN = 20
 # yoso_expectation's name for the true derivative that "collision" estimates.
 _EXPECTATION_BACKWARD = {"lower_bound": "lower_bound", "collision": "exact"}
-_OUTPUT_LETTERS = "opqrsuvwxyz"
-
-
-def _check_int(value, name, low, high=None, allow_none=False):
-    if value is None and allow_none:
-        return None
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < low or (
-            high is not None and value > high):
-        expected = f"an integer in [{low}, {high}]" if high is not None else (
-            "a positive integer" if low == 1 else f"an integer >= {low}")
-        if allow_none:
-            expected += " or None"
-        raise ValueError(f"Received an invalid value for argument `{name}`: expected {expected}. "
-                         f"Received: {name}={value!r}")
-    return int(value)
-
-
-def _check_choice(value, name, choices):
-    if value not in choices:
-        raise ValueError(f"Received an invalid value for argument `{name}`: expected one of {choices}. "
-                         f"Received: {name}={value!r}")
-    return value
-
-
-def _bool_mask(mask):
-    if mask is None:
-        return None
-    mask = tf.convert_to_tensor(mask)
-    if mask.dtype != tf.bool:
-        mask = tf.not_equal(mask, tf.zeros([], mask.dtype))
-    return mask
-
-
-def _keras_mask(x):
-    """The implicit Keras mask attached to `x` (e.g. by `Embedding(mask_zero=True)`), or None."""
-    return getattr(x, "_keras_mask", None)
-
-
-def _merge_masks(*masks):
-    merged = None
-    for mask in masks:
-        if mask is not None:
-            merged = mask if merged is None else tf.logical_and(merged, mask)
-    return merged
-
-
-def _flatten_heads(x):
-    """[B, N, heads, D] -> [B * heads, N, D] (row b * heads + h)."""
-    shape = tf.shape(x)
-    x = tf.transpose(x, [0, 2, 1, 3])
-    return tf.reshape(x, [shape[0] * shape[2], shape[1], x.shape[-1]])
-
-
-def _unflatten_heads(x, batch, num_heads):
-    """[B * heads, N, D] -> [B, N, heads, D]."""
-    shape = tf.shape(x)
-    x = tf.reshape(x, [batch, num_heads, shape[1], x.shape[-1]])
-    return tf.transpose(x, [0, 2, 1, 3])
-
-
-def _padding_masks_from_attention_mask(attention_mask, batch, query_length, key_length):
-    """Splits a padding `[B, T, S]` attention mask into query and key masks, or raises.
-
-    A padding mask is `query_pad[:, :, None] & key_pad[:, None, :]` (a key mask broadcast
-    over every row is the case query_pad = all true). Any other pattern cannot be expressed
-    by LSH attention, which never forms the [T, S] matrix.
-    """
-    attention_mask = _bool_mask(attention_mask)
-    if attention_mask.shape.rank != 3:
-        raise ValueError("YosoAttention accepts `attention_mask` only of shape [batch, target_length, "
-                         f"source_length] (a padding mask). Received shape {attention_mask.shape}")
-    attention_mask = tf.broadcast_to(attention_mask, tf.stack([batch, query_length, key_length]))
-    query_pad = tf.reduce_any(attention_mask, axis=2)
-    key_pad = tf.reduce_any(attention_mask, axis=1)
-    is_padding = tf.reduce_all(tf.equal(
-        attention_mask, tf.logical_and(query_pad[:, :, None], key_pad[:, None, :])))
-    message = ("YosoAttention received an `attention_mask` that is not a padding mask. LSH attention "
-               "(YOSO) never forms the [target_length, source_length] attention matrix, so it can only "
-               "express masks of the form query_mask[:, :, None] & key_mask[:, None, :]. Pass "
-               "`query_mask`, `value_mask` and/or `key_mask` ([batch, length] padding masks) instead; "
-               "causal or arbitrary masks are not supported.")
-    if tf.executing_eagerly():
-        if not bool(is_padding):
-            raise ValueError(message)
-        return query_pad, key_pad
-    with tf.control_dependencies([tf.debugging.Assert(is_padding, [message])]):
-        return tf.identity(query_pad), tf.identity(key_pad)
 
 
 @keras.saving.register_keras_serializable(package="keras_yoso")
-class YosoAttention(keras.layers.Layer):
+class YosoAttention(MultiHeadAttentionBase):
     """Multi-head YOSO attention: LSH Bernoulli-sampled attention in linear time.
 
     A drop-in replacement for `keras.layers.MultiHeadAttention` (same
@@ -239,67 +154,26 @@ class YosoAttention(keras.layers.Layer):
         implementation="auto",
         **kwargs,
     ):
-        self._num_heads = _check_int(num_heads, "num_heads", 1)
-        self._key_dim = _check_int(key_dim, "key_dim", 1)
-        value_dim = _check_int(value_dim, "value_dim", 1, allow_none=True)
-        self._value_dim = self._key_dim if value_dim is None else value_dim
-        self._num_hashes = _check_int(num_hashes, "num_hashes", 1)
-        self._hash_code_len = _check_int(hash_code_len, "hash_code_len", 1, _MAX_HASH_CODE_LEN)
-        if not isinstance(use_expectation, bool):
-            raise ValueError("Received an invalid value for argument `use_expectation`: expected a bool. "
-                             f"Received: use_expectation={use_expectation!r}")
-        self._use_expectation = use_expectation
-        self._conv_window = _check_int(conv_window, "conv_window", 1, allow_none=True)
-        self._backward = _check_choice(backward, "backward", _BACKWARDS)
-        self._hash_method = _check_choice(hash_method, "hash_method", _HASH_METHODS)
-        self._implementation = _check_choice(implementation, "implementation", _IMPLEMENTATIONS)
-        if isinstance(dropout, bool) or not isinstance(dropout, numbers.Real) or not 0.0 <= dropout < 1.0:
-            raise ValueError("Received an invalid value for argument `dropout`: expected a float in [0, 1). "
-                             f"Received: dropout={dropout!r}")
-        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, numbers.Integral)):
-            raise ValueError(f"Received an invalid value for argument `seed`: expected an integer or None. "
-                             f"Received: seed={seed!r}")
-        if output_shape is not None and not isinstance(output_shape, (list, tuple)):
-            output_shape = (output_shape,)
-        if output_shape is not None:
-            output_shape = tuple(output_shape)
-            if not output_shape or not all(
-                    isinstance(d, numbers.Integral) and not isinstance(d, bool) and d > 0 for d in output_shape):
-                raise ValueError("Received an invalid value for argument `output_shape`: expected a positive "
-                                 f"int or a non-empty tuple of positive ints. Received: output_shape={output_shape!r}")
-            output_shape = tuple(int(d) for d in output_shape)
-        super().__init__(**kwargs)
-        self.supports_masking = True
+        self._num_hashes = check_int(num_hashes, "num_hashes", 1)
+        self._hash_code_len = check_int(hash_code_len, "hash_code_len", 1, _MAX_HASH_CODE_LEN)
+        self._use_expectation = check_bool(use_expectation, "use_expectation")
+        self._conv_window = check_int(conv_window, "conv_window", 1, allow_none=True)
+        self._backward = check_choice(backward, "backward", _BACKWARDS)
+        self._hash_method = check_choice(hash_method, "hash_method", _HASH_METHODS)
+        self._implementation = check_choice(implementation, "implementation", _IMPLEMENTATIONS)
+        if seed is None:
+            # Resolved now and stored in get_config, so reloads hash identically.
+            seed = random.randint(1, 2 ** 31 - 1)
+        super().__init__(
+            num_heads, key_dim, value_dim=value_dim, dropout=dropout, use_bias=use_bias, output_shape=output_shape,
+            kernel_initializer=kernel_initializer, bias_initializer=bias_initializer,
+            kernel_regularizer=kernel_regularizer, bias_regularizer=bias_regularizer,
+            activity_regularizer=activity_regularizer, kernel_constraint=kernel_constraint,
+            bias_constraint=bias_constraint, seed=seed, **kwargs)
         self.supports_jit = self._use_expectation or not (
             self._implementation == "custom_op"
             or (self._implementation == "auto" and ops.custom_ops_available()))
-        self._dropout = float(dropout)
-        self._use_bias = use_bias
-        self._output_shape = output_shape
-        self._kernel_initializer = initializers.get(kernel_initializer)
-        self._bias_initializer = initializers.get(bias_initializer)
-        self._kernel_regularizer = regularizers.get(kernel_regularizer)
-        self._bias_regularizer = regularizers.get(bias_regularizer)
-        self._activity_regularizer = regularizers.get(activity_regularizer)
-        self._kernel_constraint = constraints.get(kernel_constraint)
-        self._bias_constraint = constraints.get(bias_constraint)
-        # A seed of None is resolved now and stored in get_config, so reloads hash identically.
-        self.seed = int(seed) if seed is not None else random.randint(1, 2 ** 31 - 1)
         self._training_seeds = keras.random.SeedGenerator(self.seed)
-        self._dropout_layer = (keras.layers.Dropout(self._dropout, seed=self.seed, dtype=self.dtype_policy)
-                               if self._dropout > 0.0 else None)
-
-    @property
-    def num_heads(self):
-        return self._num_heads
-
-    @property
-    def key_dim(self):
-        return self._key_dim
-
-    @property
-    def value_dim(self):
-        return self._value_dim
 
     @property
     def num_hashes(self):
@@ -318,72 +192,25 @@ class YosoAttention(keras.layers.Layer):
         return self._conv_window
 
     @property
-    def dropout(self):
-        return self._dropout
-
-    @property
-    def use_bias(self):
-        return self._use_bias
-
-    @property
     def implementation(self):
         return self._implementation
 
     def get_config(self):
         config = {
-            "num_heads": self._num_heads,
-            "key_dim": self._key_dim,
-            "value_dim": self._value_dim,
             "num_hashes": self._num_hashes,
             "hash_code_len": self._hash_code_len,
             "use_expectation": self._use_expectation,
             "conv_window": self._conv_window,
             "backward": self._backward,
             "hash_method": self._hash_method,
-            "dropout": self._dropout,
-            "use_bias": self._use_bias,
-            "output_shape": self._output_shape,
-            "kernel_initializer": initializers.serialize(self._kernel_initializer),
-            "bias_initializer": initializers.serialize(self._bias_initializer),
-            "kernel_regularizer": regularizers.serialize(self._kernel_regularizer),
-            "bias_regularizer": regularizers.serialize(self._bias_regularizer),
-            "activity_regularizer": regularizers.serialize(self._activity_regularizer),
-            "kernel_constraint": constraints.serialize(self._kernel_constraint),
-            "bias_constraint": constraints.serialize(self._bias_constraint),
-            "seed": self.seed,
             "implementation": self._implementation,
         }
         return {**super().get_config(), **config}
 
-    def _sublayer_kwargs(self):
-        # Fresh initializer instances per sublayer: a shared stateless initializer would repeat values.
-        return dict(
-            kernel_initializer=self._kernel_initializer.__class__.from_config(self._kernel_initializer.get_config()),
-            bias_initializer=self._bias_initializer.__class__.from_config(self._bias_initializer.get_config()),
-            kernel_regularizer=self._kernel_regularizer,
-            bias_regularizer=self._bias_regularizer,
-            activity_regularizer=self._activity_regularizer,
-            kernel_constraint=self._kernel_constraint,
-            bias_constraint=self._bias_constraint,
-            dtype=self.dtype_policy,
-        )
-
-    def _projection(self, head_dim, name):
-        return keras.layers.EinsumDense(
-            "btd,dnh->btnh", output_shape=(None, self._num_heads, head_dim),
-            bias_axes="nh" if self._use_bias else None, name=name, **self._sublayer_kwargs())
+    _padding_only_reason = "LSH attention (YOSO) never forms the [target_length, source_length] attention matrix"
 
     def _check_shapes(self, query_shape, value_shape, key_shape):
-        for name, shape in (("query", query_shape), ("value", value_shape), ("key", key_shape)):
-            if len(shape) != 3:
-                raise ValueError(f"YosoAttention expects `{name}` of shape (batch, length, features), "
-                                 f"got shape {tuple(shape)}")
-            if shape[-1] is None:
-                raise ValueError(f"The last dimension of `{name}` must be known, got shape {tuple(shape)}")
-        if tuple(value_shape[:-1]) != tuple(key_shape[:-1]) and not any(
-                a is None or b is None for a, b in zip(value_shape[:-1], key_shape[:-1])):
-            raise ValueError("All dimensions of `value` and `key`, except the last one, must be equal. "
-                             f"Received: value_shape={tuple(value_shape)} and key_shape={tuple(key_shape)}")
+        super()._check_shapes(query_shape, value_shape, key_shape)
         if self._conv_window is not None and None not in (query_shape[1], value_shape[1]) and (
                 query_shape[1] != value_shape[1]):
             raise ValueError(f"conv_window={self._conv_window} (YOSO-C) convolves the values along the sequence "
@@ -391,43 +218,13 @@ class YosoAttention(keras.layers.Layer):
                              f"have the same length. Received: query_shape={tuple(query_shape)}, "
                              f"value_shape={tuple(value_shape)}")
 
-    def build(self, query_shape, value_shape, key_shape=None):
-        """Creates the projections (and the YOSO-C filters) from the input shapes."""
-        key_shape = value_shape if key_shape is None else key_shape
-        self._check_shapes(query_shape, value_shape, key_shape)
-        self._query_dense = self._projection(self._key_dim, "query")
-        self._query_dense.build(query_shape)
-        self._key_dense = self._projection(self._key_dim, "key")
-        self._key_dense.build(key_shape)
-        self._value_dense = self._projection(self._value_dim, "value")
-        self._value_dense.build(value_shape)
-        output_shape = self._output_shape or (query_shape[-1],)
-        letters = _OUTPUT_LETTERS[:len(output_shape)]
-        self._output_dense = keras.layers.EinsumDense(
-            f"btnh,nh{letters}->bt{letters}", output_shape=(None, *output_shape),
-            bias_axes=letters if self._use_bias else None, name="attention_output", **self._sublayer_kwargs())
-        self._output_dense.build((query_shape[0], query_shape[1], self._num_heads, self._value_dim))
+    def _build_attention(self, query_shape, value_shape):
+        """Creates the YOSO-C filters."""
         if self._conv_window is not None:
             self._conv_kernel = self.add_weight(
                 name="conv_kernel", shape=(self._conv_window, self._num_heads),
-                initializer=self._kernel_initializer.__class__.from_config(self._kernel_initializer.get_config()),
-                regularizer=self._kernel_regularizer, constraint=self._kernel_constraint, trainable=True)
-
-    @property
-    def query_dense(self):
-        return self._query_dense
-
-    @property
-    def key_dense(self):
-        return self._key_dense
-
-    @property
-    def value_dense(self):
-        return self._value_dense
-
-    @property
-    def output_dense(self):
-        return self._output_dense
+                initializer=self._fresh_kernel_initializer(), regularizer=self._kernel_regularizer,
+                constraint=self._kernel_constraint, trainable=True)
 
     def _check_call_options(self, return_attention_scores, use_causal_mask):
         if use_causal_mask:
@@ -459,54 +256,17 @@ class YosoAttention(keras.layers.Layer):
             strides=[1, 1, 1, 1], padding="SAME")
         return tf.reshape(out, [batch, length, self._num_heads, self._value_dim])
 
-    def call(
-        self,
-        query,
-        value,
-        key=None,
-        query_mask=None,
-        value_mask=None,
-        key_mask=None,
-        attention_mask=None,
-        training=None,
-        use_causal_mask=False,
-        return_attention_scores=False,
-    ):
-        self._check_call_options(return_attention_scores, use_causal_mask)
-        if key is None:
-            key = value
-        query_mask = _bool_mask(query_mask if query_mask is not None else _keras_mask(query))
-        value_mask = _bool_mask(value_mask if value_mask is not None else _keras_mask(value))
-        key_mask = _bool_mask(key_mask if key_mask is not None else _keras_mask(key))
-        # Masks are handled here: the projections get mask-free copies (no warning, the
-        # caller's tensors keep their masks).
-        query, value, key = tf.identity(query), tf.identity(value), tf.identity(key)
-
-        batch = tf.shape(query)[0]
-        query_length, key_length = tf.shape(query)[1], tf.shape(value)[1]
-        if attention_mask is not None:
-            query_pad, key_pad = _padding_masks_from_attention_mask(attention_mask, batch, query_length, key_length)
-            query_mask = _merge_masks(query_mask, query_pad)
-            key_mask = _merge_masks(key_mask, key_pad)
-        key_mask = _merge_masks(value_mask, key_mask)
-        if query_mask is None:
-            query_mask = tf.ones(tf.stack([batch, query_length]), tf.bool)
-        if key_mask is None:
-            key_mask = tf.ones(tf.stack([batch, key_length]), tf.bool)
-
-        # [B, N, heads, dim], then the attention core in float32.
-        query_heads = tf.cast(self._query_dense(query), tf.float32)
-        key_heads = tf.cast(self._key_dense(key), tf.float32)
-        value_heads = tf.cast(self._value_dense(value), tf.float32)
-        # Zeroing padded keys/values keeps their content (even NaN) out of every output and gradient.
-        key_heads = tf.where(key_mask[:, :, None, None], key_heads, 0.0)
-        value_heads = tf.where(key_mask[:, :, None, None], value_heads, 0.0)
-
-        q = tf.math.l2_normalize(_flatten_heads(query_heads), axis=-1)  # [B * heads, T, key_dim]
-        k = tf.math.l2_normalize(_flatten_heads(key_heads), axis=-1)    # [B * heads, S, key_dim]
-        v = _flatten_heads(value_heads)                                  # [B * heads, S, value_dim]
-        q_mask = tf.repeat(query_mask, self._num_heads, axis=0)          # row b * heads + h
+    def _normalized_heads(self, query_heads, key_heads, query_mask, key_mask):
+        """L2-normalized `[B * heads, N, key_dim]` queries and keys and their `[B * heads, N]` masks."""
+        q = tf.math.l2_normalize(flatten_heads(query_heads), axis=-1)
+        k = tf.math.l2_normalize(flatten_heads(key_heads), axis=-1)
+        q_mask = tf.repeat(query_mask, self._num_heads, axis=0)  # row b * heads + h
         k_mask = tf.repeat(key_mask, self._num_heads, axis=0)
+        return q, k, q_mask, k_mask
+
+    def _attend(self, query_heads, key_heads, value_heads, query_mask, key_mask, training, use_causal_mask):
+        q, k, q_mask, k_mask = self._normalized_heads(query_heads, key_heads, query_mask, key_mask)
+        v = flatten_heads(value_heads)  # [B * heads, S, value_dim]
         if self._use_expectation:
             out = ops.yoso_expectation(q, k, v, self._hash_code_len, q_mask, k_mask,
                                        backward=_EXPECTATION_BACKWARD[self._backward],
@@ -520,43 +280,14 @@ class YosoAttention(keras.layers.Layer):
             out = ops.yoso_cumulation(q, k, v, query_codes, key_codes, self._hash_code_len, q_mask, k_mask,
                                       backward=self._backward, implementation=self._implementation)
         out = tf.math.l2_normalize(out, axis=-1)  # N-YOSO; all-zero rows stay zero
-        out = _unflatten_heads(out, batch, self._num_heads)  # [B, T, heads, value_dim]
+        out = unflatten_heads(out, tf.shape(query_heads)[0], self._num_heads)  # [B, T, heads, value_dim]
         if self._conv_window is not None:
             out = out + self._depthwise_conv(value_heads, key_mask)
-        out = out * tf.cast(query_mask, out.dtype)[:, :, None, None]
-        out = tf.cast(out, self.compute_dtype)
-        if self._dropout_layer is not None:
-            out = self._dropout_layer(out, training=training)
-        output = self._output_dense(out)
-        output._keras_mask = query_mask
-        if return_attention_scores:
-            scores = ops.yoso_expectation_weights(q, k, self._hash_code_len, q_mask, k_mask)
-            scores = tf.reshape(scores, tf.stack([batch, self._num_heads, query_length, key_length]))
-            return output, tf.cast(scores, self.compute_dtype)
-        return output
+        return out
 
-    def compute_output_shape(self, query_shape, value_shape, key_shape=None):
-        key_shape = value_shape if key_shape is None else key_shape
-        self._check_shapes(query_shape, value_shape, key_shape)
-        return tuple(query_shape[:-1]) + (self._output_shape or (query_shape[-1],))
-
-    def compute_output_spec(
-        self,
-        query,
-        value,
-        key=None,
-        query_mask=None,
-        value_mask=None,
-        key_mask=None,
-        attention_mask=None,
-        training=None,
-        use_causal_mask=False,
-        return_attention_scores=False,
-    ):
-        self._check_call_options(return_attention_scores, use_causal_mask)
-        output_shape = self.compute_output_shape(query.shape, value.shape, None if key is None else key.shape)
-        output = keras.KerasTensor(output_shape, dtype=self.compute_dtype)
-        if return_attention_scores:
-            scores_shape = (query.shape[0], self._num_heads, query.shape[1], value.shape[1])
-            return output, keras.KerasTensor(scores_shape, dtype=self.compute_dtype)
-        return output
+    def _attention_scores(self, query_heads, key_heads, query_mask, key_mask):
+        q, k, q_mask, k_mask = self._normalized_heads(query_heads, key_heads, query_mask, key_mask)
+        scores = ops.yoso_expectation_weights(q, k, self._hash_code_len, q_mask, k_mask)
+        shape = tf.stack([tf.shape(query_heads)[0], self._num_heads, tf.shape(query_heads)[1],
+                          tf.shape(key_heads)[1]])
+        return tf.reshape(scores, shape)

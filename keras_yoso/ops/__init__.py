@@ -5,6 +5,7 @@ function hides the custom-op / composite choice behind `implementation=`.
 """
 
 from keras_yoso.ops._library import custom_ops_available
+from keras_yoso.ops.linear_relative import linear_relative_attention
 from keras_yoso.ops.yoso import hash_codes
 from keras_yoso.ops.yoso import hash_parameters
 from keras_yoso.ops.yoso import lsh_cumulation
@@ -17,6 +18,7 @@ __all__ = [
     "custom_ops_available",
     "hash_codes",
     "hash_parameters",
+    "linear_relative_attention",
     "lsh_cumulation",
     "weighted_lsh_cumulation",
     "yoso_cumulation",

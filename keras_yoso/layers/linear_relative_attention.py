@@ -1,0 +1,217 @@
+"""Scaleformer multi-head attention: kernelized attention with relative positions in O(L).
+
+Paper: Favier & Dal'Maz Silva, "Scaleformer: linear complexity kernelized
+attention with relative positional encoding", 2022.
+"""
+
+import numbers
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from keras_yoso import ops
+from keras_yoso.layers.multi_head_attention_base import MultiHeadAttentionBase
+from keras_yoso.layers.multi_head_attention_base import check_bool
+from keras_yoso.layers.multi_head_attention_base import check_int
+from keras_yoso.layers.multi_head_attention_base import flatten_heads
+from keras_yoso.layers.multi_head_attention_base import unflatten_heads
+
+
+@keras.saving.register_keras_serializable(package="keras_yoso")
+class LinearRelativeAttention(MultiHeadAttentionBase):
+    """Multi-head linear attention with Shaw relative positions (Scaleformer), O(L) in length.
+
+    A drop-in replacement for `keras.layers.MultiHeadAttention` (same
+    projections, call signature and masking conventions) whose per-head
+    attention is `keras_yoso.ops.linear_relative_attention` (eq. 9-11): with
+    phi(x) = elu(x) + 1 and r(i, j) = clip(j - i, -horizon, horizon) + horizon,
+
+        S_ij  = <phi(Q_i), phi(K_j)> + <phi(Q_i), phi(RP_r(i,j))>
+        out_i = sum_j S_ij V_j / (sum_j S_ij + epsilon)
+
+    where RP are trainable relative position embeddings of shape
+    `(num_heads, 2 * horizon + 1, key_dim)` (or `(2 * horizon + 1, key_dim)`
+    with `share_relative_embeddings=True`). Time and memory are linear in the
+    sequence lengths in every mode (causal or not, self or cross attention),
+    and there are no absolute positions: a model built at one length runs at
+    any other.
+
+    Masks. Padding masks only: Keras implicit masks of `query`/`value`/`key`,
+    or `query_mask`/`value_mask`/`key_mask`. Padded keys are dropped from both
+    sums (their content cannot change any output); padded queries output zero
+    before the output projection (so the layer output there is the projection
+    bias). An `attention_mask` is accepted only when it is a padding mask
+    (`query_mask[:, :, None] & key_mask[:, None, :]`); any other pattern
+    raises (ValueError eagerly, InvalidArgumentError inside a `tf.function`).
+    For causal attention use `causal=True` or `use_causal_mask=True`.
+
+    Precision. The attention core runs in float32 whatever the compute dtype;
+    projections run in the compute dtype and the output has the compute dtype.
+
+    Args:
+        num_heads: Number of attention heads.
+        key_dim: Size of each attention head for query and key.
+        value_dim: Size of each attention head for value. Defaults to `key_dim`.
+        horizon: k >= 1, the distance beyond which relative positions are
+            clipped (2k + 1 embeddings), or None for plain linear attention
+            (no relative term, no embedding weight).
+        causal: Default for `use_causal_mask`: if True, query i attends only to
+            keys j <= i (top-left aligned when the lengths differ).
+        share_relative_embeddings: If True, one `(2k + 1, key_dim)` table is
+            shared by all heads.
+        epsilon: > 0, added to the denominator; rows without keys output 0.
+        chunk_size: Rows per chunk of the causal prefix sums and of the
+            relative band (None: 64). Results do not depend on it.
+        dropout: Dropout rate applied to each head's attention output (the
+            attention matrix is never formed, so it cannot be dropped).
+        use_bias: Whether the projections use bias vectors.
+        output_shape: The expected shape of the output, besides the batch and
+            sequence dims. Defaults to the query's last dimension.
+        kernel_initializer: Initializer for projection kernels and the
+            relative position embeddings.
+        bias_initializer: Initializer for projection biases.
+        kernel_regularizer: Regularizer for projection kernels and the
+            relative position embeddings.
+        bias_regularizer: Regularizer for projection biases.
+        activity_regularizer: Regularizer for the projection outputs.
+        kernel_constraint: Constraint for projection kernels and the relative
+            position embeddings.
+        bias_constraint: Constraint for projection biases.
+        seed: Optional int seeding the dropout.
+
+    Call arguments:
+        query: Query tensor of shape `(B, T, dim)`.
+        value: Value tensor of shape `(B, S, dim)`.
+        key: Optional key tensor of shape `(B, S, dim)`; defaults to `value`.
+        query_mask: Optional `(B, T)` padding mask of the queries (True or
+            nonzero keeps a position). Defaults to the Keras mask of `query`.
+        value_mask: Optional `(B, S)` padding mask of the values/keys.
+            Defaults to the Keras mask of `value`.
+        key_mask: Optional `(B, S)` padding mask of the keys, combined with
+            `value_mask` (logical and). Defaults to the Keras mask of `key`.
+        attention_mask: Optional `(B, T, S)` boolean mask; must be a padding
+            mask (see above).
+        training: Whether to apply dropout.
+        use_causal_mask: None (use the constructor's `causal`), True or False.
+
+    Returns:
+        attention_output: `(B, T, E)`, E the query's last dimension or
+            `output_shape`.
+    """
+
+    _padding_only_reason = ("Linear attention never forms the [target_length, source_length] attention matrix "
+                            "(only causal masking is built in: use_causal_mask=True)")
+
+    def __init__(
+        self,
+        num_heads,
+        key_dim,
+        value_dim=None,
+        horizon=16,
+        causal=False,
+        share_relative_embeddings=False,
+        epsilon=1e-6,
+        chunk_size=None,
+        dropout=0.0,
+        use_bias=True,
+        output_shape=None,
+        kernel_initializer="glorot_uniform",
+        bias_initializer="zeros",
+        kernel_regularizer=None,
+        bias_regularizer=None,
+        activity_regularizer=None,
+        kernel_constraint=None,
+        bias_constraint=None,
+        seed=None,
+        **kwargs,
+    ):
+        self._horizon = check_int(horizon, "horizon", 1, allow_none=True)
+        self._causal = check_bool(causal, "causal")
+        self._share_relative_embeddings = check_bool(share_relative_embeddings, "share_relative_embeddings")
+        if isinstance(epsilon, bool) or not isinstance(epsilon, numbers.Real) or not (
+                0 < epsilon < float("inf")):
+            raise ValueError("Received an invalid value for argument `epsilon`: expected a finite float > 0. "
+                             f"Received: epsilon={epsilon!r}")
+        self._epsilon = float(epsilon)
+        self._chunk_size = check_int(chunk_size, "chunk_size", 1, allow_none=True)
+        super().__init__(
+            num_heads, key_dim, value_dim=value_dim, dropout=dropout, use_bias=use_bias, output_shape=output_shape,
+            kernel_initializer=kernel_initializer, bias_initializer=bias_initializer,
+            kernel_regularizer=kernel_regularizer, bias_regularizer=bias_regularizer,
+            activity_regularizer=activity_regularizer, kernel_constraint=kernel_constraint,
+            bias_constraint=bias_constraint, seed=seed, **kwargs)
+        self.supports_jit = True
+
+    @property
+    def horizon(self):
+        return self._horizon
+
+    @property
+    def causal(self):
+        return self._causal
+
+    @property
+    def share_relative_embeddings(self):
+        return self._share_relative_embeddings
+
+    @property
+    def epsilon(self):
+        return self._epsilon
+
+    @property
+    def chunk_size(self):
+        return self._chunk_size
+
+    @property
+    def relative_embeddings(self):
+        """The `(num_heads, 2k + 1, key_dim)` (or shared `(2k + 1, key_dim)`) weight, or None."""
+        return self._relative_embeddings
+
+    def get_config(self):
+        config = {
+            "horizon": self._horizon,
+            "causal": self._causal,
+            "share_relative_embeddings": self._share_relative_embeddings,
+            "epsilon": self._epsilon,
+            "chunk_size": self._chunk_size,
+        }
+        return {**super().get_config(), **config}
+
+    def _build_attention(self, query_shape, value_shape):
+        """Creates the relative position embeddings."""
+        self._relative_embeddings = None
+        if self._horizon is None:
+            return
+        shape = (2 * self._horizon + 1, self._key_dim)
+        if not self._share_relative_embeddings:
+            shape = (self._num_heads,) + shape
+        self._relative_embeddings = self.add_weight(
+            name="relative_embeddings", shape=shape, initializer=self._fresh_kernel_initializer(),
+            regularizer=self._kernel_regularizer, constraint=self._kernel_constraint, trainable=True)
+
+    def _check_call_options(self, return_attention_scores, use_causal_mask):
+        if use_causal_mask is not None and not isinstance(use_causal_mask, (bool, np.bool_)):
+            raise ValueError("Received an invalid value for argument `use_causal_mask`: expected None or a "
+                             f"Python bool. Received: use_causal_mask={use_causal_mask!r}")
+        if return_attention_scores:
+            raise ValueError("LinearRelativeAttention does not return attention scores: linear attention "
+                             "never forms the [target_length, source_length] matrix.")
+
+    def _attend(self, query_heads, key_heads, value_heads, query_mask, key_mask, training, use_causal_mask):
+        batch = tf.shape(query_heads)[0]
+        causal = self._causal if use_causal_mask is None else bool(use_causal_mask)
+        relative = None
+        if self._relative_embeddings is not None:
+            relative = tf.cast(tf.convert_to_tensor(self._relative_embeddings), tf.float32)
+            if not self._share_relative_embeddings:
+                # [heads, 2k+1, d] -> [B * heads, 2k+1, d], row b * heads + h like flatten_heads.
+                relative = tf.reshape(tf.tile(relative[None], [batch, 1, 1, 1]),
+                                      [-1, 2 * self._horizon + 1, self._key_dim])
+        out = ops.linear_relative_attention(
+            flatten_heads(query_heads), flatten_heads(key_heads), flatten_heads(value_heads),
+            relative_embeddings=relative, horizon=self._horizon, causal=causal,
+            query_mask=tf.repeat(query_mask, self._num_heads, axis=0),
+            key_mask=tf.repeat(key_mask, self._num_heads, axis=0),
+            epsilon=self._epsilon, chunk_size=self._chunk_size)
+        return unflatten_heads(out, batch, self._num_heads)
