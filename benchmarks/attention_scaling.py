@@ -8,18 +8,18 @@ scaling.png (log-log time and memory vs length, like the paper's Figure 7).
     python benchmarks/attention_scaling.py --lengths 1024 4096 16384 [--methods yoso-32 mha]
     python benchmarks/attention_scaling.py --quick      # tiny sizes, for the test suite
 
-Methods: yoso-16, yoso-32 (YosoAttention, tau = 8), yoso-e (use_expectation=True), mha
+Methods: yoso-16, yoso-32 (YosoAttention, tau = 8), yoso-e (use_expectation=True),
+linear-relative, linear-relative-causal (LinearRelativeAttention, horizon 16), mha
 (keras.layers.MultiHeadAttention). Batch 1, 4 heads, key_dim 64, model width 256.
 """
 
 import argparse
 import json
 import os
-import subprocess
-import sys
-import time
 
-METHODS = ("yoso-16", "yoso-32", "yoso-e", "mha")
+from isolated_run import run_isolated
+
+METHODS = ("yoso-16", "yoso-32", "yoso-e", "linear-relative", "linear-relative-causal", "mha")
 
 _CHILD = r"""
 import json, os, resource, sys, time
@@ -30,6 +30,8 @@ method, length, repeats, heads, key_dim = sys.argv[1], int(sys.argv[2]), int(sys
 width = heads * key_dim
 if method == "mha":
     layer = keras.layers.MultiHeadAttention(heads, key_dim)
+elif method.startswith("linear-relative"):
+    layer = keras_yoso.LinearRelativeAttention(heads, key_dim, horizon=16, causal=method.endswith("causal"))
 elif method == "yoso-e":
     layer = keras_yoso.YosoAttention(heads, key_dim, use_expectation=True, seed=1)
 else:
@@ -56,21 +58,7 @@ print(json.dumps({"seconds": float(np.median(times)), "peak_rss_mib": peak}))
 
 
 def run_one(method, length, repeats, heads, key_dim, timeout):
-    cmd = [sys.executable, "-c", _CHILD, method, str(length), str(repeats), str(heads), str(key_dim)]
-    start = time.perf_counter()
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return {"status": f"timeout (> {timeout} s)"}
-    if proc.returncode != 0:
-        tail = proc.stderr.strip().splitlines()[-1:] if proc.stderr.strip() else []
-        status = "out of memory" if proc.returncode in (-9, 137) or any("OOM" in t or "MemoryError" in t for t in tail) \
-            else f"failed (exit {proc.returncode}): {tail[0][:120] if tail else ''}"
-        return {"status": status}
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
-    result["status"] = "ok"
-    result["wall_s"] = time.perf_counter() - start
-    return result
+    return run_isolated(_CHILD, [method, length, repeats, heads, key_dim], timeout)
 
 
 def main():
@@ -86,10 +74,10 @@ def main():
     args = parser.parse_args()
     if args.quick:
         args.lengths, args.repeats, args.heads, args.key_dim = [64, 128], 1, 2, 8
-        args.methods = ["yoso-16", "mha"]
+        args.methods = ["yoso-16", "linear-relative-causal", "mha"]
 
     results = []
-    print(f"{'method':<8} {'length':>7} {'fwd+bwd s':>10} {'peak MiB':>9}  status", flush=True)
+    print(f"{'method':<22} {'length':>7} {'fwd+bwd s':>10} {'peak MiB':>9}  status", flush=True)
     for length in args.lengths:
         for method in args.methods:
             r = run_one(method, length, args.repeats, args.heads, args.key_dim, args.timeout)
@@ -97,7 +85,7 @@ def main():
             results.append(r)
             secs = f"{r['seconds']:.3f}" if r["status"] == "ok" else "-"
             mem = f"{r['peak_rss_mib']:.0f}" if r["status"] == "ok" else "-"
-            print(f"{method:<8} {length:>7} {secs:>10} {mem:>9}  {r['status']}", flush=True)
+            print(f"{method:<22} {length:>7} {secs:>10} {mem:>9}  {r['status']}", flush=True)
 
     ok = {(r["method"], r["length"]): r for r in results if r["status"] == "ok"}
     if "mha" in args.methods:
