@@ -1,11 +1,14 @@
 """Forward+backward time and peak memory of one attention layer vs sequence length.
 
-Each (method, length) runs in a fresh subprocess, so peak RSS (resource.getrusage)
+Forward and forward+backward are timed (median of --repeats after a warm-up). Each
+(method, length) runs in a fresh subprocess, so peak RSS (resource.getrusage)
 belongs to that configuration alone; a run that exceeds --timeout or dies (e.g.
 out of memory) is recorded as such. Prints a table, writes scaling.json and
-scaling.png (log-log time and memory vs length, like the paper's Figure 7).
+scaling.png (scaling_model.* with --model): log-log time and memory vs length, like
+the paper's Figure 7.
 
     python benchmarks/attention_scaling.py --lengths 1024 4096 16384 [--methods yoso-32 mha]
+    python benchmarks/attention_scaling.py --model      # the paper's profile: 6 blocks, 256 wide, FFN 1024
     python benchmarks/attention_scaling.py --quick      # tiny sizes, for the test suite
 
 Methods: yoso-16, yoso-32 (YosoAttention, tau = 8), yoso-e (use_expectation=True),
@@ -26,39 +29,59 @@ import json, os, resource, sys, time
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 import numpy as np, tensorflow as tf, keras
 import keras_yoso
-method, length, repeats, heads, key_dim = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+method, length, repeats, heads, key_dim, num_layers = sys.argv[1], *map(int, sys.argv[2:7])
 width = heads * key_dim
 if method == "mha":
-    layer = keras.layers.MultiHeadAttention(heads, key_dim)
+    attention, kwargs = "softmax", {}
 elif method.startswith("linear-relative"):
-    layer = keras_yoso.LinearRelativeAttention(heads, key_dim, horizon=16, causal=method.endswith("causal"))
+    attention, kwargs = "linear_relative", dict(horizon=16, causal=method.endswith("causal"))
 elif method == "yoso-e":
-    layer = keras_yoso.YosoAttention(heads, key_dim, use_expectation=True, seed=1)
+    attention, kwargs = "yoso", dict(use_expectation=True, seed=1)
 else:
-    layer = keras_yoso.YosoAttention(heads, key_dim, num_hashes=int(method.split("-")[1]), hash_code_len=8, seed=1)
+    attention, kwargs = "yoso", dict(num_hashes=int(method.split("-")[1]), hash_code_len=8, seed=1)
+if num_layers == 0:  # one attention layer
+    cls = {"softmax": keras.layers.MultiHeadAttention, "yoso": keras_yoso.YosoAttention,
+           "linear_relative": keras_yoso.LinearRelativeAttention}[attention]
+    layer = cls(heads, key_dim, **kwargs)
+    run = lambda x, training: layer(x, x, training=training)
+else:  # the paper's profile: a stack of encoder blocks
+    blocks = [keras_yoso.TransformerEncoderBlock(heads, 4 * width, attention=attention, attention_kwargs=kwargs,
+                                                 dropout=0.0) for _ in range(num_layers)]
+    def run(x, training):
+        for block in blocks:
+            x = block(x, training=training)
+        return x
 x = tf.random.stateless_normal([1, length, width], [1, 2])
-layer(x, x)
+run(x, False)
+variables = [v for v in (layer.trainable_variables if num_layers == 0 else
+                         [w for b in blocks for w in b.trainable_variables])]
 @tf.function
-def step():
+def forward():
+    return run(x, False)
+@tf.function
+def forward_backward():
     with tf.GradientTape() as tape:
         tape.watch(x)
-        y = layer(x, x, training=True)
+        y = run(x, True)
         loss = tf.reduce_sum(y * y)
-    return tape.gradient(loss, [x] + layer.trainable_variables)
-step()
-times = []
-for _ in range(repeats):
-    start = time.perf_counter()
-    grads = step()
-    _ = [g.numpy() for g in grads[:1]]
-    times.append(time.perf_counter() - start)
+    return tape.gradient(loss, [x] + variables)
+def median_seconds(fn):
+    fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        _ = [t.numpy() for t in tf.nest.flatten(fn())[:1]]
+        times.append(time.perf_counter() - start)
+    return float(np.median(times))
+forward_s = median_seconds(forward)
+seconds = median_seconds(forward_backward)
 peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
-print(json.dumps({"seconds": float(np.median(times)), "peak_rss_mib": peak}))
+print(json.dumps({"forward_s": forward_s, "seconds": seconds, "peak_rss_mib": peak}))
 """
 
 
-def run_one(method, length, repeats, heads, key_dim, timeout):
-    return run_isolated(_CHILD, [method, length, repeats, heads, key_dim], timeout)
+def run_one(method, length, repeats, heads, key_dim, num_layers, timeout):
+    return run_isolated(_CHILD, [method, length, repeats, heads, key_dim, num_layers], timeout)
 
 
 def main():
@@ -70,22 +93,30 @@ def main():
     parser.add_argument("--key-dim", type=int, default=64)
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds per (method, length)")
     parser.add_argument("--out-dir", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
+    parser.add_argument("--model", action="store_true",
+                        help="time the paper's model profile instead of one layer: 6 TransformerEncoderBlocks, "
+                             "width heads * key_dim (256), FFN 4 * width (1024)")
+    parser.add_argument("--num-layers", type=int, default=6, help="blocks in --model mode")
     parser.add_argument("--quick", action="store_true", help="tiny run that checks the script works")
     args = parser.parse_args()
     if args.quick:
         args.lengths, args.repeats, args.heads, args.key_dim = [64, 128], 1, 2, 8
         args.methods = ["yoso-16", "linear-relative-causal", "mha"]
+        args.num_layers = 2
+    num_layers = args.num_layers if args.model else 0
+    name = "scaling_model" if args.model else "scaling"
 
     results = []
-    print(f"{'method':<22} {'length':>7} {'fwd+bwd s':>10} {'peak MiB':>9}  status", flush=True)
+    print(f"{'method':<22} {'length':>7} {'fwd s':>8} {'fwd+bwd s':>10} {'peak MiB':>9}  status", flush=True)
     for length in args.lengths:
         for method in args.methods:
-            r = run_one(method, length, args.repeats, args.heads, args.key_dim, args.timeout)
+            r = run_one(method, length, args.repeats, args.heads, args.key_dim, num_layers, args.timeout)
             r.update(method=method, length=length)
             results.append(r)
+            fwd = f"{r['forward_s']:.3f}" if r["status"] == "ok" else "-"
             secs = f"{r['seconds']:.3f}" if r["status"] == "ok" else "-"
             mem = f"{r['peak_rss_mib']:.0f}" if r["status"] == "ok" else "-"
-            print(f"{method:<22} {length:>7} {secs:>10} {mem:>9}  {r['status']}", flush=True)
+            print(f"{method:<22} {length:>7} {fwd:>8} {secs:>10} {mem:>9}  {r['status']}", flush=True)
 
     ok = {(r["method"], r["length"]): r for r in results if r["status"] == "ok"}
     if "mha" in args.methods:
@@ -93,11 +124,11 @@ def main():
             for length in args.lengths:
                 if (method, length) in ok and ("mha", length) in ok:
                     a, b = ok[(method, length)], ok[("mha", length)]
-                    print(f"{method} vs mha at {length}: {b['seconds'] / a['seconds']:.1f}x faster, "
+                    print(f"{method} vs mha at {length}: speedup {b['seconds'] / a['seconds']:.1f}x, "
                           f"{a['peak_rss_mib'] / b['peak_rss_mib']:.2f}x the peak memory")
 
     os.makedirs(args.out_dir, exist_ok=True)
-    with open(os.path.join(args.out_dir, "scaling.json"), "w") as f:
+    with open(os.path.join(args.out_dir, f"{name}.json"), "w") as f:
         json.dump({"config": vars(args), "results": results}, f, indent=2)
     import matplotlib
     matplotlib.use("Agg")
@@ -113,10 +144,12 @@ def main():
     for ax in axes:
         ax.legend()
         ax.grid(True, which="both", alpha=0.3)
-    fig.suptitle(f"one attention layer, batch 1, {args.heads} heads, key_dim {args.key_dim}, CPU")
+    what = (f"{num_layers} encoder blocks, width {args.heads * args.key_dim}" if args.model
+            else "one attention layer")
+    fig.suptitle(f"{what}, batch 1, {args.heads} heads, key_dim {args.key_dim}, CPU")
     fig.tight_layout()
-    fig.savefig(os.path.join(args.out_dir, "scaling.png"), dpi=120)
-    print("wrote", os.path.join(args.out_dir, "scaling.png"))
+    fig.savefig(os.path.join(args.out_dir, f"{name}.png"), dpi=120)
+    print("wrote", os.path.join(args.out_dir, f"{name}.png"))
 
 
 if __name__ == "__main__":
