@@ -13,10 +13,8 @@ its max abs error; the module ends with a per-op summary (run with -s).
 Run: bash tests/gpu/build.sh && python -m pytest tests/gpu -q -s
 """
 
-import ctypes
 import itertools
 import os
-import subprocess
 import sys
 import zlib
 
@@ -36,7 +34,10 @@ def _cuda_device_count():
 if _cuda_device_count() == 0:
     pytest.skip("no CUDA device", allow_module_level=True)
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from harness_library import DTYPE_CODES  # noqa: E402
+from harness_library import load_library  # noqa: E402
 from numpy_reference import (  # noqa: E402
     collision_cumulation,
     gaussian_hash_codes,
@@ -45,11 +46,7 @@ from numpy_reference import (  # noqa: E402
     weighted_lsh_cumulation,
 )
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-LIBRARY = os.path.join(HERE, "build", "libyoso_gpu_harness.so")
-
-# keras_yoso::ScalarType values, and the max abs error allowed relative to max(1, max |ref|).
-DTYPE_CODES = {"float32": 0, "float16": 1, "bfloat16": 2}
+# The max abs error allowed relative to max(1, max |ref|).
 TOLERANCE = {"float32": 1e-4, "float16": 2e-3, "bfloat16": 1.6e-2}
 CUDA_ERROR_INVALID_VALUE = 1
 
@@ -65,36 +62,9 @@ EPSILON = 1e-2
 
 RESULTS = []  # (op, case id, dtype, max abs error, allowed error)
 
-# ---------------------------------------------------------------------------
-# Library.
-
-_I64, _PTR, _INT, _U64 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int, ctypes.c_uint64
-_DIMS8 = [_I64] * 8
-_SIGNATURES = {
-    "yoso_count_invalid_codes": (_INT, [_PTR, _I64, _I64, _PTR, _PTR]),
-    "yoso_gaussian_hash_codes": (_INT, [_I64] * 5 + [_INT, _PTR, _PTR, _PTR, _PTR]),
-    "yoso_hadamard_hash_codes": (_INT, [_I64] * 7 + [_INT, _PTR, _PTR, _PTR, _PTR]),
-    "yoso_lsh_cumulation_workspace_bytes": (_U64, _DIMS8),
-    "yoso_lsh_cumulation": (_INT, _DIMS8 + [_INT] + [_PTR] * 7 + [_U64, _PTR]),
-    "yoso_weighted_lsh_cumulation_workspace_bytes": (_U64, _DIMS8),
-    "yoso_weighted_lsh_cumulation": (_INT, _DIMS8 + [_INT] + [_PTR] * 9 + [_U64, _PTR]),
-    "yoso_collision_cumulation_workspace_bytes": (_U64, _DIMS8),
-    "yoso_collision_cumulation": (
-        _INT, _DIMS8 + [_INT, _INT, ctypes.c_float] + [_PTR] * 10 + [_U64, _PTR]),
-}
-
-
 @pytest.fixture(scope="module")
 def lib():
-    if not os.path.exists(LIBRARY):
-        env = dict(os.environ)
-        env.setdefault("KERAS_YOSO_CUDA_ARCHS", "native")
-        subprocess.run(["bash", os.path.join(HERE, "build.sh")], check=True, env=env)
-    library = ctypes.CDLL(LIBRARY)
-    for name, (restype, argtypes) in _SIGNATURES.items():
-        fn = getattr(library, name)
-        fn.restype, fn.argtypes = restype, argtypes
-    return library
+    return load_library()
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -1,0 +1,90 @@
+"""Every benchmark script runs end to end at tiny sizes and writes its JSON and PNG.
+
+Each script runs in a subprocess from the repository root with `--out-dir` set to a
+temporary directory, as a user would run it.
+"""
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _run(script, out_dir, *args, timeout=300):
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", MPLBACKEND="Agg")
+    return subprocess.run([sys.executable, os.path.join("benchmarks", script), "--out-dir", str(out_dir), *args],
+                          cwd=REPO, capture_output=True, text=True, timeout=timeout, env=env)
+
+
+def _assert_wrote(proc, out_dir, *names):
+    assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    for name in names:
+        path = out_dir / name
+        assert path.is_file() and path.stat().st_size > 0, f"{name} was not written; stdout:\n{proc.stdout[-3000:]}"
+
+
+def _cuda_gpu_available():
+    if importlib.util.find_spec("cupy") is None:
+        return False
+    try:
+        import cupy
+        return cupy.cuda.runtime.getDeviceCount() > 0
+    except Exception:  # any failure to reach the driver means no usable GPU here
+        return False
+
+
+def test_attention_scaling_quick_writes_json_and_png(tmp_path):
+    proc = _run("attention_scaling.py", tmp_path, "--quick")
+    _assert_wrote(proc, tmp_path, "scaling.json", "scaling.png")
+
+
+@pytest.mark.slow  # ~30 s on 2 cores: 8 fresh TensorFlow processes
+def test_linear_relative_op_quick_writes_json_and_png(tmp_path):
+    proc = _run("linear_relative_op.py", tmp_path, "--quick")
+    _assert_wrote(proc, tmp_path, "linear_relative_op.json", "linear_relative_op.png")
+
+
+def test_ops_timing_at_tiny_sizes_writes_json_and_png(tmp_path):
+    proc = _run("ops_timing.py", tmp_path, "--length", "64", "--batch", "1", "--repeats", "1", "--num-hashes", "4",
+                "--value-dim", "8")
+    _assert_wrote(proc, tmp_path, "ops_timing.json", "ops_timing.png")
+
+
+def test_approximation_error_quick_writes_results_figures_and_cache(tmp_path):
+    proc = _run("approximation_error.py", tmp_path, "--quick")
+    _assert_wrote(proc, tmp_path, "approximation_error.json", "approximation_error.png",
+                  "approximation_error_attention.png", "approximation_error_gradients.png",
+                  "approximation_error_qkv.npz")
+    with open(tmp_path / "approximation_error.json") as f:
+        result = json.load(f)
+    # --quick: 2 settings x 1 hash method x 2 values of m x 3 lengths.
+    assert len(result["angles"]) == 12
+    assert all(0.0 <= r["mean_angle_deg"] <= 180.0 for r in result["angles"])
+    # 2 settings x 1 value of m x 2 estimators x (dQ, dK).
+    assert len(result["gradients"]) == 8
+
+    rerun = _run("approximation_error.py", tmp_path, "--quick")
+    _assert_wrote(rerun, tmp_path, "approximation_error.json")
+    assert "using the cached Q, K, V" in rerun.stdout
+
+
+@pytest.mark.skipif(_cuda_gpu_available(), reason="a CUDA GPU is present: test_gpu_kernels_quick_on_gpu runs instead")
+def test_gpu_kernels_without_gpu_exits_with_a_clear_message(tmp_path):
+    proc = _run("gpu_kernels.py", tmp_path, "--quick", timeout=120)
+    assert proc.returncode != 0
+    message = proc.stderr.lower()
+    assert "cupy" in message or "no cuda gpu" in message, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not (tmp_path / "gpu_kernels.json").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not _cuda_gpu_available(), reason="needs CuPy and a CUDA GPU")
+def test_gpu_kernels_quick_on_gpu(tmp_path):
+    proc = _run("gpu_kernels.py", tmp_path, "--quick", timeout=900)
+    _assert_wrote(proc, tmp_path, "gpu_kernels.json", "gpu_kernels.png")
