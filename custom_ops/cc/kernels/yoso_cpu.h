@@ -4,10 +4,21 @@
 //
 // ParallelFor is any callable `pf(int64_t units, int64_t cost_per_unit,
 // std::function<void(int64_t begin, int64_t end)>)` that runs every unit in
-// [0, units) exactly once. Each unit writes a disjoint part of the output in a
-// fixed order, so results are bitwise identical for any number of threads.
-// Element type T is float, Eigen::half or Eigen::bfloat16 (anything with
-// static_cast to and from float); all sums are float32.
+// [0, units) exactly once. Each unit writes a disjoint part of the output (or,
+// in WeightedLshCumulationCpu, of a partial sum that a second pass adds in a
+// fixed order), and the split into units depends on the shapes only, so every
+// element is summed in the same order and results are bitwise identical for any
+// number of threads. Element type T is float, Eigen::half or Eigen::bfloat16
+// (anything with static_cast to and from float); all sums are float32.
+//
+// The hot loops (KY_CPU_CLONES) are compiled for x86-64-v4 (AVX-512),
+// x86-64-v3 (AVX2 + FMA) and baseline x86-64, and the best one for the CPU is
+// picked at load time (GCC function multiversioning); the rest of the library
+// stays baseline. The hash codes and LshCumulationCpu give the same bits on
+// every version; WeightedLshCumulationCpu may differ in the last bits between
+// CPUs of different levels (fused multiply-adds), never between runs on one.
+// Define KY_NO_CLONES to build the baseline version only (e.g. for toolchains
+// without ifunc support).
 #ifndef KERAS_YOSO_KERNELS_YOSO_CPU_H_
 #define KERAS_YOSO_KERNELS_YOSO_CPU_H_
 
@@ -15,12 +26,31 @@
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <memory>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
 #include "yoso_common.h"
 
 namespace keras_yoso {
+
+// KY_CPU_CLONES: compile a float-only hot function for several x86-64 levels.
+// KY_CPU_INLINE: always inline, so a helper is compiled for its caller's level.
+// KY_UNROLL: unroll a fixed-count loop fully (register tiles).
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && !defined(KY_NO_CLONES)
+#define KY_CPU_CLONES \
+  __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define KY_CPU_CLONES
+#endif
+#if defined(__GNUC__) || defined(__clang__)
+#define KY_CPU_INLINE inline __attribute__((always_inline))
+#define KY_UNROLL _Pragma("GCC unroll 64")
+#else
+#define KY_CPU_INLINE inline
+#define KY_UNROLL
+#endif
 
 // Floats of one CPU worker's bucket table; column blocks are sized to fit it.
 constexpr int64_t kCpuTableFloats = int64_t{1} << 20;
@@ -30,21 +60,6 @@ inline int64_t CountInvalidCodes(const int32_t* codes, int64_t count, int64_t nu
   int64_t invalid = 0;
   for (int64_t i = 0; i < count; ++i) invalid += (codes[i] < 0 || codes[i] >= num_buckets);
   return invalid;
-}
-
-// In-place unnormalized fast Walsh-Hadamard transform (Sylvester order), n a power of two.
-// Run in double: the +-1 sums of float32 inputs are then exact, so a structural
-// zero of H D3 H D2 H D1 x stays exactly 0 (bit 0) on every implementation.
-inline void FastHadamardTransform(double* y, int64_t n) {
-  for (int64_t len = 1; len < n; len <<= 1) {
-    for (int64_t i = 0; i < n; i += 2 * len) {
-      for (int64_t j = i; j < i + len; ++j) {
-        const double a = y[j], b = y[j + len];
-        y[j] = a + b;
-        y[j + len] = a - b;
-      }
-    }
-  }
 }
 
 // Packs sign bits bits[0, m*tau) (bit i of hash h at h*tau+i) into codes[h * stride].
@@ -81,31 +96,122 @@ void GaussianHashCodesCpu(const HashDims& d, const T* x, const float* projection
   });
 }
 
+namespace internal {
+
+// Rows that HadamardHashCodesCpu transforms together, one per vector lane.
+constexpr int64_t kHadamardRows = 8;
+
+// Hash codes of kHadamardRows rows at once, one row per vector lane:
+// input [p, kHadamardRows] (padded rows) -> lane_codes [m, kHadamardRows].
+// Block q of the projection is H D3 H D2 H D1 input, D_s = diag(signs[q, s]) and
+// H the unnormalized fast Walsh-Hadamard transform (Sylvester order, p a power
+// of two); bit i of hash h is the sign of projection entry h*tau+i. Run in
+// double: the +-1 sums of float32 inputs are then exact, so a structural zero
+// stays exactly 0 (bit 0) on every implementation and vector width.
+// signs [num_blocks, 3, p] as double; projected: scratch [num_blocks, p, kHadamardRows].
+KY_CPU_CLONES inline void HadamardCodes(const HashDims& d, const double* signs,
+                                        const double* input, double* projected,
+                                        int32_t* lane_codes) {
+  constexpr int64_t kRows = kHadamardRows;
+  const int64_t p = d.padded_dim;
+  for (int64_t q = 0; q < d.num_blocks; ++q) {
+    double* y = projected + q * p * kRows;
+    std::copy(input, input + p * kRows, y);
+    for (int64_t stage = 0; stage < 3; ++stage) {
+      const double* s = signs + (q * 3 + stage) * p;
+      if (p == 1) {
+        for (int64_t r = 0; r < kRows; ++r) y[r] *= s[0];
+        continue;
+      }
+      // H's butterflies of width 1, with D's signs applied to their inputs (exact).
+      for (int64_t j = 0; j < p; j += 2) {
+        double* lo = y + j * kRows;
+        double* hi = lo + kRows;
+        const double sign_lo = s[j], sign_hi = s[j + 1];
+        for (int64_t r = 0; r < kRows; ++r) {
+          const double a = lo[r] * sign_lo, b = hi[r] * sign_hi;
+          lo[r] = a + b;
+          hi[r] = a - b;
+        }
+      }
+      // Then widths len and 2 len together, one pass over each group of four entries.
+      int64_t len = 2;
+      for (; 2 * len < p; len *= 4) {
+        for (int64_t i = 0; i < p; i += 4 * len) {
+          for (int64_t j = i; j < i + len; ++j) {
+            double* y0 = y + j * kRows;
+            double* y1 = y0 + len * kRows;
+            double* y2 = y1 + len * kRows;
+            double* y3 = y2 + len * kRows;
+            for (int64_t r = 0; r < kRows; ++r) {
+              const double b0 = y0[r] + y1[r], b1 = y0[r] - y1[r];
+              const double b2 = y2[r] + y3[r], b3 = y2[r] - y3[r];
+              y0[r] = b0 + b2;
+              y2[r] = b0 - b2;
+              y1[r] = b1 + b3;
+              y3[r] = b1 - b3;
+            }
+          }
+        }
+      }
+      if (len < p) {  // a last width-len pass when log2(p) is even
+        for (int64_t j = 0; j < len; ++j) {
+          double* lo = y + j * kRows;
+          double* hi = lo + len * kRows;
+          for (int64_t r = 0; r < kRows; ++r) {
+            const double a = lo[r], b = hi[r];
+            lo[r] = a + b;
+            hi[r] = a - b;
+          }
+        }
+      }
+    }
+  }
+  for (int64_t h = 0; h < d.num_hashes; ++h) {
+    int32_t* code = lane_codes + h * kRows;
+    for (int64_t r = 0; r < kRows; ++r) code[r] = 0;
+    for (int64_t i = 0; i < d.hash_code_len; ++i) {
+      const double* bit = projected + (h * d.hash_code_len + i) * kRows;
+      for (int64_t r = 0; r < kRows; ++r) code[r] |= static_cast<int32_t>(bit[r] > 0.0) << i;
+    }
+  }
+}
+
+}  // namespace internal
+
 // Fast Hadamard LSH (appendix §1.2): block q gives sign(H D3 H D2 H D1 pad(x)).
 // x [B, N, d], signs [num_blocks, 3, padded_dim] -> codes [B, m, N].
+// Rows are transformed kHadamardRows at a time, one per vector lane.
 template <typename T, typename ParallelFor>
 void HadamardHashCodesCpu(const HashDims& d, const T* x, const float* signs, int32_t* codes,
                           ParallelFor&& pf) {
-  const int64_t p = d.padded_dim;
+  constexpr int64_t kRows = internal::kHadamardRows;
+  const int64_t p = d.padded_dim, rows = d.batch * d.length;
   int64_t log_p = 0;
   while ((int64_t{1} << log_p) < p) ++log_p;
-  pf(d.batch * d.length, d.num_blocks * 3 * p * (log_p + 1) + 1, [&](int64_t begin, int64_t end) {
-    std::vector<double> projected(d.num_blocks * p);
-    for (int64_t row = begin; row < end; ++row) {
-      const int64_t b = row / d.length, n = row % d.length;
-      const T* xr = x + row * d.dim;
-      for (int64_t q = 0; q < d.num_blocks; ++q) {
-        double* y = projected.data() + q * p;
-        for (int64_t c = 0; c < p; ++c) y[c] = c < d.dim ? static_cast<float>(xr[c]) : 0.0;
-        for (int64_t stage = 0; stage < 3; ++stage) {
-          const float* s = signs + (q * 3 + stage) * p;
-          for (int64_t c = 0; c < p; ++c) y[c] *= s[c];
-          FastHadamardTransform(y, p);
-        }
-      }
-      PackSignBits(projected.data(), d, codes + b * d.num_hashes * d.length + n, d.length);
-    }
-  });
+  const std::vector<double> signs_f64(signs, signs + d.num_blocks * 3 * p);
+  pf((rows + kRows - 1) / kRows, kRows * d.num_blocks * 3 * p * (log_p + 1) + 1,
+     [&](int64_t begin, int64_t end) {
+       std::vector<double> input(p * kRows), projected(d.num_blocks * p * kRows);
+       std::vector<int32_t> lane_codes(d.num_hashes * kRows);
+       for (int64_t group = begin; group < end; ++group) {
+         const int64_t row0 = group * kRows, count = std::min(kRows, rows - row0);
+         std::fill(input.begin(), input.end(), 0.0);
+         for (int64_t r = 0; r < count; ++r) {
+           const T* xr = x + (row0 + r) * d.dim;
+           for (int64_t c = 0; c < d.dim; ++c) input[c * kRows + r] = static_cast<float>(xr[c]);
+         }
+         internal::HadamardCodes(d, signs_f64.data(), input.data(), projected.data(),
+                                 lane_codes.data());
+         for (int64_t r = 0; r < count; ++r) {
+           const int64_t b = (row0 + r) / d.length, n = (row0 + r) % d.length;
+           int32_t* row_codes = codes + b * d.num_hashes * d.length + n;
+           for (int64_t h = 0; h < d.num_hashes; ++h) {
+             row_codes[h * d.length] = lane_codes[h * kRows + r];
+           }
+         }
+       }
+     });
 }
 
 namespace internal {
@@ -120,51 +226,306 @@ inline bool ValidCode(int32_t code, int64_t num_buckets) {
   return code >= 0 && code < num_buckets;
 }
 
-// Shared driver of the two table-based cumulations. For each unit (b, value
-// column block [c0, c0 + width)) and each hash h, Scatter(table, j, h) adds key
-// j into its bucket row, Gather(acc, table, i, h) reads query i's bucket row,
-// and the rows keys touched are zeroed again (O(Nk) instead of O(num_buckets)).
-template <typename T, typename ScatterFn, typename GatherFn, typename ParallelFor>
-void TableCumulation(const CumulationDims& d, int64_t table_width, int64_t width,
-                     const float* query_mask, const int32_t* query_codes, const float* key_mask,
-                     const int32_t* key_codes, T* out, ScatterFn scatter, GatherFn gather,
-                     ParallelFor&& pf) {
-  const int64_t blocks = (d.value_dim + width - 1) / width;
-  const int64_t cost = d.num_hashes * (d.num_queries + d.num_keys) * table_width * 2 + 1;
-  pf(d.batch * blocks, cost, [&](int64_t begin, int64_t end) {
-    std::vector<float> table(d.num_buckets * table_width, 0.0f);
-    std::vector<float> acc;
-    for (int64_t unit = begin; unit < end; ++unit) {
-      const int64_t b = unit / blocks;
-      const int64_t c0 = (unit % blocks) * width;
-      const int64_t wc = std::min(width, d.value_dim - c0);
-      acc.assign(d.num_queries * wc, 0.0f);
-      const float* qm = query_mask + b * d.num_queries;
-      const float* km = key_mask + b * d.num_keys;
-      for (int64_t h = 0; h < d.num_hashes; ++h) {
-        const int32_t* qc = query_codes + (b * d.num_hashes + h) * d.num_queries;
-        const int32_t* kc = key_codes + (b * d.num_hashes + h) * d.num_keys;
-        for (int64_t j = 0; j < d.num_keys; ++j) {
-          if (km[j] == 0.0f || !ValidCode(kc[j], d.num_buckets)) continue;
-          scatter(table.data() + kc[j] * table_width, b, j, c0, wc);
-        }
-        for (int64_t i = 0; i < d.num_queries; ++i) {
-          if (qm[i] == 0.0f || !ValidCode(qc[i], d.num_buckets)) continue;
-          gather(acc.data() + i * wc, table.data() + qc[i] * table_width, b, i, wc);
-        }
-        for (int64_t j = 0; j < d.num_keys; ++j) {
-          if (km[j] == 0.0f || !ValidCode(kc[j], d.num_buckets)) continue;
-          std::fill_n(table.data() + kc[j] * table_width, table_width, 0.0f);
-        }
-      }
-      const float scale = 1.0f / static_cast<float>(d.num_hashes);
-      for (int64_t i = 0; i < d.num_queries; ++i) {
-        T* o = out + (b * d.num_queries + i) * d.value_dim + c0;
-        const float s = qm[i] != 0.0f ? scale : 0.0f;
-        for (int64_t c = 0; c < wc; ++c) o[c] = static_cast<T>(acc[i * wc + c] * s);
-      }
+// x as float: x itself for float, else a converted copy in *buffer.
+template <typename T, typename ParallelFor>
+const float* AsFloat(const T* x, int64_t count, std::vector<float>* buffer, ParallelFor&& pf) {
+  if constexpr (std::is_same_v<T, float>) {
+    return x;
+  } else {
+    buffer->resize(count);
+    float* y = buffer->data();
+    pf(count, 2, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) y[i] = static_cast<float>(x[i]);
+    });
+    return y;
+  }
+}
+
+// acc [Nq, wc] = the unscaled LshCumulationCpu sum of batch row b, value columns
+// [c0, c0 + wc): per hash, keys are added into their bucket's row of table
+// [num_buckets, wc] (all zero on entry and on return), queries read their
+// bucket's row, and the rows keys touched are zeroed (O(Nk), not O(num_buckets)).
+KY_CPU_CLONES inline void LshCumulationColumns(const CumulationDims& d, int64_t b, int64_t c0,
+                                               int64_t wc, const float* query_mask,
+                                               const int32_t* query_codes, const float* key_mask,
+                                               const int32_t* key_codes, const float* value,
+                                               float* table, float* acc) {
+  std::fill_n(acc, d.num_queries * wc, 0.0f);
+  const float* qm = query_mask + b * d.num_queries;
+  const float* km = key_mask + b * d.num_keys;
+  const float* v = value + b * d.num_keys * d.value_dim + c0;
+  for (int64_t h = 0; h < d.num_hashes; ++h) {
+    const int32_t* qc = query_codes + (b * d.num_hashes + h) * d.num_queries;
+    const int32_t* kc = key_codes + (b * d.num_hashes + h) * d.num_keys;
+    for (int64_t j = 0; j < d.num_keys; ++j) {
+      if (km[j] == 0.0f || !ValidCode(kc[j], d.num_buckets)) continue;
+      float* row = table + kc[j] * wc;
+      const float* vj = v + j * d.value_dim;
+      for (int64_t c = 0; c < wc; ++c) row[c] += vj[c];
     }
-  });
+    for (int64_t i = 0; i < d.num_queries; ++i) {
+      if (qm[i] == 0.0f || !ValidCode(qc[i], d.num_buckets)) continue;
+      const float* row = table + qc[i] * wc;
+      float* ai = acc + i * wc;
+      for (int64_t c = 0; c < wc; ++c) ai[c] += row[c];
+    }
+    for (int64_t j = 0; j < d.num_keys; ++j) {
+      if (km[j] == 0.0f || !ValidCode(kc[j], d.num_buckets)) continue;
+      std::fill_n(table + kc[j] * wc, wc, 0.0f);
+    }
+  }
+}
+
+// Floats in one register tile of MultiplyAccumulate (one AVX-512 register).
+constexpr int64_t kLanes = 16;
+// Keys of a bucket taken at a time: their [W, kKeyChunk] weights and
+// [kKeyChunk, D] values stay in L1 while the bucket's queries use them.
+constexpr int64_t kKeyChunk = 64;
+// Keys ahead whose rows are prefetched while a chunk is gathered: buckets list
+// keys in random order, which the hardware prefetcher cannot follow.
+constexpr int64_t kPrefetchKeys = 8;
+// Hashes of WeightedLshCumulationCpu are split into this many groups, each a
+// separate work unit, so that even batch 1 keeps two cores busy.
+constexpr int64_t kHashGroups = 2;
+// Digit width of SortPositionsByCode's radix sort.
+constexpr int kRadixBits = 8;
+
+inline int64_t RoundUp(int64_t x, int64_t multiple) {
+  return (x + multiple - 1) / multiple * multiple;
+}
+
+// A ParallelFor cost estimate, computed in double and capped (no int64 overflow).
+inline int64_t CostPerUnit(double operations) {
+  return static_cast<int64_t>(std::min(operations, 1e15)) + 1;
+}
+
+// Asks for the cache lines of row[0, count) ahead of use.
+inline void PrefetchRow(const float* row, int64_t count) {
+#if defined(__GNUC__) || defined(__clang__)
+  for (int64_t c = 0; c < count; c += 16) __builtin_prefetch(row + c);
+#endif
+}
+
+// *order = the positions p in [0, n) with keep[p] != 0 and a valid code,
+// stably sorted by codes[p] (LSD radix sort, O(n log2(num_buckets) / kRadixBits)).
+inline void SortPositionsByCode(const int32_t* codes, const float* keep, int64_t n,
+                                int64_t num_buckets, std::vector<int64_t>* order,
+                                std::vector<int64_t>* scratch) {
+  order->clear();
+  for (int64_t p = 0; p < n; ++p) {
+    if (keep[p] != 0.0f && ValidCode(codes[p], num_buckets)) order->push_back(p);
+  }
+  const int64_t count = static_cast<int64_t>(order->size());
+  scratch->resize(count);
+  int64_t* src = order->data();
+  int64_t* dst = scratch->data();
+  constexpr int64_t kRadix = int64_t{1} << kRadixBits;
+  for (int shift = 0; (int64_t{1} << shift) < num_buckets; shift += kRadixBits) {
+    int64_t start[kRadix + 1] = {};
+    for (int64_t c = 0; c < count; ++c) ++start[((codes[src[c]] >> shift) & (kRadix - 1)) + 1];
+    for (int64_t r = 0; r < kRadix; ++r) start[r + 1] += start[r];
+    for (int64_t c = 0; c < count; ++c) {
+      dst[start[(codes[src[c]] >> shift) & (kRadix - 1)]++] = src[c];
+    }
+    std::swap(src, dst);
+  }
+  if (src != order->data()) std::copy(src, src + count, order->data());
+}
+
+// rows[r][c0 + c] += sum_{j < count} coef[r][j] * vals[j][c0 + c] for r < R and
+// c < kVecs * kLanes: one register tile of MultiplyAccumulate.
+template <int R, int kVecs>
+KY_CPU_INLINE void MultiplyAccumulateTile(float* const* rows, const float* const* coef,
+                                          int64_t count, const float* const* vals, int64_t c0) {
+  constexpr int kCols = kVecs * static_cast<int>(kLanes);
+  // Fully unrolled over r and c, so the sums stay in registers.
+  float acc[R][kCols];
+  KY_UNROLL for (int r = 0; r < R; ++r) {
+    KY_UNROLL for (int c = 0; c < kCols; ++c) acc[r][c] = rows[r][c0 + c];
+  }
+  for (int64_t j = 0; j < count; ++j) {
+    const float* v = vals[j] + c0;
+    KY_UNROLL for (int r = 0; r < R; ++r) {
+      const float a = coef[r][j];
+      KY_UNROLL for (int c = 0; c < kCols; ++c) acc[r][c] += a * v[c];
+    }
+  }
+  KY_UNROLL for (int r = 0; r < R; ++r) {
+    KY_UNROLL for (int c = 0; c < kCols; ++c) rows[r][c0 + c] = acc[r][c];
+  }
+}
+
+// MultiplyAccumulate on the columns [c0, c0 + kVecs * kLanes), in row tiles of
+// up to 16 / kVecs rows (at most 8): about 16 vector registers of sums.
+template <int kVecs>
+KY_CPU_INLINE void MultiplyAccumulateColumns(float* const* rows, const float* const* coef,
+                                             int64_t num_rows, int64_t count,
+                                             const float* const* vals, int64_t c0) {
+  constexpr int kRows = kVecs <= 2 ? 8 : 4;
+  int64_t r = 0;
+  for (; r + kRows <= num_rows; r += kRows) {
+    MultiplyAccumulateTile<kRows, kVecs>(rows + r, coef + r, count, vals, c0);
+  }
+  if (kRows == 8 && r + 4 <= num_rows) {
+    MultiplyAccumulateTile<4, kVecs>(rows + r, coef + r, count, vals, c0);
+    r += 4;
+  }
+  if (r + 2 <= num_rows) {
+    MultiplyAccumulateTile<2, kVecs>(rows + r, coef + r, count, vals, c0);
+    r += 2;
+  }
+  if (r < num_rows) MultiplyAccumulateTile<1, kVecs>(rows + r, coef + r, count, vals, c0);
+}
+
+// rows[r][c] += sum_{j < count} coef[r][j] * vals[j][c] for r < num_rows and
+// c < cols (a multiple of kLanes): a small matrix product over row pointers.
+// Every element is summed over j in order, whatever the tiling or vector width.
+KY_CPU_INLINE void MultiplyAccumulate(float* const* rows, const float* const* coef,
+                                      int64_t num_rows, int64_t count, const float* const* vals,
+                                      int64_t cols) {
+  for (int64_t c0 = 0; c0 < cols; c0 += 4 * kLanes) {
+    switch ((cols - c0) / kLanes) {
+      case 1: MultiplyAccumulateColumns<1>(rows, coef, num_rows, count, vals, c0); break;
+      case 2: MultiplyAccumulateColumns<2>(rows, coef, num_rows, count, vals, c0); break;
+      case 3: MultiplyAccumulateColumns<3>(rows, coef, num_rows, count, vals, c0); break;
+      default: MultiplyAccumulateColumns<4>(rows, coef, num_rows, count, vals, c0); break;
+    }
+  }
+}
+
+// True when bucket (nq queries, nk keys) costs fewer multiply-adds through its
+// table K^T V than pair by pair (pair weights are computed kLanes keys at a time).
+inline bool TableIsCheaper(int64_t nq, int64_t nk, int64_t w, int64_t padded_dim) {
+  return (nq + nk) * w * padded_dim < nq * (RoundUp(nk, kLanes) * w + nk * padded_dim);
+}
+
+// Working memory of one WeightedLshCumulationCpu worker. Dp = D rounded up to kLanes.
+struct WeightedScratch {
+  std::vector<int64_t> queries, keys, sort_buffer;  // positions sorted by code
+  std::vector<int64_t> key_offsets;                 // [kKeyChunk]: a chunk's key rows
+  std::vector<float> key_weights;                   // [W, kKeyChunk]: their weights, transposed
+  std::vector<float> values;                        // [kKeyChunk, Dp]: their values, if D != Dp
+  std::vector<float> table;                         // [W, Dp]: K^T V of a bucket
+  std::vector<float> pair_weights;                  // [nq, kKeyChunk]: <qw_i, kw_j> of a bucket
+  std::vector<const float*> query_rows, value_rows, key_weight_rows;
+  std::vector<float*> acc_rows, table_rows, pair_rows;
+};
+
+// acc [Nq, Dp] += the hashes [h0, h1) of batch row b of WeightedLshCumulationCpu
+// (unscaled). Float only, so it can be compiled for several x86-64 levels
+// (KY_CPU_CLONES) and picked at load time.
+KY_CPU_CLONES inline void WeightedCumulationHashes(
+    const CumulationDims& d, int64_t b, int64_t h0, int64_t h1, const float* query_mask,
+    const int32_t* query_codes, const float* query_weight, const float* key_mask,
+    const int32_t* key_codes, const float* key_weight, const float* value, float* acc,
+    WeightedScratch* s) {
+  const int64_t w = d.weight_dim, dim = d.value_dim, padded = RoundUp(dim, kLanes);
+  // Value rows are read in place when they are whole register tiles, else copied padded.
+  const bool copy_values = padded != dim;
+  s->key_offsets.resize(kKeyChunk);
+  s->key_weights.assign(w * kKeyChunk, 0.0f);
+  s->values.assign(copy_values ? kKeyChunk * padded : 0, 0.0f);
+  s->table.resize(w * padded);
+  s->value_rows.resize(kKeyChunk);
+  s->query_rows.resize(d.num_queries);
+  s->acc_rows.resize(d.num_queries);
+  s->key_weight_rows.resize(w);
+  s->table_rows.resize(w);
+  for (int64_t k = 0; k < w; ++k) {
+    s->key_weight_rows[k] = s->key_weights.data() + k * kKeyChunk;
+    s->table_rows[k] = s->table.data() + k * padded;
+  }
+  int64_t* offsets = s->key_offsets.data();
+  float* key_weights = s->key_weights.data();
+  float* values = s->values.data();
+  float* table = s->table.data();
+  const float** value_rows = s->value_rows.data();
+  const float** query_rows = s->query_rows.data();
+  float** acc_rows = s->acc_rows.data();
+  const float* const* key_weight_rows = s->key_weight_rows.data();
+  float* const* table_rows = s->table_rows.data();
+
+  const float* qm = query_mask + b * d.num_queries;
+  const float* km = key_mask + b * d.num_keys;
+  const float* qw = query_weight + b * d.num_queries * w;
+  const float* kw = key_weight + b * d.num_keys * w;
+  const float* v = value + b * d.num_keys * dim;
+  for (int64_t h = h0; h < h1; ++h) {
+    const int32_t* qc = query_codes + (b * d.num_hashes + h) * d.num_queries;
+    const int32_t* kc = key_codes + (b * d.num_hashes + h) * d.num_keys;
+    SortPositionsByCode(qc, qm, d.num_queries, d.num_buckets, &s->queries, &s->sort_buffer);
+    SortPositionsByCode(kc, km, d.num_keys, d.num_buckets, &s->keys, &s->sort_buffer);
+    const int64_t* queries = s->queries.data();
+    const int64_t* keys = s->keys.data();
+    const int64_t num_q = static_cast<int64_t>(s->queries.size());
+    const int64_t num_k = static_cast<int64_t>(s->keys.size());
+    int64_t qa = 0, ka = 0;
+    while (qa < num_q && ka < num_k) {
+      const int32_t code = qc[queries[qa]];
+      if (code != kc[keys[ka]]) {
+        (code < kc[keys[ka]] ? qa : ka) += 1;
+        continue;
+      }
+      int64_t qb = qa + 1, kb = ka + 1;
+      while (qb < num_q && qc[queries[qb]] == code) ++qb;
+      while (kb < num_k && kc[keys[kb]] == code) ++kb;
+      // One bucket: queries[qa, qb) and keys[ka, kb).
+      const int64_t nq = qb - qa;
+      for (int64_t r = 0; r < nq; ++r) {
+        query_rows[r] = qw + queries[qa + r] * w;
+        acc_rows[r] = acc + queries[qa + r] * padded;
+      }
+      const bool use_table = TableIsCheaper(nq, kb - ka, w, padded);
+      if (use_table) {
+        std::fill_n(table, w * padded, 0.0f);
+      } else if (static_cast<int64_t>(s->pair_rows.size()) < nq) {
+        s->pair_weights.resize(nq * kKeyChunk);
+        s->pair_rows.resize(nq);
+        for (int64_t r = 0; r < nq; ++r) {
+          s->pair_rows[r] = s->pair_weights.data() + r * kKeyChunk;
+        }
+      }
+      for (int64_t k0 = ka; k0 < kb; k0 += kKeyChunk) {
+        const int64_t chunk = std::min(kKeyChunk, kb - k0);
+        for (int64_t j = 0; j < chunk; ++j) {
+          if (k0 + j + kPrefetchKeys < num_k) {
+            const int64_t ahead = keys[k0 + j + kPrefetchKeys];
+            PrefetchRow(kw + ahead * w, w);
+            PrefetchRow(v + ahead * dim, dim);
+          }
+          const int64_t key = keys[k0 + j];
+          offsets[j] = key * w;
+          if (copy_values) {
+            std::copy(v + key * dim, v + (key + 1) * dim, values + j * padded);
+            value_rows[j] = values + j * padded;
+          } else {
+            value_rows[j] = v + key * dim;
+          }
+        }
+        // Transposed: row k of key_weights holds feature k of the chunk's keys.
+        for (int64_t k = 0; k < w; ++k) {
+          float* dst = key_weights + k * kKeyChunk;
+          for (int64_t j = 0; j < chunk; ++j) dst[j] = kw[offsets[j] + k];
+        }
+        if (use_table) {
+          // table += K_chunk^T V_chunk
+          MultiplyAccumulate(table_rows, key_weight_rows, w, chunk, value_rows, padded);
+          continue;
+        }
+        // pair_weights = Q K_chunk^T, then acc += pair_weights V_chunk.
+        float* const* pair_rows = s->pair_rows.data();
+        std::fill_n(s->pair_weights.data(), nq * kKeyChunk, 0.0f);
+        MultiplyAccumulate(pair_rows, query_rows, nq, w, key_weight_rows, RoundUp(chunk, kLanes));
+        MultiplyAccumulate(acc_rows, pair_rows, nq, chunk, value_rows, padded);
+      }
+      if (use_table) {
+        // acc += Q table
+        MultiplyAccumulate(acc_rows, query_rows, nq, w, table_rows, padded);
+      }
+      qa = qb;
+      ka = kb;
+    }
+  }
 }
 
 }  // namespace internal
@@ -173,55 +534,91 @@ void TableCumulation(const CumulationDims& d, int64_t table_width, int64_t width
 // out[b,i] = qmask[b,i] / m * sum_h sum_j kmask[b,j] [qc[b,h,i] == kc[b,h,j]] value[b,j].
 // query_codes [B, m, Nq], key_codes [B, m, Nk], masks [B, N], value [B, Nk, D] -> out [B, Nq, D].
 // Time O(B m (Nq + Nk) D); memory one [2^tau, <=64] float table per worker.
+// Work unit (b, value column block) owns its output elements.
 template <typename T, typename ParallelFor>
 void LshCumulationCpu(const CumulationDims& d, const float* query_mask,
                       const int32_t* query_codes, const float* key_mask,
                       const int32_t* key_codes, const T* value, T* out, ParallelFor&& pf) {
+  std::vector<float> v_f;
+  const float* v = internal::AsFloat(value, d.batch * d.num_keys * d.value_dim, &v_f, pf);
   const int64_t width = internal::ValueColumnBlock(d.num_buckets, d.value_dim, 1);
-  auto scatter = [&](float* row, int64_t b, int64_t j, int64_t c0, int64_t wc) {
-    const T* v = value + (b * d.num_keys + j) * d.value_dim + c0;
-    for (int64_t c = 0; c < wc; ++c) row[c] += static_cast<float>(v[c]);
-  };
-  auto gather = [](float* acc, const float* row, int64_t, int64_t, int64_t wc) {
-    for (int64_t c = 0; c < wc; ++c) acc[c] += row[c];
-  };
-  internal::TableCumulation<T>(d, width, width, query_mask, query_codes, key_mask, key_codes, out,
-                               scatter, gather, pf);
+  const int64_t blocks = (d.value_dim + width - 1) / width;
+  const double unit_cost = static_cast<double>(d.num_hashes) *
+                           static_cast<double>(d.num_queries + 2 * d.num_keys) *
+                           static_cast<double>(width);
+  pf(d.batch * blocks, internal::CostPerUnit(unit_cost), [&](int64_t begin, int64_t end) {
+    std::vector<float> table(d.num_buckets * width, 0.0f), acc(d.num_queries * width);
+    for (int64_t unit = begin; unit < end; ++unit) {
+      const int64_t b = unit / blocks, c0 = (unit % blocks) * width;
+      const int64_t wc = std::min(width, d.value_dim - c0);
+      internal::LshCumulationColumns(d, b, c0, wc, query_mask, query_codes, key_mask, key_codes,
+                                     v, table.data(), acc.data());
+      const float scale = 1.0f / static_cast<float>(d.num_hashes);
+      for (int64_t i = 0; i < d.num_queries; ++i) {
+        T* o = out + (b * d.num_queries + i) * d.value_dim + c0;
+        const float s = query_mask[b * d.num_queries + i] != 0.0f ? scale : 0.0f;
+        for (int64_t c = 0; c < wc; ++c) o[c] = static_cast<T>(acc[i * wc + c] * s);
+      }
+    }
+  });
 }
 
 // Weighted LSH cumulation: LshCumulationCpu with pair (i, j) weighted by
-// <query_weight[b,i], key_weight[b,j]> (the building block of the eq. 4 backward).
-// Buckets hold outer products key_weight (x) value: table [2^tau, W, Dc], so
-// time is O(B m (Nq + Nk) W D) with no O(N^2) term.
+// <query_weight[b,i], key_weight[b,j]> (the building block of the eq. 4 backward):
+// out[b,i] = qmask[b,i] / m * sum_h sum_j kmask[b,j] [qc[b,h,i] == kc[b,h,j]]
+//            <query_weight[b,i], key_weight[b,j]> value[b,j].
+// query_weight [B, Nq, W], key_weight [B, Nk, W], value [B, Nk, D] -> out [B, Nq, D].
+//
+// Per hash, the unmasked queries and keys are sorted by code (radix sort), and
+// each bucket with queries Q and keys K adds Q K^T V to its queries' rows,
+// either pair by pair, (Q K^T) V at nq nk (W + D) multiply-adds, or through the
+// bucket's table, Q (K^T V) at (nq + nk) W D, whichever costs less. Time
+// O(B m sum_buckets min(nq nk (W + D), (nq + nk) W D)), at most O(B m (Nq + Nk) W D)
+// and O(B m Nq Nk (W + D) / 2^tau) for uniformly spread codes; memory O(B Nq D).
+// Work unit (b, g) sums hash group g (kHashGroups contiguous groups) for all queries
+// of row b; the groups' sums are then added in group order. The split depends
+// on m only, so every element is summed in the same order whatever the thread count.
 template <typename T, typename ParallelFor>
 void WeightedLshCumulationCpu(const CumulationDims& d, const float* query_mask,
                               const int32_t* query_codes, const T* query_weight,
                               const float* key_mask, const int32_t* key_codes,
                               const T* key_weight, const T* value, T* out, ParallelFor&& pf) {
-  const int64_t wd = d.weight_dim;
-  int64_t width = std::min<int64_t>(d.value_dim, 32);
-  width = std::max<int64_t>(1, std::min(width, kCpuTableFloats / (d.num_buckets * std::max<int64_t>(wd, 1))));
-  auto scatter = [&](float* row, int64_t b, int64_t j, int64_t c0, int64_t wc) {
-    const T* v = value + (b * d.num_keys + j) * d.value_dim + c0;
-    const T* kw = key_weight + (b * d.num_keys + j) * wd;
-    float vf[64];
-    for (int64_t c = 0; c < wc; ++c) vf[c] = static_cast<float>(v[c]);
-    for (int64_t w = 0; w < wd; ++w) {
-      const float k = static_cast<float>(kw[w]);
-      float* r = row + w * wc;
-      for (int64_t c = 0; c < wc; ++c) r[c] += k * vf[c];
+  std::vector<float> qw_f, kw_f, v_f;
+  const int64_t query_floats = d.batch * d.num_queries * d.weight_dim;
+  const float* qw = internal::AsFloat(query_weight, query_floats, &qw_f, pf);
+  const float* kw = internal::AsFloat(key_weight, d.batch * d.num_keys * d.weight_dim, &kw_f, pf);
+  const float* v = internal::AsFloat(value, d.batch * d.num_keys * d.value_dim, &v_f, pf);
+  const int64_t groups = std::min(internal::kHashGroups, d.num_hashes);
+  const int64_t padded = internal::RoundUp(d.value_dim, internal::kLanes);
+  const int64_t rows = d.batch * d.num_queries;
+  // sums[g] [B, Nq, Dp]: hash group g's sum (each unit zeroes its own part).
+  std::unique_ptr<float[]> sums(new float[groups * rows * padded]);
+  // About 16 colliding pairs per position and hash, (W + D) multiply-adds each.
+  const double unit_cost = 16.0 * static_cast<double>(d.num_hashes) / static_cast<double>(groups) *
+                           static_cast<double>(d.num_queries + d.num_keys) *
+                           static_cast<double>(d.weight_dim + padded);
+  pf(d.batch * groups, internal::CostPerUnit(unit_cost), [&](int64_t begin, int64_t end) {
+    internal::WeightedScratch scratch;
+    for (int64_t unit = begin; unit < end; ++unit) {
+      const int64_t b = unit / groups, g = unit % groups;
+      float* acc = sums.get() + (g * d.batch + b) * d.num_queries * padded;
+      std::fill_n(acc, d.num_queries * padded, 0.0f);
+      internal::WeightedCumulationHashes(d, b, g * d.num_hashes / groups,
+                                         (g + 1) * d.num_hashes / groups, query_mask, query_codes,
+                                         qw, key_mask, key_codes, kw, v, acc, &scratch);
     }
-  };
-  auto gather = [&](float* acc, const float* row, int64_t b, int64_t i, int64_t wc) {
-    const T* qw = query_weight + (b * d.num_queries + i) * wd;
-    for (int64_t w = 0; w < wd; ++w) {
-      const float q = static_cast<float>(qw[w]);
-      const float* r = row + w * wc;
-      for (int64_t c = 0; c < wc; ++c) acc[c] += q * r[c];
+  });
+  const float scale = 1.0f / static_cast<float>(d.num_hashes);
+  pf(rows, groups * d.value_dim + 1, [&](int64_t begin, int64_t end) {
+    for (int64_t row = begin; row < end; ++row) {
+      const float s = query_mask[row] != 0.0f ? scale : 0.0f;
+      for (int64_t c = 0; c < d.value_dim; ++c) {
+        float total = sums[row * padded + c];
+        for (int64_t g = 1; g < groups; ++g) total += sums[(g * rows + row) * padded + c];
+        out[row * d.value_dim + c] = static_cast<T>(total * s);
+      }
     }
-  };
-  internal::TableCumulation<T>(d, wd * width, width, query_mask, query_codes, key_mask, key_codes,
-                               out, scatter, gather, pf);
+  });
 }
 
 // First phase of the collision estimator: for each (b, h), the keys sorted by
