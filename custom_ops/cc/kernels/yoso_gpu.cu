@@ -601,7 +601,7 @@ cudaError_t HadamardHashCodesGpu(const HashDims& dims, ScalarType dtype, const v
   const int64_t p = dims.padded_dim;
   if (dims.batch < 0 || dims.length < 0 || dims.dim < 0 || dims.num_hashes < 0 ||
       dims.hash_code_len < 1 || dims.hash_code_len > kMaxHashCodeLen || dims.num_blocks < 0 ||
-      p < 1 || (p & (p - 1)) != 0 || p > INT_MAX / static_cast<int64_t>(sizeof(float))) {
+      p < 1 || (p & (p - 1)) != 0 || p > INT_MAX / static_cast<int64_t>(sizeof(double))) {
     return cudaErrorInvalidValue;
   }
   const int64_t num_codes = dims.batch * dims.num_hashes * dims.length;
@@ -619,8 +619,8 @@ cudaError_t HadamardHashCodesGpu(const HashDims& dims, ScalarType dtype, const v
   return DispatchScalarType(dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
     if (shared_bytes > kDefaultSharedBytes) {
-      // Fails when padded_dim floats exceed the device's opt-in shared memory
-      // per block (padded_dim <= 16384 fits every supported GPU).
+      // Fails when padded_dim doubles exceed the device's opt-in shared memory per
+      // block (padded_dim <= kMaxGpuHadamardPaddedDim fits every supported GPU).
       const cudaError_t attr_err =
           cudaFuncSetAttribute(HadamardHashCodesKernel<T>,
                                cudaFuncAttributeMaxDynamicSharedMemorySize,

@@ -42,8 +42,9 @@ cudaError_t GaussianHashCodesGpu(const HashDims& dims, ScalarType dtype, const v
 // concatenated sign vector [y_0 > 0, y_1 > 0, ...] is bit g % tau of hash g / tau.
 // x [B, N, d] (dtype), signs [num_blocks, 3, padded_dim] float32 (+-1). The
 // transform runs in double in shared memory (padded_dim * 8 bytes per block), so
-// padded_dim is limited by the device's opt-in shared memory (8192 fits every
-// target GPU); beyond it the launcher returns the CUDA error.
+// padded_dim is limited by the device's opt-in shared memory: kMaxGpuHadamardPaddedDim
+// (8192) fits every target GPU, and the TF op rejects more; beyond the device's limit
+// the launcher returns the CUDA error.
 cudaError_t HadamardHashCodesGpu(const HashDims& dims, ScalarType dtype, const void* x,
                                  const float* signs, int32_t* codes, cudaStream_t stream);
 

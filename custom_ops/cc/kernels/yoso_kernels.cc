@@ -14,6 +14,7 @@
 #include "tensorflow/core/framework/tensor_shape.h"
 #include "yoso_cpu.h"
 #if GOOGLE_CUDA
+#include "tensorflow/core/util/determinism.h"
 #include "yoso_gpu.h"
 #endif
 
@@ -66,6 +67,20 @@ Status CheckShape(const Tensor& t, const char* name, const char* meaning,
   return absl::InvalidArgumentError(absl::StrCat(name, " must have shape ", meaning, " = ",
                                                  ShapeString(dims), ", got ",
                                                  t.shape().DebugString()));
+}
+
+// Allocates output 0 with shape `dims` (described as `meaning`), or fails with
+// InvalidArgumentError when its element count overflows int64: a huge dimension of an empty
+// input can reach the output (e.g. value [1, 0, 2^62] with 4 queries).
+Status AllocateOutput(OpKernelContext* ctx, const char* meaning,
+                      std::initializer_list<int64_t> dims, Tensor** out) {
+  TensorShape shape;
+  if (!TensorShape::BuildTensorShape(dims, &shape).ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("the output ", meaning, " = ",
+                                                   ShapeString(dims),
+                                                   " would have more than 2**63 - 1 elements"));
+  }
+  return ctx->allocate_output(0, shape, out);
 }
 
 Status CheckNumBucketsAttr(int64_t num_buckets) {
@@ -158,6 +173,17 @@ struct CodeValidator<GPUDevice> {
   }
 };
 
+// The GPU table cumulations add values into their buckets with float atomics, so their
+// rounding depends on thread scheduling. Like TensorFlow's own kernels of that kind, they
+// refuse to run when op determinism is enabled (tf.config.experimental.enable_op_determinism).
+Status CheckNondeterminismAllowed(const char* op_name) {
+  if (!tensorflow::OpDeterminismRequired()) return absl::OkStatus();
+  return absl::UnimplementedError(absl::StrCat(
+      "A deterministic GPU implementation of ", op_name,
+      " is not available: it sums values into hash buckets with float atomics. Run it on CPU "
+      "(bitwise reproducible), or use implementation=\"composite\"."));
+}
+
 Status AllocateWorkspace(OpKernelContext* ctx, size_t bytes, Tensor* workspace) {
   return ctx->allocate_temp(tensorflow::DT_INT8,
                             TensorShape({static_cast<int64_t>(std::max<size_t>(bytes, 1))}),
@@ -203,6 +229,12 @@ struct HashCodesFunctor<GPUDevice, T> {
   }
   static Status Hadamard(OpKernelContext* ctx, const HashDims& d, const Tensor& x,
                          const Tensor& signs, Tensor* codes) {
+    if (d.padded_dim > kMaxGpuHadamardPaddedDim) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "signs has padded_dim = ", d.padded_dim, " (axis 2), more than the GPU Hadamard hash "
+          "supports (8192: a padded row of x must fit in shared memory); use method=\"gaussian\", "
+          "implementation=\"composite\" or the CPU"));
+    }
     return CudaStatus(HadamardHashCodesGpu(d, ScalarTypeOf<T>(), x.data(), Ptr<float>(signs),
                                            MutablePtr<int32_t>(codes), StreamOf(ctx)),
                       "HadamardHashCodesGpu");
@@ -221,6 +253,10 @@ class HashCodesOp : public OpKernel {
     OP_REQUIRES(ctx, hash_code_len_ >= 1 && hash_code_len_ <= kMaxHashCodeLen,
                 absl::InvalidArgumentError(absl::StrCat(
                     "hash_code_len must be in [1, 30] (int32 codes), got ", hash_code_len_)));
+    OP_REQUIRES(ctx, SaturatingProduct(num_hashes_, hash_code_len_) < INT64_MAX,
+                absl::InvalidArgumentError(absl::StrCat(
+                    "num_hashes * hash_code_len must fit in int64, got num_hashes = ", num_hashes_,
+                    " and hash_code_len = ", hash_code_len_)));
   }
 
   void Compute(OpKernelContext* ctx) override {
@@ -245,8 +281,8 @@ class HashCodesOp : public OpKernel {
                       "hash_code_len (", bits, "), got ", params.shape().DebugString())));
     }
     Tensor* codes = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({d.batch, num_hashes_, d.length}),
-                                             &codes));
+    OP_REQUIRES_OK(ctx, AllocateOutput(ctx, "codes [batch, num_hashes, length]",
+                                       {d.batch, num_hashes_, d.length}, &codes));
     if (codes->NumElements() == 0) return;
     using F = HashCodesFunctor<Device, T>;
     OP_REQUIRES_OK(ctx, kMethod == HashMethod::kGaussian ? F::Gaussian(ctx, d, x, params, codes)
@@ -304,6 +340,7 @@ struct CumulationFunctor<GPUDevice, T> {
   static Status Plain(OpKernelContext* ctx, const CumulationDims& d, const Tensor& qm,
                       const Tensor& qc, const Tensor& km, const Tensor& kc, const Tensor& value,
                       Tensor* out) {
+    TF_RETURN_IF_ERROR(CheckNondeterminismAllowed("YosoLshCumulation"));
     Tensor ws;
     const size_t bytes = LshCumulationWorkspaceBytes(d);
     TF_RETURN_IF_ERROR(AllocateWorkspace(ctx, bytes, &ws));
@@ -316,6 +353,7 @@ struct CumulationFunctor<GPUDevice, T> {
   static Status Weighted(OpKernelContext* ctx, const CumulationDims& d, const Tensor& qm,
                          const Tensor& qc, const Tensor& qw, const Tensor& km, const Tensor& kc,
                          const Tensor& kw, const Tensor& value, Tensor* out) {
+    TF_RETURN_IF_ERROR(CheckNondeterminismAllowed("YosoWeightedLshCumulation"));
     Tensor ws;
     const size_t bytes = WeightedLshCumulationWorkspaceBytes(d);
     TF_RETURN_IF_ERROR(AllocateWorkspace(ctx, bytes, &ws));
@@ -349,10 +387,18 @@ Status CheckCodesAndAllocate(OpKernelContext* ctx, const Tensor& qc, const Tenso
                              bool* has_work) {
   TF_RETURN_IF_ERROR(CheckCodes<Device>(ctx, qc, "query_codes", d.num_buckets));
   TF_RETURN_IF_ERROR(CheckCodes<Device>(ctx, kc, "key_codes", d.num_buckets));
-  TF_RETURN_IF_ERROR(
-      ctx->allocate_output(0, TensorShape({d.batch, d.num_queries, out_width}), out));
+  TF_RETURN_IF_ERROR(AllocateOutput(ctx, "[batch, num_queries, width]",
+                                    {d.batch, d.num_queries, out_width}, out));
   *has_work = (*out)->NumElements() > 0;
   return absl::OkStatus();
+}
+
+// Rejects a weighted cumulation whose [num_buckets, W, D] bucket table exceeds
+// kMaxBucketTableFloats, before anything is allocated.
+Status CheckBucketTable(const CumulationDims& d) {
+  if (BucketTableFits(d.num_buckets, d.weight_dim, d.value_dim)) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      BucketTableLimitMessage(d.num_buckets, d.weight_dim, d.value_dim));
 }
 
 // Base of the two table cumulations: parses and checks the num_buckets attr.
@@ -409,6 +455,7 @@ class WeightedLshCumulationOp : public BucketedOpKernel {
     OP_REQUIRES_OK(ctx, CheckShape(value, "value", "[batch, num_keys, value_dim]",
                                    {d.batch, d.num_keys, -1}));
     d.value_dim = value.dim_size(2);
+    OP_REQUIRES_OK(ctx, CheckBucketTable(d));
     Tensor* out = nullptr;
     bool has_work = false;
     OP_REQUIRES_OK(ctx, CheckCodesAndAllocate<Device>(ctx, qc, kc, d, d.value_dim, &out, &has_work));
@@ -424,7 +471,7 @@ class CollisionCumulationOp : public OpKernel {
   explicit CollisionCumulationOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("hash_code_len", &hash_code_len_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("epsilon", &epsilon_));
-    OP_REQUIRES(ctx, hash_code_len_ >= 1 && hash_code_len_ <= 20,
+    OP_REQUIRES(ctx, hash_code_len_ >= 1 && hash_code_len_ <= kMaxCollisionHashCodeLen,
                 absl::InvalidArgumentError(
                     absl::StrCat("hash_code_len must be in [1, 20], got ", hash_code_len_)));
     OP_REQUIRES(ctx, epsilon_ >= 0.0f,
@@ -448,6 +495,10 @@ class CollisionCumulationOp : public OpKernel {
     d.value_dim = qw.dim_size(2);
     OP_REQUIRES_OK(ctx, CheckShape(kw, "key_weight", "[batch, num_keys, weight_dim]",
                                    {d.batch, d.num_keys, d.value_dim}));
+    OP_REQUIRES(ctx, d.num_keys <= kMaxCollisionKeys,
+                absl::InvalidArgumentError(absl::StrCat(
+                    "key_codes must have num_keys <= 2**31 - 1 (axis 2; the collision estimator "
+                    "sorts int32 key indices), got ", d.num_keys)));
     Tensor* out = nullptr;
     bool has_work = false;
     OP_REQUIRES_OK(ctx, CheckCodesAndAllocate<Device>(ctx, qc, kc, d, d.vector_dim, &out, &has_work));

@@ -4,6 +4,7 @@
 #include "tensorflow/core/framework/common_shape_fns.h"
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/shape_inference.h"
+#include "yoso_common.h"
 
 namespace keras_yoso {
 
@@ -13,8 +14,6 @@ using ::tensorflow::shape_inference::InferenceContext;
 using ::tensorflow::shape_inference::ShapeHandle;
 
 namespace {
-
-constexpr int64_t kMaxNumBuckets = int64_t{1} << 20;
 
 Status CheckNumBuckets(InferenceContext* c) {
   int64_t num_buckets = 0;
@@ -78,11 +77,46 @@ Status HashCodesShape(InferenceContext* c) {
   int64_t num_hashes = 0, hash_code_len = 0;
   TF_RETURN_IF_ERROR(c->GetAttr("num_hashes", &num_hashes));
   TF_RETURN_IF_ERROR(c->GetAttr("hash_code_len", &hash_code_len));
-  if (hash_code_len > 30) {
+  if (hash_code_len > kMaxHashCodeLen) {
     return absl::InvalidArgumentError(
         absl::StrCat("hash_code_len must be in [1, 30] (int32 codes), got ", hash_code_len));
   }
+  if (SaturatingProduct(num_hashes, hash_code_len) == INT64_MAX) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("num_hashes * hash_code_len must fit in int64, got num_hashes = ", num_hashes,
+                     " and hash_code_len = ", hash_code_len));
+  }
   c->set_output(0, c->MakeShape({c->Dim(x, 0), c->MakeDim(num_hashes), c->Dim(x, 1)}));
+  return absl::OkStatus();
+}
+
+// The weighted cumulation's [num_buckets, W, D] bucket table must fit kMaxBucketTableFloats
+// (checked here when W and D are known, and by the kernel in any case).
+Status CheckBucketTable(InferenceContext* c) {
+  int64_t num_buckets = 0;
+  TF_RETURN_IF_ERROR(c->GetAttr("num_buckets", &num_buckets));
+  const DimensionHandle weight_dim = c->Dim(c->input(2), 2);
+  const DimensionHandle value_dim = c->Dim(c->input(6), 2);
+  if (!c->ValueKnown(weight_dim) || !c->ValueKnown(value_dim) ||
+      BucketTableFits(num_buckets, c->Value(weight_dim), c->Value(value_dim))) {
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(
+      BucketTableLimitMessage(num_buckets, c->Value(weight_dim), c->Value(value_dim)));
+}
+
+Status CheckCollisionAttrs(InferenceContext* c) {
+  int64_t hash_code_len = 0;
+  float epsilon = 0.0f;
+  TF_RETURN_IF_ERROR(c->GetAttr("hash_code_len", &hash_code_len));
+  TF_RETURN_IF_ERROR(c->GetAttr("epsilon", &epsilon));
+  if (hash_code_len > kMaxCollisionHashCodeLen) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("hash_code_len must be in [1, 20], got ", hash_code_len));
+  }
+  if (!(epsilon >= 0.0f)) {
+    return absl::InvalidArgumentError(absl::StrCat("epsilon must be >= 0, got ", epsilon));
+  }
   return absl::OkStatus();
 }
 
@@ -162,7 +196,8 @@ REGISTER_OP("YosoWeightedLshCumulation")
     .Attr("T: {float, half, bfloat16}")
     .SetShapeFn([](InferenceContext* c) {
       TF_RETURN_IF_ERROR(CheckNumBuckets(c));
-      return CumulationShape(c, 1, {2}, 3, 4, {5, 6}, {{2, 5}}, 6);
+      TF_RETURN_IF_ERROR(CumulationShape(c, 1, {2}, 3, 4, {5, 6}, {{2, 5}}, 6));
+      return CheckBucketTable(c);
     })
     .Doc(R"doc(
 Weighted LSH cumulation: YosoLshCumulation with pair (i, j) weighted by
@@ -183,6 +218,7 @@ REGISTER_OP("YosoCollisionCumulation")
     .Attr("epsilon: float")
     .Attr("T: {float, half, bfloat16}")
     .SetShapeFn([](InferenceContext* c) {
+      TF_RETURN_IF_ERROR(CheckCollisionAttrs(c));
       return CumulationShape(c, 1, {2, 3}, 4, 5, {6, 7}, {{2, 6}, {3, 7}}, 6);
     })
     .Doc(R"doc(
