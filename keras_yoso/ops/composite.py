@@ -8,8 +8,13 @@ public functions in `keras_yoso.ops`.
 
 Costs: the hashing and cumulations are linear in sequence length
 (O(B m (Nq + Nk) F) time, with F = D, or W*D for the weighted cumulation,
-whose key-side outer products take O(B Nk W D) memory). The collision
-estimator is dense here (O(B Nq Nk) memory); use the custom op at long lengths.
+whose key-side outer products take O(B Nk W D) memory and whose bucket table
+per hash is [B * num_buckets, W * D]; num_buckets * W * D is limited to
+MAX_BUCKET_TABLE_FLOATS, like the custom op's). The collision estimator is dense
+here (O(B Nq Nk) memory); use the custom op at long lengths.
+
+Masks are float [B, N]; like the kernels, any nonzero value (NaN included) keeps
+the position.
 """
 
 import math
@@ -17,6 +22,9 @@ import math
 import tensorflow as tf
 
 COMPUTE_DTYPE = tf.float32
+# Largest bucket table of a weighted cumulation, num_buckets * W * D floats (1 GiB of float32);
+# the kernels' kMaxBucketTableFloats (custom_ops/cc/kernels/yoso_common.h).
+MAX_BUCKET_TABLE_FLOATS = 2 ** 28
 
 
 def _static_dim(tensor, axis, what):
@@ -77,8 +85,37 @@ def hadamard_hash_codes(x, signs, num_hashes, hash_code_len):
 
 
 def _keep(mask, data):
-    """Zeroes data rows [B, N, F] whose mask [B, N] is 0 (NaN in them included)."""
-    return tf.where(mask[:, :, None] > 0, data, tf.zeros_like(data))
+    """Zeroes data rows [B, N, F] whose mask [B, N] is 0 (NaN or Inf in those rows included)."""
+    return tf.where(mask[:, :, None] != 0, data, tf.zeros_like(data))
+
+
+def bucket_table_message(num_buckets, weight_dim, value_dim):
+    """The error text of a bucket table over MAX_BUCKET_TABLE_FLOATS (the kernels' text)."""
+    return (f"the bucket table of the weighted LSH cumulation, num_buckets * weight_dim * value_dim = "
+            f"{num_buckets} * {weight_dim} * {value_dim} floats (weight_dim: axis 2 of query_weight and "
+            f"key_weight; value_dim: axis 2 of value), exceeds the limit of 2**28 floats (1 GiB); use fewer "
+            f"buckets or split weight_dim or value_dim into chunks")
+
+
+def check_bucket_table(num_buckets, weight_dim, value_dim):
+    """Raises ValueError when the known widths make num_buckets * W * D exceed MAX_BUCKET_TABLE_FLOATS."""
+    if weight_dim is not None and value_dim is not None and (
+            num_buckets * weight_dim * value_dim > MAX_BUCKET_TABLE_FLOATS):
+        raise ValueError(bucket_table_message(num_buckets, weight_dim, value_dim))
+
+
+def _bucket_table_assertions(num_buckets, weight, value):
+    """check_bucket_table now, or a run-time assertion when weight [.., W] or value [.., D] has an unknown width."""
+    check_bucket_table(num_buckets, weight.shape[-1], value.shape[-1])
+    if weight.shape[-1] is not None and value.shape[-1] is not None:
+        return []
+    # float64: exact below 2**53, and any product that large is far over the limit anyway.
+    floats = (float(num_buckets) * tf.cast(tf.shape(weight)[-1], tf.float64)
+              * tf.cast(tf.shape(value)[-1], tf.float64))
+    return [tf.debugging.assert_less_equal(floats, tf.constant(MAX_BUCKET_TABLE_FLOATS, tf.float64),
+                                           message=bucket_table_message(
+                                               num_buckets, "?" if weight.shape[-1] is None else weight.shape[-1],
+                                               "?" if value.shape[-1] is None else value.shape[-1]))]
 
 
 def _bucket_sum_and_gather(query_codes, key_codes, key_data, num_buckets):
@@ -87,10 +124,10 @@ def _bucket_sum_and_gather(query_codes, key_codes, key_data, num_buckets):
     Yields one [B, Nq, F] tensor per hash (codes [B, m, N]).
     """
     num_hashes = _static_dim(query_codes, 1, "num_hashes (axis 1 of query_codes)")
-    batch = tf.shape(key_data)[0]
-    feature = tf.shape(key_data)[2]
+    batch, num_keys, feature = tf.unstack(tf.shape(key_data))
     offsets = tf.range(batch)[:, None] * num_buckets
-    flat_data = tf.reshape(key_data, [-1, feature])
+    # Explicit sizes: reshaping an empty tensor to [-1, 0] would infer 1 row, not B * Nk.
+    flat_data = tf.reshape(key_data, tf.stack([batch * num_keys, feature]))
     for h in range(num_hashes):
         key_ids = tf.reshape(key_codes[:, h, :] + offsets, [-1])
         table = tf.math.unsorted_segment_sum(flat_data, key_ids, batch * num_buckets)
@@ -111,11 +148,13 @@ def weighted_lsh_cumulation(query_mask, query_codes, query_weight, key_mask, key
     """lsh_cumulation with pair (i, j) weighted by <query_weight_i, key_weight_j>."""
     dtype = value.dtype
     num_hashes = _static_dim(query_codes, 1, "num_hashes (axis 1 of query_codes)")
+    with tf.control_dependencies(_bucket_table_assertions(num_buckets, query_weight, value)):
+        key_weight = tf.identity(key_weight)
     kw = _keep(key_mask, tf.cast(key_weight, COMPUTE_DTYPE))
     v = _keep(key_mask, tf.cast(value, COMPUTE_DTYPE))
     qw = _keep(query_mask, tf.cast(query_weight, COMPUTE_DTYPE))
     width, value_dim = tf.shape(kw)[2], tf.shape(v)[2]
-    outer = tf.reshape(kw[:, :, :, None] * v[:, :, None, :], tf.concat([tf.shape(v)[:2], [-1]], 0))
+    outer = tf.reshape(kw[:, :, :, None] * v[:, :, None, :], tf.concat([tf.shape(v)[:2], [width * value_dim]], 0))
     total = None
     for gathered in _bucket_sum_and_gather(query_codes, key_codes, outer, num_buckets):
         gathered = tf.reshape(gathered, tf.concat([tf.shape(qw)[:2], [width, value_dim]], 0))
@@ -141,6 +180,34 @@ def collision_derivative(x, hash_code_len, epsilon):
     return hash_code_len * tf.pow(p, hash_code_len - 1.0) / (math.pi * tf.sqrt(1.0 - x * x + epsilon))
 
 
+def _colliding_sum(w, key, collide):
+    """sum_j w_ij key_j over the colliding pairs only: w, collide [B, Nq, Nk], key [B, Nk, d].
+
+    w is 0 off the colliding pairs, but a dense product would still spread a non-finite key_j
+    to every query (0 * NaN = NaN). So the finite part of key goes through the product and its
+    non-finite entries are added back from counts over colliding pairs: +Inf, -Inf and NaN
+    terms, as the kernels' sequential sums produce them (NaN when +Inf meets -Inf, 0 * Inf = NaN).
+    """
+    finite = tf.math.is_finite(key)
+    total = tf.einsum("bij,bjd->bid", w, tf.where(finite, key, tf.zeros_like(key)))
+
+    def with_nonfinite_keys():
+        pair = tf.cast(collide, w.dtype)
+        positive, negative = pair * tf.cast(w > 0, w.dtype), pair * tf.cast(w < 0, w.dtype)
+        zero = pair * tf.cast(tf.equal(w, 0.0), w.dtype)
+        plus_inf = tf.cast(tf.equal(key, math.inf), w.dtype)
+        minus_inf = tf.cast(tf.equal(key, -math.inf), w.dtype)
+        count = lambda a, b: tf.einsum("bij,bjd->bid", a, b)  # noqa: E731
+        plus = count(positive, plus_inf) + count(negative, minus_inf)
+        minus = count(negative, plus_inf) + count(positive, minus_inf)
+        nan = count(pair, tf.cast(tf.math.is_nan(key), w.dtype)) + count(zero, plus_inf + minus_inf)
+        zeros = tf.zeros_like(total)
+        return (total + tf.where(plus > 0, zeros + math.inf, zeros) - tf.where(minus > 0, zeros + math.inf, zeros)
+                + tf.where(nan > 0, zeros + math.nan, zeros))
+
+    return tf.cond(tf.reduce_all(finite), lambda: total, with_nonfinite_keys)
+
+
 def collision_cumulation(query_mask, query_codes, query, query_weight, key_mask, key_codes, key,
                          key_weight, hash_code_len, epsilon):
     """*YOSO estimator: sum over keys colliding in >= 1 hash of <qw_i, kw_j> g(<q_i, k_j>) k_j (dense)."""
@@ -150,11 +217,11 @@ def collision_cumulation(query_mask, query_codes, query, query_weight, key_mask,
     for h in range(num_hashes):
         same = tf.equal(query_codes[:, h, :, None], key_codes[:, h, None, :])
         collide = same if collide is None else tf.logical_or(collide, same)
-    collide = tf.logical_and(collide, tf.logical_and(query_mask[:, :, None] > 0, key_mask[:, None, :] > 0))
+    collide = tf.logical_and(collide, tf.logical_and(query_mask[:, :, None] != 0, key_mask[:, None, :] != 0))
     q = tf.cast(query, COMPUTE_DTYPE)
     k = _keep(key_mask, tf.cast(key, COMPUTE_DTYPE))
     g = tf.einsum("biv,bjv->bij", tf.cast(query_weight, COMPUTE_DTYPE),
                   _keep(key_mask, tf.cast(key_weight, COMPUTE_DTYPE)))
     w = g * collision_derivative(tf.einsum("bid,bjd->bij", q, k), float(hash_code_len), epsilon)
     w = tf.where(collide, w, tf.zeros_like(w))
-    return tf.cast(tf.einsum("bij,bjd->bid", w, k), dtype)
+    return tf.cast(_colliding_sum(w, k, collide), dtype)

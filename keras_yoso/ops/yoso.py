@@ -69,64 +69,105 @@ def _check_num_buckets(num_buckets):
     return num_buckets
 
 
+def _with_rank(x, rank, name, expected):
+    """x with static rank `rank`: ValueError for a wrong known rank. An unknown rank (possible in
+    a `tf.function`) is checked when the graph runs by tf.ensure_shape (InvalidArgumentError
+    "Shape of tensor <graph name> [...] is not compatible with expected shape [?,?,?]"), a data
+    dependency that graph optimizations keep ordered before every use of x."""
+    if x.shape.rank is None:
+        return tf.ensure_shape(x, [None] * rank)
+    if x.shape.rank != rank:
+        raise ValueError(f"{name} must have {expected}, got shape {x.shape}")
+    return x
+
+
 def _float_tensor(x, name, rank):
     x = tf.convert_to_tensor(x)
     if not x.dtype.is_floating:
         raise TypeError(f"{name} must be a floating-point tensor, got dtype {x.dtype.name}")
     if x.dtype == tf.float64:
         x = tf.cast(x, tf.float32)
-    if x.shape.rank is not None and x.shape.rank != rank:
-        raise ValueError(f"{name} must have rank {rank}, got shape {x.shape}")
-    return x
+    return _with_rank(x, rank, name, f"rank {rank}")
 
 
-def _codes_tensor(codes, name):
+def _codes_message(name, num_buckets):
+    return f"{name} must hold codes in [0, num_buckets) = [0, {num_buckets})"
+
+
+def _codes_tensor(codes, name, num_buckets):
+    """int32 [B, m, N] codes. Codes of an integer type wider than int32 are range-checked before
+    the cast, so 2**32 + 3 cannot wrap around to the valid code 3."""
     codes = tf.convert_to_tensor(codes)
     if not codes.dtype.is_integer:
         raise TypeError(f"{name} must be an integer tensor of hash codes, got dtype {codes.dtype.name}")
-    if codes.shape.rank is not None and codes.shape.rank != 3:
-        raise ValueError(f"{name} must have shape [batch, num_hashes, length], got shape {codes.shape}")
+    codes = _with_rank(codes, 3, name, "shape [batch, num_hashes, length]")
+    if codes.dtype in (tf.int64, tf.uint32, tf.uint64):
+        message = _codes_message(name, num_buckets)
+        checks = [tf.debugging.assert_less(codes, tf.constant(num_buckets, codes.dtype), message=message)]
+        if codes.dtype == tf.int64:
+            checks.append(tf.debugging.assert_non_negative(codes, message=message))
+        with tf.control_dependencies(checks):
+            codes = tf.identity(codes)
     return tf.cast(codes, tf.int32)
 
 
 def _mask_tensor(mask, batch, length, name):
-    """[B, N] float 0/1 mask from None, bool or numeric input."""
+    """[B, N] float 0/1 mask from None, bool or numeric input (nonzero keeps, NaN included)."""
     if mask is None:
         return tf.ones(tf.stack([batch, length]), tf.float32)
     mask = tf.convert_to_tensor(mask)
-    if mask.shape.rank is not None and mask.shape.rank != 2:
-        raise ValueError(f"{name} must have shape [batch, length], got shape {mask.shape}")
+    if not (mask.dtype == tf.bool or mask.dtype.is_integer or mask.dtype.is_floating):
+        raise TypeError(f"{name} must be a bool or numeric tensor, got dtype {mask.dtype.name}")
+    mask = _with_rank(mask, 2, name, "shape [batch, length]")
     if mask.dtype != tf.bool:
         mask = tf.not_equal(mask, tf.zeros([], mask.dtype))
     return tf.cast(mask, tf.float32)
 
 
 def _check_same(dims, what):
-    """Static check that every known dim in dims [(name, axis_text, dim)] agrees."""
+    """Static check that every known dim in dims [(label, dim)] agrees (ValueError otherwise)."""
     known = [(name, dim) for name, dim in dims if dim is not None]
     if len({dim for _, dim in known}) > 1:
         listed = ", ".join(f"{name}={dim}" for name, dim in known)
         raise ValueError(f"{what} must agree: {listed}")
 
 
+def _dims_agree(entries, what):
+    """Checks that the dims of entries [(label, tensor, axis)] are all equal.
+
+    Known dims are compared now (ValueError "<what> must agree: label=dim, ..."). Each unknown
+    dim (a `tf.function` with None in its input signature) becomes a run-time assertion with the
+    same text (InvalidArgumentError). Returns the assertions: none in eager mode.
+    """
+    dims = [t.shape[axis] for _, t, axis in entries]
+    _check_same([(label, dim) for (label, _, _), dim in zip(entries, dims)], what)
+    if all(dim is not None for dim in dims):
+        return []
+    ref = next((k for k, dim in enumerate(dims) if dim is not None), 0)
+    ref_label, ref_tensor, ref_axis = entries[ref]
+    ref_dim = dims[ref] if dims[ref] is not None else tf.shape(ref_tensor)[ref_axis]
+    return [tf.debugging.assert_equal(tf.shape(t)[axis], ref_dim,
+                                      message=f"{what} must agree: {label} differs from {ref_label}")
+            for k, ((label, t, axis), dim) in enumerate(zip(entries, dims)) if k != ref and dim is None]
+
+
+def _after(checks, tensors):
+    """`tensors`, made to depend on the run-time `checks` (unchanged when there are none)."""
+    if not checks:
+        return tensors
+    with tf.control_dependencies(checks):
+        return [tf.identity(t) for t in tensors]
+
+
 def _validated_codes(codes, num_buckets, name, implementation):
     """Composite path: codes outside [0, num_buckets) raise InvalidArgumentError, as in the custom op's kernel."""
     if implementation != "composite":
         return codes
-    message = f"{name} must hold codes in [0, num_buckets) = [0, {num_buckets})"
+    message = _codes_message(name, num_buckets)
     checks = [tf.debugging.assert_non_negative(codes, message=message),
               tf.debugging.assert_less(codes, tf.constant(num_buckets, codes.dtype), message=message)]
     with tf.control_dependencies(checks):
         return tf.identity(codes)
-
-
-def _side(codes, mask, per_position, side):
-    """Checks one side (query or key): codes [B, m, N], mask [B, N], tensors [B, N, *]."""
-    _check_same([(f"{side}_codes", codes.shape[0]), (f"{side}_mask", mask.shape[0])]
-                + [(name, t.shape[0]) for name, t in per_position], f"batch sizes (axis 0) of the {side} inputs")
-    _check_same([(f"{side}_codes axis 2", codes.shape[2]), (f"{side}_mask axis 1", mask.shape[1])]
-                + [(f"{name} axis 1", t.shape[1]) for name, t in per_position],
-                f"{side} lengths")
 
 
 # ----------------------------------------------------------------------------
@@ -216,6 +257,25 @@ def _weighted(qm, qc, qw, km, kc, kw, value, num_buckets, impl):
     return composite.weighted_lsh_cumulation(qm, qc, qw, km, kc, kw, value, num_buckets)
 
 
+def _weighted_in_blocks(qm, qc, qw, km, kc, kw, value, num_buckets, impl):
+    """`_weighted`, split into blocks of weight and value columns when its bucket table would
+    exceed composite.MAX_BUCKET_TABLE_FLOATS (and the widths are static): the cumulation is a sum
+    over weight columns and is computed column by column over value columns."""
+    width, value_dim = qw.shape[2], value.shape[2]
+    limit = composite.MAX_BUCKET_TABLE_FLOATS
+    if width is None or value_dim is None or num_buckets * width * value_dim <= limit:
+        return _weighted(qm, qc, qw, km, kc, kw, value, num_buckets, impl)
+    weight_block = min(width, limit // num_buckets)
+    value_block = min(value_dim, limit // (num_buckets * weight_block))
+    columns = []
+    for c0 in range(0, value_dim, value_block):
+        v = value[:, :, c0:c0 + value_block]
+        columns.append(tf.add_n([_weighted(qm, qc, qw[:, :, w0:w0 + weight_block], km, kc,
+                                           kw[:, :, w0:w0 + weight_block], v, num_buckets, impl)
+                                 for w0 in range(0, width, weight_block)]))
+    return tf.concat(columns, axis=-1)
+
+
 def _collision(qm, qc, q, qw, km, kc, k, kw, hash_code_len, impl):
     if impl == "custom_op":
         return _library.library().yoso_collision_cumulation(
@@ -223,20 +283,47 @@ def _collision(qm, qc, q, qw, km, kc, k, kw, hash_code_len, impl):
     return composite.collision_cumulation(qm, qc, q, qw, km, kc, k, kw, hash_code_len, COLLISION_EPSILON)
 
 
-def _prepare_sides(query_codes, key_codes, query_mask, key_mask, query_side, key_side, num_buckets, impl):
-    qc = _codes_tensor(query_codes, "query_codes")
-    kc = _codes_tensor(key_codes, "key_codes")
-    _check_same([("query_codes", qc.shape[1]), ("key_codes", kc.shape[1])], "num_hashes (axis 1 of the codes)")
+def _prepare_sides(query_codes, key_codes, query_mask, key_mask, query_side, key_side, num_buckets, impl,
+                   widths=()):
+    """Converts and checks the codes and masks of both sides and the per-position tensors.
+
+    query_side / key_side: [(name, tensor [B, N, *])] of each side; widths: extra
+    [(entries, what)] groups of `_dims_agree`. Shapes known while the graph is built are checked
+    now (ValueError); unknown ones when it runs (InvalidArgumentError, same messages).
+
+    Returns (query_mask, query_codes, key_mask, key_codes, query tensors, key tensors), all made
+    to depend on the run-time checks.
+    """
+    qc = _codes_tensor(query_codes, "query_codes", num_buckets)
+    kc = _codes_tensor(key_codes, "key_codes", num_buckets)
+    checks = _dims_agree([("query_codes", qc, 1), ("key_codes", kc, 1)], "num_hashes (axis 1 of the codes)")
     if qc.shape[1] == 0:
         raise ValueError(f"query_codes must have num_hashes >= 1 (axis 1), got shape {qc.shape}")
-    qm = _mask_tensor(query_mask, tf.shape(qc)[0], tf.shape(qc)[2], "query_mask")
-    km = _mask_tensor(key_mask, tf.shape(kc)[0], tf.shape(kc)[2], "key_mask")
-    _side(qc, qm, query_side, "query")
-    _side(kc, km, key_side, "key")
-    _check_same([("query_codes", qc.shape[0]), ("key_codes", kc.shape[0])], "batch sizes (axis 0) of queries and keys")
+    if qc.shape[1] is None:
+        checks.append(tf.debugging.assert_positive(
+            tf.shape(qc)[1], message="query_codes must have num_hashes >= 1 (axis 1)"))
+    named = {"query_codes": qc, "key_codes": kc}
+    for side, codes, mask, per_position in (("query", qc, query_mask, query_side), ("key", kc, key_mask, key_side)):
+        given = [] if mask is None else [(f"{side}_mask", _mask_tensor(mask, None, None, f"{side}_mask"))]
+        named.update(given)
+        checks += _dims_agree([(f"{side}_codes", codes, 0)] + [(name, t, 0) for name, t in given + per_position],
+                              f"batch sizes (axis 0) of the {side} inputs")
+        checks += _dims_agree([(f"{side}_codes axis 2", codes, 2)]
+                              + [(f"{name} axis 1", t, 1) for name, t in given + per_position], f"{side} lengths")
+    checks += _dims_agree([("query_codes", qc, 0), ("key_codes", kc, 0)], "batch sizes (axis 0) of queries and keys")
+    for entries, what in widths:
+        checks += _dims_agree(entries, what)
+    named.update(query_side)
+    named.update(key_side)
+    named = dict(zip(named, _after(checks, list(named.values()))))
+    qc, kc = named["query_codes"], named["key_codes"]
+    qm = named.get("query_mask")
+    km = named.get("key_mask")
+    qm = _mask_tensor(None, tf.shape(qc)[0], tf.shape(qc)[2], "query_mask") if qm is None else qm
+    km = _mask_tensor(None, tf.shape(kc)[0], tf.shape(kc)[2], "key_mask") if km is None else km
     qc = _validated_codes(qc, num_buckets, "query_codes", impl)
     kc = _validated_codes(kc, num_buckets, "key_codes", impl)
-    return qm, qc, km, kc
+    return qm, qc, km, kc, [named[name] for name, _ in query_side], [named[name] for name, _ in key_side]
 
 
 def lsh_cumulation(query_codes, key_codes, value, num_buckets, query_mask=None, key_mask=None,
@@ -262,8 +349,8 @@ def lsh_cumulation(query_codes, key_codes, value, num_buckets, query_mask=None, 
     num_buckets = _check_num_buckets(num_buckets)
     impl = _resolve(implementation)
     value = _float_tensor(value, "value", 3)
-    qm, qc, km, kc = _prepare_sides(query_codes, key_codes, query_mask, key_mask, [],
-                                    [("value", value)], num_buckets, impl)
+    qm, qc, km, kc, _, (value,) = _prepare_sides(query_codes, key_codes, query_mask, key_mask, [],
+                                                 [("value", value)], num_buckets, impl)
     return _lsh(qm, qc, km, kc, value, num_buckets, impl)
 
 
@@ -281,6 +368,9 @@ def weighted_lsh_cumulation(query_codes, query_weight, key_codes, key_weight, va
       key_weight `[B, Nk, W]`, value `[B, Nk, D]`, num_buckets, masks and
       implementation as in `lsh_cumulation`.
 
+    The bucket table, num_buckets * W * D floats, may hold at most 2**28 (1 GiB): a larger one
+    raises ValueError (InvalidArgumentError when W or D is only known at run time).
+
     Returns:
       `[B, Nq, D]`. Differentiable in query_weight, key_weight and value.
     """
@@ -289,11 +379,12 @@ def weighted_lsh_cumulation(query_codes, query_weight, key_codes, key_weight, va
     query_weight = _float_tensor(query_weight, "query_weight", 3)
     key_weight = _float_tensor(key_weight, "key_weight", 3)
     value = _float_tensor(value, "value", 3)
-    _check_same([("query_weight", query_weight.shape[2]), ("key_weight", key_weight.shape[2])],
-                "weight widths (axis 2 of query_weight and key_weight)")
-    qm, qc, km, kc = _prepare_sides(query_codes, key_codes, query_mask, key_mask,
-                                    [("query_weight", query_weight)],
-                                    [("key_weight", key_weight), ("value", value)], num_buckets, impl)
+    widths = [([("query_weight", query_weight, 2), ("key_weight", key_weight, 2)],
+               "weight widths (axis 2 of query_weight and key_weight)")]
+    qm, qc, km, kc, (query_weight,), (key_weight, value) = _prepare_sides(
+        query_codes, key_codes, query_mask, key_mask, [("query_weight", query_weight)],
+        [("key_weight", key_weight), ("value", value)], num_buckets, impl, widths)
+    composite.check_bucket_table(num_buckets, query_weight.shape[2], value.shape[2])
     query_weight, key_weight = tf.cast(query_weight, value.dtype), tf.cast(key_weight, value.dtype)
     return _weighted(qm, qc, query_weight, km, kc, key_weight, value, num_buckets, impl)
 
@@ -332,9 +423,10 @@ def yoso_cumulation(query, key, value, query_codes, key_codes, hash_code_len, qu
     value = _float_tensor(value, "value", 3)
     query = tf.cast(_float_tensor(query, "query", 3), value.dtype)
     key = tf.cast(_float_tensor(key, "key", 3), value.dtype)
-    _check_same([("query", query.shape[2]), ("key", key.shape[2])], "query and key widths (axis 2)")
-    qm, qc, km, kc = _prepare_sides(query_codes, key_codes, query_mask, key_mask, [("query", query)],
-                                    [("key", key), ("value", value)], num_buckets, impl)
+    widths = [([("query", query, 2), ("key", key, 2)], "query and key widths (axis 2)")]
+    qm, qc, km, kc, (query,), (key, value) = _prepare_sides(
+        query_codes, key_codes, query_mask, key_mask, [("query", query)], [("key", key), ("value", value)],
+        num_buckets, impl, widths)
     half_tau = tf.constant(hash_code_len / 2.0, value.dtype)
 
     @tf.custom_gradient
@@ -342,8 +434,8 @@ def yoso_cumulation(query, key, value, query_codes, key_codes, hash_code_len, qu
         def grad(dy):
             dy = tf.cast(dy, v.dtype)
             if backward == "lower_bound":
-                dq = half_tau * _weighted(qm, qc, dy, km, kc, v, k, num_buckets, impl)
-                dk = half_tau * _weighted(km, kc, v, qm, qc, dy, q, num_buckets, impl)
+                dq = half_tau * _weighted_in_blocks(qm, qc, dy, km, kc, v, k, num_buckets, impl)
+                dk = half_tau * _weighted_in_blocks(km, kc, v, qm, qc, dy, q, num_buckets, impl)
             else:
                 dq = _collision(qm, qc, q, dy, km, kc, k, v, hash_code_len, impl)
                 dk = _collision(km, kc, k, v, qm, qc, q, dy, hash_code_len, impl)
@@ -353,6 +445,33 @@ def yoso_cumulation(query, key, value, query_codes, key_codes, hash_code_len, qu
         return _lsh(qm, qc, km, kc, v, num_buckets, impl), grad
 
     return _attention(query, key, value)
+
+
+def _dense_inputs(query, key, value, query_mask, key_mask):
+    """Checks the inputs of the YOSO-E functions against each other (value may be None).
+
+    Returns (query, key, value, query_mask, key_mask) as float tensors, masks [B, N] of 0/1,
+    made to depend on the run-time checks of the dims unknown while the graph is built.
+    """
+    query = _float_tensor(query, "query", 3)
+    key = _float_tensor(key, "key", 3)
+    values = [] if value is None else [("value", _float_tensor(value, "value", 3))]
+    masks = [(name, _mask_tensor(mask, None, None, name))
+             for name, mask in (("query_mask", query_mask), ("key_mask", key_mask)) if mask is not None]
+    named = dict([("query", query), ("key", key)] + values + masks)
+    checks = _dims_agree([("query", query, 2), ("key", key, 2)], "query and key widths (axis 2)")
+    checks += _dims_agree([(name, t, 0) for name, t in named.items()], "batch sizes (axis 0)")
+    checks += _dims_agree([(f"{name} axis 1", named[name], 1) for name in ("query", "query_mask") if name in named],
+                          "query lengths")
+    checks += _dims_agree([(f"{name} axis 1", named[name], 1) for name in ("key", "value", "key_mask")
+                           if name in named], "key lengths")
+    named = dict(zip(named, _after(checks, list(named.values()))))
+    query, key = named["query"], named["key"]
+    qm = named.get("query_mask")
+    km = named.get("key_mask")
+    qm = _mask_tensor(None, tf.shape(query)[0], tf.shape(query)[1], "query_mask") if qm is None else qm
+    km = _mask_tensor(None, tf.shape(key)[0], tf.shape(key)[1], "key_mask") if km is None else km
+    return query, key, named.get("value"), qm, km
 
 
 def yoso_expectation(query, key, value, hash_code_len, query_mask=None, key_mask=None,
@@ -373,15 +492,8 @@ def yoso_expectation(query, key, value, hash_code_len, query_mask=None, key_mask
     hash_code_len = _check_int(hash_code_len, "hash_code_len", 1, MAX_HASH_CODE_LEN)
     _check_choice(backward, "backward", EXPECTATION_BACKWARDS)
     _resolve(implementation)
-    value = _float_tensor(value, "value", 3)
+    query, key, value, qm, km = _dense_inputs(query, key, value, query_mask, key_mask)
     dtype = value.dtype
-    query = _float_tensor(query, "query", 3)
-    key = _float_tensor(key, "key", 3)
-    _check_same([("query", query.shape[2]), ("key", key.shape[2])], "query and key widths (axis 2)")
-    _check_same([("query", query.shape[0]), ("key", key.shape[0]), ("value", value.shape[0])], "batch sizes (axis 0)")
-    _check_same([("key", key.shape[1]), ("value", value.shape[1])], "key lengths (axis 1 of key and value)")
-    qm = _mask_tensor(query_mask, tf.shape(query)[0], tf.shape(query)[1], "query_mask")
-    km = _mask_tensor(key_mask, tf.shape(key)[0], tf.shape(key)[1], "key_mask")
     pair_mask = qm[:, :, None] * km[:, None, :]
     tau = float(hash_code_len)
 
@@ -416,11 +528,7 @@ def yoso_expectation_weights(query, key, hash_code_len, query_mask=None, key_mas
     Returns float32 `[B, Nq, Nk]`; `yoso_expectation` computes E @ V with the same weights.
     """
     hash_code_len = _check_int(hash_code_len, "hash_code_len", 1, MAX_HASH_CODE_LEN)
-    query = _float_tensor(query, "query", 3)
-    key = _float_tensor(key, "key", 3)
-    _check_same([("query", query.shape[2]), ("key", key.shape[2])], "query and key widths (axis 2)")
-    qm = _mask_tensor(query_mask, tf.shape(query)[0], tf.shape(query)[1], "query_mask")
-    km = _mask_tensor(key_mask, tf.shape(key)[0], tf.shape(key)[1], "key_mask")
+    query, key, _, qm, km = _dense_inputs(query, key, None, query_mask, key_mask)
     key32 = composite._keep(km, tf.cast(key, tf.float32))
     return composite.expectation_weights(tf.cast(query, tf.float32), key32, hash_code_len,
                                          qm[:, :, None] * km[:, None, :])[1]
