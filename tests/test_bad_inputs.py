@@ -1,113 +1,454 @@
-"""Bad inputs raise clear Python exceptions naming the argument, on both implementations."""
+"""The bad-input contract of docs/errors.md ("Ops"), row by row, and the NaN/Inf policy.
+
+Every row runs on the custom op and the composite, eagerly and inside a `tf.function` whose
+input signature leaves the dimensions unknown (None), where a shape check moves from graph
+construction (ValueError) to run time (InvalidArgumentError, same message).
+"""
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
+from conftest import IMPLEMENTATIONS
 from keras_yoso import ops
+from keras_yoso.ops import _library
+from keras_yoso.ops import yoso as yoso_ops
 
 QC = np.zeros((2, 3, 5), np.int32)
 KC = np.zeros((2, 3, 6), np.int32)
 V = np.ones((2, 6, 4), np.float32)
-Q = np.ones((2, 5, 8), np.float32) / np.sqrt(8)
-K = np.ones((2, 6, 8), np.float32) / np.sqrt(8)
+Q = np.full((2, 5, 8), 8 ** -0.5, np.float32)
+K = np.full((2, 6, 8), 8 ** -0.5, np.float32)
+QW = np.ones((2, 5, 2), np.float32)
+KW = np.ones((2, 6, 2), np.float32)
+QM = np.ones((2, 5), bool)
+KM = np.ones((2, 6), bool)
+IDE = (ValueError, tf.errors.InvalidArgumentError)
 
 
-@pytest.mark.parametrize("num_buckets", [0, 3, 2 ** 21, 6, -4, 2.0])
-def test_num_buckets_must_be_power_of_two_up_to_2_pow_20(implementation, num_buckets):
-    with pytest.raises(ValueError, match="num_buckets"):
-        ops.lsh_cumulation(QC, KC, V, num_buckets, implementation=implementation)
+def _spec(array, keep):
+    """A TensorSpec with every dim unknown, except the axes in `keep` (None: unknown rank)."""
+    if keep is None:
+        return tf.TensorSpec(None, tf.as_dtype(array.dtype))
+    return tf.TensorSpec([d if axis in keep else None for axis, d in enumerate(array.shape)],
+                         tf.as_dtype(array.dtype))
 
 
-@pytest.mark.parametrize("bad", [-1, 8, 2 ** 30])
-def test_codes_outside_bucket_range_raise_invalid_argument(implementation, bad):
+def _run(fn, arrays, keep, mode):
+    """fn(*arrays) eagerly, or traced with unknown dims (keep[i]: the static axes of arrays[i])."""
+    if mode == "eager":
+        return fn(*arrays)
+    specs = [_spec(a, k) for a, k in zip(arrays, keep)]
+    return tf.function(fn, input_signature=specs, autograph=False)(*arrays)
+
+
+# Static axes in graph mode: num_hashes (axis 1 of the codes; the composite unrolls over it)
+# and the feature axis of hash inputs. Everything else is unknown.
+CODES_KEEP = (1,)
+NONE_KEEP = ()
+
+
+def _lsh(impl, qc=QC, kc=KC, v=V, qm=QM, km=KM, num_buckets=8, keep=None):
+    fn = lambda qc, kc, v, qm, km: ops.lsh_cumulation(qc, kc, v, num_buckets, qm, km,  # noqa: E731
+                                                      implementation=impl)
+    return fn, [qc, kc, v, qm, km], keep or [CODES_KEEP, CODES_KEEP, NONE_KEEP, NONE_KEEP, NONE_KEEP]
+
+
+def _weighted(impl, qc=QC, qw=QW, kc=KC, kw=KW, v=V, num_buckets=8, keep=None):
+    fn = lambda qc, qw, kc, kw, v: ops.weighted_lsh_cumulation(qc, qw, kc, kw, v, num_buckets,  # noqa: E731
+                                                               implementation=impl)
+    return fn, [qc, qw, kc, kw, v], keep or [CODES_KEEP, NONE_KEEP, CODES_KEEP, NONE_KEEP, NONE_KEEP]
+
+
+def _yoso(impl, q=Q, k=K, v=V, qc=QC, kc=KC, hash_code_len=3, backward="lower_bound"):
+    fn = lambda q, k, v, qc, kc: ops.yoso_cumulation(q, k, v, qc, kc, hash_code_len, backward=backward,  # noqa: E731
+                                                     implementation=impl)
+    return fn, [q, k, v, qc, kc], [NONE_KEEP, NONE_KEEP, NONE_KEEP, CODES_KEEP, CODES_KEEP]
+
+
+def _expectation(impl, q=Q, k=K, v=V, qm=QM, km=KM, hash_code_len=4, backward="lower_bound"):
+    fn = lambda q, k, v, qm, km: ops.yoso_expectation(q, k, v, hash_code_len, qm, km, backward=backward,  # noqa: E731
+                                                      implementation=impl)
+    return fn, [q, k, v, qm, km], [NONE_KEEP] * 5
+
+
+def _expectation_weights(impl, q=Q, k=K, qm=QM, km=KM, hash_code_len=4):
+    del impl  # one implementation (dense TF ops)
+    fn = lambda q, k, qm, km: ops.yoso_expectation_weights(q, k, hash_code_len, qm, km)  # noqa: E731
+    return fn, [q, k, qm, km], [NONE_KEEP] * 4
+
+
+def _linear_relative(impl, q=Q, k=K, v=V, qm=QM, km=KM):
+    del impl  # one implementation (TF ops)
+    fn = lambda q, k, v, qm, km: ops.linear_relative_attention(q, k, v, query_mask=qm, key_mask=km)  # noqa: E731
+    return fn, [q, k, v, qm, km], [(2,), (2,), (2,), NONE_KEEP, NONE_KEEP]
+
+
+def _hash(impl, x=np.ones((2, 5, 8), np.float32), num_hashes=2, hash_code_len=4, seed=0, method="gaussian",
+          keep=None):
+    fn = lambda x: ops.hash_codes(x, num_hashes, hash_code_len, seed, method, implementation=impl)  # noqa: E731
+    return fn, [x], keep or [(x.ndim - 1,)]
+
+
+# Shape rows: ValueError while the graph is built when the dims are known (eagerly, always);
+# InvalidArgumentError with the same message when the graph runs, for dims left unknown.
+SHAPE_ROWS = {
+    "value_length": (lambda i: _lsh(i, v=np.ones((2, 7, 4), np.float32)), r"key lengths must agree"),
+    "key_mask_length": (lambda i: _lsh(i, km=np.ones((2, 5), bool)), r"key lengths must agree"),
+    "query_mask_length": (lambda i: _lsh(i, qm=np.ones((2, 4), bool)), r"query lengths must agree"),
+    "value_batch": (lambda i: _lsh(i, v=np.ones((3, 6, 4), np.float32)),
+                    r"batch sizes \(axis 0\) of the key inputs must agree"),
+    "query_mask_batch": (lambda i: _lsh(i, qm=np.ones((3, 5), bool)),
+                         r"batch sizes \(axis 0\) of the query inputs must agree"),
+    "query_and_key_batch": (lambda i: _lsh(i, qc=np.zeros((3, 3, 5), np.int32), qm=np.ones((3, 5), bool)),
+                            r"batch sizes \(axis 0\) of queries and keys must agree"),
+    "num_hashes": (lambda i: _lsh(i, kc=np.zeros((2, 4, 6), np.int32),
+                                  keep=[CODES_KEEP, NONE_KEEP, NONE_KEEP, NONE_KEEP, NONE_KEEP]),
+                   r"num_hashes \(axis 1 of the codes\) must agree"),
+    "weight_widths": (lambda i: _weighted(i, kw=np.ones((2, 6, 3), np.float32)),
+                      r"weight widths \(axis 2 of query_weight and key_weight\) must agree"),
+    "query_weight_length": (lambda i: _weighted(i, qw=np.ones((2, 4, 2), np.float32)), r"query lengths must agree"),
+    "bucket_table": (lambda i: _weighted(i, qw=np.ones((2, 5, 32), np.float32), kw=np.ones((2, 6, 32), np.float32),
+                                         v=np.ones((2, 6, 16), np.float32), num_buckets=2 ** 20),
+                     r"bucket table of the weighted LSH cumulation.* exceeds the limit of 2\*\*28 floats"),
+    "yoso_query_key_widths": (lambda i: _yoso(i, k=np.ones((2, 6, 7), np.float32)),
+                              r"query and key widths \(axis 2\) must agree"),
+    "yoso_query_length": (lambda i: _yoso(i, q=np.ones((2, 4, 8), np.float32)), r"query lengths must agree"),
+    "yoso_key_length": (lambda i: _yoso(i, k=np.ones((2, 7, 8), np.float32)), r"key lengths must agree"),
+    "expectation_widths": (lambda i: _expectation(i, k=np.ones((2, 6, 7), np.float32)),
+                           r"query and key widths \(axis 2\) must agree"),
+    "expectation_batch": (lambda i: _expectation(i, v=np.ones((3, 6, 4), np.float32)),
+                          r"batch sizes \(axis 0\) must agree"),
+    "expectation_key_length": (lambda i: _expectation(i, v=np.ones((2, 7, 4), np.float32)),
+                               r"key lengths must agree"),
+    "expectation_query_mask": (lambda i: _expectation(i, qm=np.ones((2, 4), bool)), r"query lengths must agree"),
+    "expectation_weights_key_mask": (lambda i: _expectation_weights(i, km=np.ones((2, 5), bool)),
+                                     r"key lengths must agree"),
+    "expectation_weights_batch": (lambda i: _expectation_weights(i, k=np.ones((3, 6, 8), np.float32)),
+                                  r"batch sizes \(axis 0\) must agree"),
+    "linear_relative_batch": (lambda i: _linear_relative(i, v=np.ones((3, 6, 4), np.float32)),
+                              r"batch sizes must agree"),
+    "linear_relative_key_value_lengths": (lambda i: _linear_relative(i, v=np.ones((2, 7, 4), np.float32)),
+                                          r"key and value lengths must agree"),
+    "linear_relative_query_mask": (lambda i: _linear_relative(i, qm=np.ones((2, 4), bool)),
+                                   r"query lengths must agree"),
+    "linear_relative_key_mask": (lambda i: _linear_relative(i, km=np.ones((2, 5), bool)), r"key lengths must agree"),
+}
+
+
+@pytest.mark.parametrize("row", sorted(SHAPE_ROWS))
+@pytest.mark.parametrize("mode", ["eager", "unknown_dims"])
+def test_shape_row(implementation, row, mode):
+    build, message = SHAPE_ROWS[row]
+    fn, arrays, keep = build(implementation)
+    error = ValueError if mode == "eager" else tf.errors.InvalidArgumentError
+    with pytest.raises(error, match=message):
+        _run(fn, arrays, keep, mode)
+
+
+# Rank rows: ValueError for a wrong known rank; when the rank is unknown (TensorSpec(None)),
+# tf.ensure_shape checks it at run time (TensorFlow's message, naming the graph tensor).
+RANK_ROWS = {
+    "value": (lambda i: _lsh(i, v=np.ones((2, 6), np.float32)), 2, r"value must have rank 3"),
+    "key_mask": (lambda i: _lsh(i, km=np.ones((2, 6, 1), bool)), 4, r"key_mask must have shape \[batch, length\]"),
+    "query_weight": (lambda i: _weighted(i, qw=np.ones((2, 5), np.float32)), 1, r"query_weight must have rank 3"),
+    "query": (lambda i: _expectation(i, q=np.ones((2, 5), np.float32)), 0, r"query must have rank 3"),
+}
+
+
+def _unknown_rank_message(shape):
+    return rf"Shape of tensor \S+ \[{shape}\] is not compatible with expected shape \[\?(,\?)*\]"
+
+
+@pytest.mark.parametrize("row", sorted(RANK_ROWS))
+def test_rank_row(implementation, row):
+    build, index, message = RANK_ROWS[row]
+    fn, arrays, keep = build(implementation)
+    with pytest.raises(ValueError, match=message):
+        _run(fn, arrays, keep, "eager")
+    keep = list(keep)
+    keep[index] = None
+    shape = ",".join(str(d) for d in arrays[index].shape)
+    with pytest.raises(tf.errors.InvalidArgumentError, match=_unknown_rank_message(shape)):
+        _run(fn, arrays, keep, "unknown_rank")
+
+
+def test_codes_of_wrong_rank(implementation):
+    fn, arrays, keep = _lsh(implementation, qc=np.zeros((2, 5), np.int32))
+    with pytest.raises(ValueError, match=r"query_codes must have shape \[batch, num_hashes, length\]"):
+        _run(fn, arrays, keep, "eager")
+    keep[0] = None
+    if implementation == "composite":  # an unknown rank leaves num_hashes unknown: see the next row
+        with pytest.raises(ValueError, match=r"num_hashes \(axis 1 of query_codes\) must be known"):
+            _run(fn, arrays, keep, "unknown_rank")
+    else:
+        with pytest.raises(tf.errors.InvalidArgumentError, match=_unknown_rank_message("2,5")):
+            _run(fn, arrays, keep, "unknown_rank")
+
+
+def test_composite_needs_num_hashes_when_the_graph_is_built():
+    fn, arrays, keep = _lsh("composite", keep=[NONE_KEEP, NONE_KEEP, NONE_KEEP, NONE_KEEP, NONE_KEEP])
+    with pytest.raises(ValueError, match=r"num_hashes \(axis 1 of query_codes\) must be known when the graph is built"):
+        _run(fn, arrays, keep, "unknown_dims")
+
+
+@pytest.mark.parametrize("mode", ["eager", "unknown_dims"])
+def test_zero_hashes(implementation, mode):
+    fn, arrays, keep = _lsh(implementation, qc=np.zeros((2, 0, 5), np.int32), kc=np.zeros((2, 0, 6), np.int32))
+    with pytest.raises(ValueError, match=r"query_codes must have num_hashes >= 1 \(axis 1\)"):
+        _run(fn, arrays, keep, mode)
+
+
+def test_zero_hashes_unknown_until_run_time_custom_op():
+    if "custom_op" not in IMPLEMENTATIONS:
+        pytest.skip("custom ops not built")
+    fn, arrays, _ = _lsh("custom_op", qc=np.zeros((2, 0, 5), np.int32), kc=np.zeros((2, 0, 6), np.int32))
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"query_codes must have num_hashes >= 1 \(axis 1\)"):
+        _run(fn, arrays, [NONE_KEEP] * 5, "unknown_dims")
+
+
+# Value rows: InvalidArgumentError eagerly and in graphs (the check needs the data).
+@pytest.mark.parametrize("bad", [-1, 8, 2 ** 30, -(2 ** 31)])
+@pytest.mark.parametrize("mode", ["eager", "unknown_dims"])
+def test_codes_outside_bucket_range(implementation, bad, mode):
     qc = QC.copy()
     qc[1, 2, 4] = bad
-    with pytest.raises(tf.errors.InvalidArgumentError, match="query_codes"):
-        ops.lsh_cumulation(qc, KC, V, 8, implementation=implementation)
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"query_codes .*\[0, num_buckets\) = \[0, 8\)"):
+        _run(*_lsh(implementation, qc=qc), mode=mode)
     kc = KC.copy()
     kc[0, 0, 0] = bad
-    with pytest.raises(tf.errors.InvalidArgumentError, match="key_codes"):
-        ops.weighted_lsh_cumulation(QC, np.ones((2, 5, 2), np.float32), kc, np.ones((2, 6, 2), np.float32), V, 8,
-                                    implementation=implementation)
-    with pytest.raises(tf.errors.InvalidArgumentError, match="key_codes"):
-        ops.yoso_cumulation(Q, K, V, QC, kc, 3, implementation=implementation)
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"key_codes .*\[0, num_buckets\) = \[0, 8\)"):
+        _run(*_weighted(implementation, kc=kc), mode=mode)
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"key_codes .*\[0, num_buckets\) = \[0, 8\)"):
+        _run(*_yoso(implementation, kc=kc), mode=mode)
 
 
-def test_codes_outside_range_are_caught_inside_tf_function_with_unknown_shapes(implementation):
-    @tf.function(input_signature=[tf.TensorSpec([None, 3, None], tf.int32), tf.TensorSpec([None, 3, None], tf.int32),
-                                  tf.TensorSpec([None, None, 4], tf.float32)])
-    def run(qc, kc, v):
-        return ops.lsh_cumulation(qc, kc, v, 8, implementation=implementation)
-
-    assert run(QC, KC, V).shape == (2, 5, 4)
-    with pytest.raises(tf.errors.InvalidArgumentError, match="key_codes"):
-        run(QC, KC + 9, V)
+@pytest.mark.parametrize("mode", ["eager", "unknown_dims"])
+def test_int64_codes_beyond_int32_do_not_wrap_into_range(implementation, mode):
+    kc = KC.astype(np.int64)
+    kc[1, 1, 1] = 2 ** 32 + 3  # int32 wrap-around would make this the valid code 3
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"key_codes must hold codes in \[0, num_buckets\)"):
+        _run(*_lsh(implementation, kc=kc), mode=mode)
 
 
-@pytest.mark.parametrize("kwargs,match", [
-    (dict(query_codes=np.zeros((2, 5), np.int32)), "query_codes"),
-    (dict(key_codes=np.zeros((2, 4, 6), np.int32)), "num_hashes"),
-    (dict(key_codes=np.zeros((3, 3, 6), np.int32)), "batch"),
-    (dict(value=np.ones((2, 7, 4), np.float32)), "key lengths"),
-    (dict(value=np.ones((2, 6), np.float32)), "value"),
-    (dict(query_mask=np.ones((2, 4), bool)), "query lengths"),
-    (dict(key_mask=np.ones((2, 6, 1), bool)), "key_mask"),
-    (dict(query_codes=np.zeros((2, 3, 5), np.float32)), "query_codes"),
-    (dict(value=np.ones((2, 6, 4), np.int32)), "value"),
-])
-def test_mismatched_shapes_and_dtypes_name_the_argument(implementation, kwargs, match):
-    args = dict(query_codes=QC, key_codes=KC, value=V, num_buckets=8)
-    args.update(kwargs)
-    with pytest.raises((ValueError, TypeError), match=match):
-        ops.lsh_cumulation(**args, implementation=implementation)
+# Argument rows: raised while the call is made (eagerly or while tracing), the same in both modes.
+ARGUMENT_ROWS = {
+    "num_buckets_not_power_of_two": (lambda i: _lsh(i, num_buckets=6), ValueError,
+                                     r"num_buckets must be a power of two in \[1, 2\*\*20\], got 6"),
+    "num_buckets_too_large": (lambda i: _lsh(i, num_buckets=2 ** 21), ValueError,
+                              r"num_buckets must be an integer in \[1, 1048576\]"),
+    "num_buckets_zero": (lambda i: _weighted(i, num_buckets=0), ValueError, r"num_buckets must be an integer"),
+    "num_buckets_float": (lambda i: _lsh(i, num_buckets=2.0), ValueError, r"num_buckets must be an integer"),
+    "codes_float": (lambda i: _lsh(i, qc=QC.astype(np.float32)), TypeError,
+                    r"query_codes must be an integer tensor of hash codes, got dtype float32"),
+    "value_int": (lambda i: _lsh(i, v=V.astype(np.int32)), TypeError,
+                  r"value must be a floating-point tensor, got dtype int32"),
+    "key_weight_int": (lambda i: _weighted(i, kw=KW.astype(np.int64)), TypeError,
+                       r"key_weight must be a floating-point tensor"),
+    "mask_string": (lambda i: _lsh(i, km=np.full((2, 6), "yes")), TypeError,
+                    r"key_mask must be a bool or numeric tensor, got dtype string"),
+    "yoso_hash_code_len": (lambda i: _yoso(i, hash_code_len=21), ValueError,
+                           r"hash_code_len must be an integer in \[1, 20\], got 21"),
+    "yoso_backward": (lambda i: _yoso(i, backward="exact"), ValueError,
+                      r"backward must be one of \('lower_bound', 'collision'\), got 'exact'"),
+    "expectation_backward": (lambda i: _expectation(i, backward="collision"), ValueError,
+                             r"backward must be one of \('lower_bound', 'exact'\), got 'collision'"),
+    "expectation_hash_code_len": (lambda i: _expectation(i, hash_code_len=0), ValueError,
+                                  r"hash_code_len must be an integer in \[1, 30\], got 0"),
+    "expectation_weights_hash_code_len": (lambda i: _expectation_weights(i, hash_code_len=31), ValueError,
+                                          r"hash_code_len must be an integer in \[1, 30\], got 31"),
+    "hash_num_hashes": (lambda i: _hash(i, num_hashes=0), ValueError, r"num_hashes must be an integer >= 1, got 0"),
+    "hash_code_len_zero": (lambda i: _hash(i, hash_code_len=0), ValueError,
+                           r"hash_code_len must be an integer in \[1, 30\], got 0"),
+    "hash_code_len_31": (lambda i: _hash(i, hash_code_len=31), ValueError,
+                         r"hash_code_len must be an integer in \[1, 30\], got 31"),
+    "hash_method": (lambda i: _hash(i, method="simhash"), ValueError,
+                    r"method must be one of \('gaussian', 'hadamard'\), got 'simhash'"),
+    "hash_seed": (lambda i: _hash(i, seed=[1, 2, 3]), ValueError,
+                  r"seed must be an int or an integer tensor of shape \[2\]"),
+    "hash_x_rank": (lambda i: _hash(i, x=np.ones((4, 8), np.float32)), ValueError, r"x must have rank 3"),
+    "hash_x_dtype": (lambda i: _hash(i, x=np.ones((1, 4, 8), np.int32)), TypeError,
+                     r"x must be a floating-point tensor, got dtype int32"),
+    "hash_x_no_features": (lambda i: _hash(i, x=np.ones((1, 4, 0), np.float32)), ValueError,
+                           r"x must have at least one feature \(axis 2\)"),
+    "hash_x_features_unknown": (lambda i: _hash(i, keep=[NONE_KEEP]), ValueError,
+                                r"the last dimension of x must be known statically"),
+}
+
+
+@pytest.mark.parametrize("row", sorted(ARGUMENT_ROWS))
+@pytest.mark.parametrize("mode", ["eager", "unknown_dims"])
+def test_argument_row(implementation, row, mode):
+    build, error, message = ARGUMENT_ROWS[row]
+    fn, arrays, keep = build(implementation)
+    if row == "hash_x_features_unknown" and mode == "eager":
+        pytest.skip("every dim is known eagerly")
+    with pytest.raises(error, match=message):
+        _run(fn, arrays, keep, mode)
+
+
+@pytest.mark.parametrize("implementation", ["cuda", "CUSTOM_OP", None])
+def test_unknown_implementation(implementation):
+    with pytest.raises(ValueError, match=r"implementation must be one of \('auto', 'custom_op', 'composite'\)"):
+        ops.lsh_cumulation(QC, KC, V, 8, implementation=implementation)
+
+
+def test_custom_op_requested_without_the_library(monkeypatch):
+    monkeypatch.setattr(_library, "_library", None)
+    monkeypatch.setattr(_library, "_load_error", "disabled for this test")
+    with pytest.raises(RuntimeError, match=r"implementation='custom_op' but the keras_yoso op library is not "
+                                           r"loaded: disabled for this test"):
+        ops.hash_codes(np.ones((1, 2, 3), np.float32), 2, 3, 0, implementation="custom_op")
+    assert ops.lsh_cumulation(QC, KC, V, 8).shape == (2, 5, 4)  # "auto" falls back to the composite
+
+
+def test_yoso_cumulation_lower_bound_backward_splits_a_table_over_the_limit(implementation):
+    # 2**20 buckets, value width 64, key width 32: one weighted table would be 2**31 floats.
+    rng = np.random.default_rng(0)
+    q, k = (tf.constant(rng.normal(size=(1, n, 32)).astype(np.float32)) for n in (3, 4))
+    v = tf.constant(rng.normal(size=(1, 4, 64)).astype(np.float32))
+    qc, kc = np.array([[[5, 7, 9]]], np.int32), np.array([[[5, 1, 9, 5]]], np.int32)
+    with tf.GradientTape() as tape:
+        tape.watch([q, k, v])
+        out = ops.yoso_cumulation(q, k, v, qc, kc, 20, implementation=implementation)
+    dq, dk, dv = tape.gradient(out, [q, k, v])
+    import numpy_reference as ref
+    want = ref.yoso_lower_bound_gradients(q.numpy(), k.numpy(), v.numpy(), qc, kc, 20, np.ones((1, 3, 64)))
+    for got, expected in zip((dq, dk, dv), want):
+        np.testing.assert_allclose(got.numpy(), expected, rtol=1e-5, atol=1e-4)
 
 
 def test_raw_custom_op_rejects_bad_shapes_without_crashing():
     if not ops.custom_ops_available():
         pytest.skip("custom ops not built")
-    from keras_yoso.ops._library import library
-    lib = library()
+    lib = _library.library()
     mask5, mask6 = np.ones((2, 5), np.float32), np.ones((2, 6), np.float32)
-    with pytest.raises((tf.errors.InvalidArgumentError, ValueError), match="num_hashes|key_codes|Dimension"):
+    with pytest.raises(IDE, match="num_hashes|key_codes|Dimension"):
         lib.yoso_lsh_cumulation(mask5, QC, mask6, np.zeros((2, 4, 6), np.int32), V, num_buckets=8)
-    with pytest.raises((tf.errors.InvalidArgumentError, ValueError), match="num_buckets"):
+    with pytest.raises(IDE, match="num_buckets"):
         lib.yoso_lsh_cumulation(mask5, QC, mask6, KC, V, num_buckets=12)
-    with pytest.raises((tf.errors.InvalidArgumentError, ValueError), match="value|Dimension"):
+    with pytest.raises(IDE, match="value|Dimension"):
         lib.yoso_lsh_cumulation(mask5, QC, mask6, KC, np.ones((2, 7, 4), np.float32), num_buckets=8)
+    with pytest.raises(IDE, match=r"hash_code_len must be in \[1, 20\]"):
+        tf.function(lambda: lib.yoso_collision_cumulation(mask5, QC, Q, QW, mask6, KC, K, KW, hash_code_len=21,
+                                                          epsilon=1e-6))()
+    with pytest.raises(IDE, match=r"epsilon must be >= 0, got nan"):
+        lib.yoso_collision_cumulation(mask5, QC, Q, QW, mask6, KC, K, KW, hash_code_len=3, epsilon=float("nan"))
+    x = np.ones((1, 2, 5), np.float32)
+    with pytest.raises(IDE, match=r"Value for attr 'num_hashes' of 0 must be at least minimum 1"):
+        lib.yoso_gaussian_hash_codes(x, np.ones((5, 4), np.float32), num_hashes=0, hash_code_len=4)
+    with pytest.raises(IDE, match=r"signs must have shape \[num_blocks, 3, padded_dim\] with padded_dim a power"):
+        lib.yoso_hadamard_hash_codes(x, np.ones((1, 3, 4), np.float32), num_hashes=1, hash_code_len=4)
+    # 2**31 keys (an empty batch, so nothing is allocated): the collision estimator's int32 indices.
+    keys = 2 ** 31
+    empty_codes, empty_mask, empty = tf.zeros([0, 1, keys], tf.int32), tf.zeros([0, keys]), tf.zeros([0, keys, 2])
+    with pytest.raises(IDE, match=r"key_codes must have num_keys <= 2\*\*31 - 1"):
+        lib.yoso_collision_cumulation(tf.zeros([0, 5]), tf.zeros([0, 1, 5], tf.int32), tf.zeros([0, 5, 2]),
+                                      tf.zeros([0, 5, 2]), empty_mask, empty_codes, empty, empty, hash_code_len=3,
+                                      epsilon=1e-6)
 
 
-@pytest.mark.parametrize("kwargs,error,match", [
-    (dict(num_hashes=0), ValueError, "num_hashes"),
-    (dict(hash_code_len=0), ValueError, "hash_code_len"),
-    (dict(hash_code_len=31), ValueError, "hash_code_len"),
-    (dict(method="simhash"), ValueError, "method"),
-    (dict(seed=[1, 2, 3]), ValueError, "seed"),
-    (dict(x=np.ones((4, 8), np.float32)), ValueError, "x"),
-    (dict(implementation="cuda"), ValueError, "implementation"),
-])
-def test_hash_codes_argument_errors(kwargs, error, match):
-    args = dict(x=np.ones((1, 4, 8), np.float32), num_hashes=2, hash_code_len=4, seed=0)
-    args.update(kwargs)
-    with pytest.raises(error, match=match):
-        ops.hash_codes(**args)
+@pytest.mark.skipif(not tf.config.list_physical_devices("GPU"), reason="needs a GPU")
+def test_gpu_hadamard_hash_rejects_a_padded_dim_over_8192():
+    if "custom_op" not in IMPLEMENTATIONS:
+        pytest.skip("custom ops not built")
+    with tf.device("GPU:0"), pytest.raises(tf.errors.InvalidArgumentError, match=r"padded_dim = 16384 .* 8192"):
+        ops.hash_codes(np.ones((1, 2, 9000), np.float32), 2, 4, 0, "hadamard", implementation="custom_op")
 
 
-@pytest.mark.parametrize("kwargs,match", [
-    (dict(hash_code_len=21), "hash_code_len"),
-    (dict(backward="exact"), "backward"),
-    (dict(key=np.ones((2, 6, 7), np.float32)), "widths"),
-])
-def test_yoso_cumulation_argument_errors(kwargs, match):
-    args = dict(query=Q, key=K, value=V, query_codes=QC, key_codes=KC, hash_code_len=3)
-    args.update(kwargs)
-    with pytest.raises(ValueError, match=match):
-        ops.yoso_cumulation(**args)
+# ----------------------------------------------------------------------------
+# NaN / Inf policy (docs/errors.md, "NaN and Inf").
+
+def _collides(qc, kc):
+    """[B, Nq, Nk]: query i and key j share a code in at least one hash."""
+    return (qc[:, :, :, None] == kc[:, :, None, :]).any(1)
 
 
-def test_yoso_expectation_rejects_unknown_backward():
-    with pytest.raises(ValueError, match="backward"):
-        ops.yoso_expectation(Q, K, V, 4, backward="collision")
+@pytest.mark.parametrize("special", [np.nan, np.inf, -np.inf])
+@pytest.mark.parametrize("op", ["lsh", "weighted_value", "weighted_key_weight", "yoso"])
+def test_a_nonfinite_value_reaches_only_the_queries_that_collide_with_it(implementation, op, special):
+    rng = np.random.default_rng(1)
+    qc, kc = rng.integers(0, 4, size=(2, 2, 9)).astype(np.int32), rng.integers(0, 4, size=(2, 2, 7)).astype(np.int32)
+    v, kw = rng.normal(size=(2, 7, 3)).astype(np.float32), rng.normal(size=(2, 7, 2)).astype(np.float32)
+    qw = rng.normal(size=(2, 9, 2)).astype(np.float32)
+    q, k = rng.normal(size=(2, 9, 4)).astype(np.float32), rng.normal(size=(2, 7, 4)).astype(np.float32)
+
+    def run(v, kw):
+        if op == "lsh":
+            return ops.lsh_cumulation(qc, kc, v, 4, implementation=implementation).numpy()
+        if op == "yoso":
+            return ops.yoso_cumulation(q, k, v, qc, kc, 2, implementation=implementation).numpy()
+        return ops.weighted_lsh_cumulation(qc, qw, kc, kw, v, 4, implementation=implementation).numpy()
+
+    clean = run(v, kw)
+    dirty_v, dirty_kw = v.copy(), kw.copy()
+    (dirty_kw if op == "weighted_key_weight" else dirty_v)[1, 4, 0] = special
+    dirty = run(dirty_v, dirty_kw)
+    reached = _collides(qc, kc)[1, :, 4]
+    assert np.array_equal(np.delete(dirty, 1, 0), np.delete(clean, 1, 0)), "another batch row changed"
+    assert np.array_equal(dirty[1, ~reached], clean[1, ~reached]), "a query that does not collide changed"
+    assert reached.any() and not np.isfinite(dirty[1, reached]).all(axis=-1).any(), "a colliding query stayed finite"
+
+
+def test_a_nonfinite_query_weight_makes_only_its_own_row_nonfinite(implementation):
+    rng = np.random.default_rng(2)
+    qc, kc = rng.integers(0, 4, size=(1, 2, 6)).astype(np.int32), rng.integers(0, 4, size=(1, 2, 5)).astype(np.int32)
+    qw, kw = rng.normal(size=(1, 6, 2)).astype(np.float32), rng.normal(size=(1, 5, 2)).astype(np.float32)
+    v = rng.normal(size=(1, 5, 3)).astype(np.float32)
+    clean = ops.weighted_lsh_cumulation(qc, qw, kc, kw, v, 4, implementation=implementation).numpy()
+    qw[0, 2, 1] = np.nan
+    dirty = ops.weighted_lsh_cumulation(qc, qw, kc, kw, v, 4, implementation=implementation).numpy()
+    assert np.isnan(dirty[0, 2]).all()
+    assert np.array_equal(np.delete(dirty, 2, 1), np.delete(clean, 2, 1))
+
+
+@pytest.mark.parametrize("special", [np.nan, np.inf])
+def test_collision_estimator_spreads_a_nonfinite_key_only_to_colliding_queries(implementation, special):
+    rng = np.random.default_rng(3)
+    qc, kc = rng.integers(0, 4, size=(1, 2, 6)).astype(np.int32), rng.integers(0, 4, size=(1, 2, 5)).astype(np.int32)
+    q, k = rng.normal(size=(1, 6, 4)).astype(np.float32), rng.normal(size=(1, 5, 4)).astype(np.float32)
+    qw, kw = rng.normal(size=(1, 6, 2)).astype(np.float32), rng.normal(size=(1, 5, 2)).astype(np.float32)
+    ones_q, ones_k = np.ones((1, 6), np.float32), np.ones((1, 5), np.float32)
+    run = lambda k: yoso_ops._collision(ones_q, qc, q, qw, ones_k, kc, k, kw, 2, implementation).numpy()  # noqa: E731
+    clean = run(k)
+    k[0, 3, 2] = special
+    dirty = run(k)
+    reached = _collides(qc, kc)[0, :, 3]
+    assert reached.any() and not reached.all()
+    np.testing.assert_allclose(dirty[0, ~reached], clean[0, ~reached], rtol=1e-6)
+    assert not np.isfinite(dirty[0, reached, 2]).any()
+
+
+def test_nonfinite_collision_sums_agree_between_custom_op_and_composite():
+    if "custom_op" not in IMPLEMENTATIONS:
+        pytest.skip("custom ops not built")
+    rng = np.random.default_rng(4)
+    qc, kc = np.zeros((1, 1, 3), np.int32), np.zeros((1, 1, 4), np.int32)
+    q = np.full((1, 3, 2), 0.5 ** 0.5, np.float32)
+    k = rng.normal(size=(1, 4, 2)).astype(np.float32)
+    k[0, 0, 0], k[0, 1, 0], k[0, 2, 1] = np.inf, -np.inf, np.inf  # +Inf and -Inf meet in column 0
+    qw = np.array([[[1.0], [-1.0], [0.0]]], np.float32)  # weights > 0, < 0 and == 0 (0 * Inf = NaN)
+    kw = np.ones((1, 4, 1), np.float32)
+    ones_q, ones_k = np.ones((1, 3), np.float32), np.ones((1, 4), np.float32)
+    outs = [yoso_ops._collision(ones_q, qc, q, qw, ones_k, kc, k, kw, 2, impl).numpy() for impl in IMPLEMENTATIONS]
+    np.testing.assert_array_equal(np.isnan(outs[0]), np.isnan(outs[1]))
+    np.testing.assert_array_equal(np.isposinf(outs[0]), np.isposinf(outs[1]))
+    np.testing.assert_array_equal(np.isneginf(outs[0]), np.isneginf(outs[1]))
+
+
+@pytest.mark.parametrize("method", yoso_ops.HASH_METHODS)
+def test_nan_in_a_hash_input_gives_code_zero_and_inf_a_defined_code(implementation, method):
+    x = np.random.default_rng(5).normal(size=(2, 6, 5)).astype(np.float32)
+    x[0, 1, 3] = np.nan
+    x[1, 2, 0] = np.inf
+    x[1, 4, :] = -np.inf
+    codes = ops.hash_codes(x, 4, 6, seed=1, method=method, implementation=implementation).numpy()
+    assert (codes[0, :, 1] == 0).all()
+    assert codes.min() >= 0 and codes.max() < 2 ** 6
+    if "custom_op" in IMPLEMENTATIONS:
+        other = "composite" if implementation == "custom_op" else "custom_op"
+        np.testing.assert_array_equal(codes, ops.hash_codes(x, 4, 6, seed=1, method=method,
+                                                            implementation=other).numpy())
 
 
 def test_nan_in_masked_keys_never_reaches_the_output(implementation):
@@ -118,3 +459,15 @@ def test_nan_in_masked_keys_never_reaches_the_output(implementation):
     out = ops.lsh_cumulation(QC, KC, v, 8, key_mask=km, implementation=implementation).numpy()
     assert np.isfinite(out).all()
     np.testing.assert_allclose(out, np.full((2, 5, 4), 5.0), rtol=1e-6)
+
+
+def test_yoso_expectation_is_dense_so_a_nonfinite_kept_value_reaches_every_query():
+    rng = np.random.default_rng(6)
+    q, k = rng.normal(size=(1, 4, 3)).astype(np.float32), rng.normal(size=(1, 5, 3)).astype(np.float32)
+    v = rng.normal(size=(1, 5, 2)).astype(np.float32)
+    v[0, 2, 1] = np.nan
+    out = ops.yoso_expectation(q, k, v, 4).numpy()
+    assert np.isnan(out[0, :, 1]).all() and np.isfinite(out[0, :, 0]).all()
+    km = np.ones((1, 5), bool)
+    km[0, 2] = False
+    assert np.isfinite(ops.yoso_expectation(q, k, v, 4, key_mask=km).numpy()).all()
