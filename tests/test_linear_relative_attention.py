@@ -87,6 +87,51 @@ def test_layer_matches_dense_oracle_per_head(options, causal):
     np.testing.assert_allclose(out.numpy(), expected, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("causal", [False, True], ids=["bidirectional", "causal"])
+@pytest.mark.parametrize("lengths, padding", [((9, 5), "left"), ((5, 9), "right"), ((4, 12), "left")],
+                         ids=["longer_queries_left_padded", "shorter_queries_right_padded", "keys_beyond_horizon"])
+def test_layer_gradients_match_dense_oracle_per_head(lengths, padding, causal):
+    """d loss / d (query, value, relative embeddings) through the projections, vs the NumPy eq. 9-11 gradients."""
+    rng = np.random.default_rng(21)
+    (q_len, k_len), batch, heads = lengths, 2, 3
+    query, value = _inputs(rng, batch, q_len, 6), _inputs(rng, batch, k_len, 5)
+    q_keep, k_keep = np.array([q_len, q_len - 2]), np.array([k_len - 1, 3])
+    if padding == "left":
+        query_mask = np.arange(q_len)[None, :] >= (q_len - q_keep)[:, None]
+        key_mask = np.arange(k_len)[None, :] >= (k_len - k_keep)[:, None]
+    else:
+        query_mask, key_mask = _lengths_mask(q_keep, q_len), _lengths_mask(k_keep, k_len)
+    layer = LinearRelativeAttention(heads, 4, horizon=2, causal=causal, chunk_size=3, bias_initializer="random_normal")
+    out_grad = rng.normal(size=(batch, q_len, 6)).astype(np.float32)
+    tensors = [tf.constant(query), tf.constant(value)]
+    with tf.GradientTape() as tape:
+        tape.watch(tensors)
+        loss = tf.reduce_sum(layer(*tensors, query_mask=query_mask, value_mask=key_mask) * out_grad)
+    d_query, d_value, d_rel = tape.gradient(loss, tensors + [layer.relative_embeddings])
+
+    w = {name: dense.kernel.numpy() for name, dense in (("q", layer.query_dense), ("k", layer.key_dense),
+                                                        ("v", layer.value_dense), ("o", layer.output_dense))}
+    b = {name: dense.bias.numpy() for name, dense in (("q", layer.query_dense), ("k", layer.key_dense),
+                                                      ("v", layer.value_dense))}
+    q = np.einsum("btd,dnh->btnh", query, w["q"]) + b["q"]
+    k = np.einsum("btd,dnh->btnh", value, w["k"]) + b["k"]
+    v = np.einsum("btd,dnh->btnh", value, w["v"]) + b["v"]
+    head_grad = np.einsum("bto,nho->btnh", out_grad, w["o"])
+    rel = layer.relative_embeddings.numpy()
+    want_query, want_value, want_rel = np.zeros(query.shape), np.zeros(value.shape), np.zeros(rel.shape)
+    for h in range(heads):
+        dq, dk, dv, dr = ref.linear_relative_attention_gradients(
+            q[:, :, h], k[:, :, h], v[:, :, h], head_grad[:, :, h], rel[h], 2, causal=causal,
+            query_mask=query_mask, key_mask=key_mask, epsilon=layer.epsilon)
+        want_query += np.einsum("bth,dh->btd", dq, w["q"][:, h])
+        want_value += np.einsum("bth,dh->btd", dk, w["k"][:, h]) + np.einsum("bth,dh->btd", dv, w["v"][:, h])
+        want_rel[h] = dr
+    for name, got, want in (("query", d_query, want_query), ("value", d_value, want_value),
+                            ("relative_embeddings", d_rel, want_rel)):
+        np.testing.assert_allclose(got.numpy(), want, rtol=1e-3, atol=1e-4 * max(1.0, np.abs(want).max()),
+                                   err_msg=f"gradient of {name}")
+
+
 def test_use_causal_mask_overrides_the_constructor_default():
     rng = np.random.default_rng(3)
     x = _inputs(rng, 2, 10, 8)

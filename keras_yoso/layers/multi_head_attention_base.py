@@ -14,6 +14,8 @@ from keras import constraints
 from keras import initializers
 from keras import regularizers
 
+from keras_yoso.ops.yoso import _in_xla_context
+
 _OUTPUT_LETTERS = "opqrsuvwxyz"
 
 
@@ -53,6 +55,11 @@ def _bool_mask(mask):
     if mask.dtype != tf.bool:
         mask = tf.not_equal(mask, tf.zeros([], mask.dtype))
     return mask
+
+
+def _zero_padded_rows(x, mask):
+    """`x` [B, N, features] with the rows where `mask` [B, N] is False set to 0 (NaN and Inf too)."""
+    return tf.where(mask[:, :, None], x, tf.zeros([], x.dtype))
 
 
 def _keras_mask(x):
@@ -281,6 +288,12 @@ class MultiHeadAttentionBase(keras.layers.Layer):
             if not bool(is_padding):
                 raise ValueError(message)
             return query_pad, key_pad
+        if _in_xla_context():
+            # XLA compiles tf.debugging.Assert to nothing: a causal or banded mask would then be
+            # silently read as padding. Refuse at trace time instead.
+            raise ValueError(f"{name} cannot check under XLA (jit_compile=True) that `attention_mask` is a "
+                             "padding mask. Pass `query_mask`, `value_mask` and/or `key_mask` ([batch, length] "
+                             "padding masks) instead, or compile without XLA.")
         with tf.control_dependencies([tf.debugging.Assert(is_padding, [message])]):
             return tf.identity(query_pad), tf.identity(key_pad)
 
@@ -320,6 +333,8 @@ class MultiHeadAttentionBase(keras.layers.Layer):
         batch = tf.shape(query)[0]
         query_length, key_length = tf.shape(query)[1], tf.shape(value)[1]
         if attention_mask is not None:
+            # Keras then does not pick XLA for `jit_compile="auto"` (see _padding_masks_from_attention_mask).
+            self.supports_jit = False
             query_pad, key_pad = self._padding_masks_from_attention_mask(
                 attention_mask, batch, query_length, key_length)
             query_mask = _merge_masks(query_mask, query_pad)
@@ -330,16 +345,21 @@ class MultiHeadAttentionBase(keras.layers.Layer):
         if key_mask is None:
             key_mask = tf.ones(tf.stack([batch, key_length]), tf.bool)
 
+        # Padded rows are zeroed before the projections (tf.where, not a product), so their content,
+        # even NaN or Inf, reaches no output and no gradient (of the weights either).
+        query = _zero_padded_rows(query, query_mask)
+        key = _zero_padded_rows(key, key_mask)
+        value = _zero_padded_rows(value, key_mask)
         # [B, N, heads, dim], then the attention core in float32.
         query_heads = tf.cast(self._query_dense(query), tf.float32)
         key_heads = tf.cast(self._key_dense(key), tf.float32)
         value_heads = tf.cast(self._value_dense(value), tf.float32)
-        # Zeroing padded keys/values keeps their content (even NaN) out of every output and gradient.
+        # Padded keys/values have bias-only projections: zero them too.
         key_heads = tf.where(key_mask[:, :, None, None], key_heads, 0.0)
         value_heads = tf.where(key_mask[:, :, None, None], value_heads, 0.0)
 
         out = self._attend(query_heads, key_heads, value_heads, query_mask, key_mask, training, use_causal_mask)
-        out = out * tf.cast(query_mask, out.dtype)[:, :, None, None]
+        out = tf.where(query_mask[:, :, None, None], out, tf.zeros([], out.dtype))
         out = tf.cast(out, self.compute_dtype)
         if self._dropout_layer is not None:
             out = self._dropout_layer(out, training=training)

@@ -82,6 +82,16 @@ def _pad_rows(x, length):
     return tf.pad(x, paddings)
 
 
+def _chunk_rows(chunk_size, query):
+    """Rows per chunk: `chunk_size` (default 64) clamped to [1, Lq], so a large chunk_size never
+    allocates more than one dense Lq x Lq block. A Python int when Lq is static, else a scalar tensor."""
+    chunk = chunk_size or DEFAULT_CHUNK_SIZE
+    q_len = query.shape[1]
+    if q_len is not None:
+        return max(1, min(chunk, q_len))
+    return tf.clip_by_value(tf.shape(query)[1], 1, chunk)
+
+
 def _causal_kernel_term(q, k, v, chunk):
     """sum_{j <= i} <q_i, k_j> v_j in chunks of `chunk` rows: [B, Lq, d], [B, Lk, d], [B, Lk, e] -> [B, Lq, e].
 
@@ -95,7 +105,7 @@ def _causal_kernel_term(q, k, v, chunk):
     qc = tf.reshape(_pad_rows(q, padded), [batch, num_chunks, chunk, d])
     kc = tf.reshape(_pad_rows(k, padded), [batch, num_chunks, chunk, d])
     vc = tf.reshape(_pad_rows(v, padded), [batch, num_chunks, chunk, e])
-    lower = tf.constant(np.tril(np.ones([chunk, chunk], np.float32)))
+    lower = tf.cast(tf.range(chunk)[:, None] >= tf.range(chunk)[None, :], tf.float32)
     scores = tf.einsum("bnid,bnjd->bnij", qc, kc) * lower
     intra = tf.einsum("bnij,bnje->bnie", scores, vc)
     states = tf.einsum("bnjd,bnje->bnde", kc, vc)                 # [B, L/C, d, e]
@@ -110,13 +120,13 @@ def _band_gather_index(chunk, horizon, causal):
     Query i of a chunk and window key t (absolute offset t - k - i) use score row t - i.
     """
     width = 2 * horizon + 1
-    i = np.arange(chunk)[:, None]
-    t = np.arange(chunk + 2 * horizon)[None, :]
+    i = tf.range(chunk)[:, None]
+    t = tf.range(chunk + 2 * horizon)[None, :]
     row = t - i
     valid = (row >= 0) & (row < width)
     if causal:
         valid &= row <= horizon
-    return np.where(valid, i * width + row, chunk * width).astype(np.int32).reshape(-1)
+    return tf.reshape(tf.where(valid, i * width + row, chunk * width), [-1])
 
 
 def _relative_term(w, v, horizon, causal, chunk):
@@ -171,8 +181,9 @@ def linear_relative_attention(query, key, value, relative_embeddings=None, horiz
         epsilon: > 0, added to the denominator (eq. 10), so rows without any
             key output 0.
         chunk_size: Rows per chunk of the causal prefix sums and of the
-            relative band (default 64). A chunk_size >= Lq computes one dense
-            masked Lq x Lq block; results agree for every chunk_size.
+            relative band (default 64), clamped to Lq: a chunk_size >= Lq
+            computes one dense masked Lq x Lq block; results agree for every
+            chunk_size.
 
     Returns:
         `[B, Lq, dv]`, value's dtype (float32 accumulation).
@@ -213,14 +224,16 @@ def linear_relative_attention(query, key, value, relative_embeddings=None, horiz
             checks += _assert_dims_equal([("query", query, 0), ("relative_embeddings", rel, 0)], "batch sizes")
 
     with tf.control_dependencies(checks):
+        # tf.where on the inputs, not a product on the outputs: padded rows may hold NaN or Inf, and
+        # must reach neither an output nor (through phi's derivative) a gradient.
+        keep_q = q_mask[:, :, None] > 0
         keep = k_mask[:, :, None] > 0
-        phi_q = elu_plus_one(tf.cast(query, tf.float32))
-        # tf.where, not a product: padded keys/values may hold NaN or Inf and must not reach any output.
-        phi_k = tf.where(keep, elu_plus_one(tf.cast(key, tf.float32)), 0.0)
+        phi_q = tf.where(keep_q, elu_plus_one(tf.where(keep_q, tf.cast(query, tf.float32), 0.0)), 0.0)
+        phi_k = tf.where(keep, elu_plus_one(tf.where(keep, tf.cast(key, tf.float32), 0.0)), 0.0)
         ones = tf.ones(tf.stack([batch, k_len, 1]), tf.float32)
         v = tf.where(keep, tf.concat([tf.cast(value, tf.float32), ones], axis=-1), 0.0)  # [..., dv | 1]
 
-    chunk = chunk_size or DEFAULT_CHUNK_SIZE
+    chunk = _chunk_rows(chunk_size, query)
     if causal:
         total = _causal_kernel_term(phi_q, phi_k, v, chunk)
     else:
@@ -234,5 +247,5 @@ def linear_relative_attention(query, key, value, relative_embeddings=None, horiz
             scores = tf.einsum("bid,brd->bir", phi_q, phi_rel)
         total += _relative_term(scores, v, horizon, causal, chunk)
     numerator, denominator = total[..., :-1], total[..., -1:]
-    out = numerator / (denominator + epsilon) * q_mask[:, :, None]
+    out = tf.where(keep_q, numerator / (denominator + epsilon), 0.0)
     return tf.cast(out, out_dtype)

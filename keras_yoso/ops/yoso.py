@@ -44,9 +44,13 @@ def _resolve(implementation):
                                f"{_library.load_error()}")
         return "custom_op"
     if implementation == "auto":
-        in_xla = control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph())
-        return "custom_op" if _library.custom_ops_available() and not in_xla else "composite"
+        return "custom_op" if _library.custom_ops_available() and not _in_xla_context() else "composite"
     return "composite"
+
+
+def _in_xla_context():
+    """True while tracing a graph that XLA will compile (`jit_compile=True`)."""
+    return control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph())
 
 
 def _check_choice(value, name, choices):
