@@ -115,7 +115,7 @@ setup(
     cmdclass={"build_ext": BuildTfOps},
     install_requires=["tensorflow>=2.21,<2.22", "keras>=3.6", "numpy"],
     extras_require={
-        "test": ["pytest>=8", "hypothesis>=6", "tensorflow-text>=2.21,<2.22", "matplotlib"],
+        "test": ["pytest>=8", "hypothesis>=6.100", "tensorflow-text>=2.21,<2.22", "matplotlib"],
         "examples": ["tensorflow-text>=2.21,<2.22", "matplotlib"],
     },
     zip_safe=False,

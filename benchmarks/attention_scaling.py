@@ -80,6 +80,29 @@ print(json.dumps({"forward_s": forward_s, "seconds": seconds, "peak_rss_mib": pe
 """
 
 
+def multiply_adds(method, length, heads, key_dim, hash_code_len=8):
+    """Multiply-adds of one forward+backward step of one layer (yoso-m and mha only, else None).
+
+    Projections: 4 dense [width, width] maps, x3 for forward, dX and dW. MHA core, per head:
+    QK^T and PV forward, dV, dP, dQ and dK backward, 6 n^2 key_dim. YOSO-m core, per head and
+    hash: lsh_cumulation forward and its transpose for dV (4 n key_dim), and the two weighted
+    cumulations of the lower-bound backward (dQ, dK). Those take, per bucket of n_b queries and
+    n_b keys (uniform codes: n_b = n / 2^tau), the cheaper of the pair product n_b^2 (W + D) and
+    the table product 2 n_b W D (W = D = key_dim), as the CPU kernel does. Hashing (sign bits of
+    Hadamard transforms: additions) is not counted.
+    """
+    width = heads * key_dim
+    projections = 3 * 4 * length * width * width
+    if method == "mha":
+        return projections + heads * 6 * length * length * key_dim
+    if not method.startswith("yoso-") or method == "yoso-e":
+        return None
+    num_hashes, buckets = int(method.split("-")[1]), 2 ** hash_code_len
+    per_bucket = length / buckets
+    weighted = buckets * min(per_bucket ** 2 * 2 * key_dim, 2 * per_bucket * key_dim * key_dim)
+    return projections + heads * num_hashes * (4 * length * key_dim + 2 * weighted)
+
+
 def run_one(method, length, repeats, heads, key_dim, num_layers, timeout):
     return run_isolated(_CHILD, [method, length, repeats, heads, key_dim, num_layers], timeout)
 
@@ -124,8 +147,11 @@ def main():
             for length in args.lengths:
                 if (method, length) in ok and ("mha", length) in ok:
                     a, b = ok[(method, length)], ok[("mha", length)]
+                    macs = [multiply_adds(m, length, args.heads, args.key_dim) for m in (method, "mha")]
+                    ceiling = (f", multiply-add ratio {macs[1] / macs[0]:.1f}x" if None not in macs and not args.model
+                               else "")
                     print(f"{method} vs mha at {length}: speedup {b['seconds'] / a['seconds']:.1f}x, "
-                          f"{a['peak_rss_mib'] / b['peak_rss_mib']:.2f}x the peak memory")
+                          f"{a['peak_rss_mib'] / b['peak_rss_mib']:.2f}x the peak memory{ceiling}")
 
     os.makedirs(args.out_dir, exist_ok=True)
     with open(os.path.join(args.out_dir, f"{name}.json"), "w") as f:

@@ -169,3 +169,15 @@ if __name__ == "__main__":
     parser.add_argument("--implementations", default="custom_op,composite")
     args = parser.parse_args()
     print(json.dumps(_measure(args.threads, args.determinism, args.implementations.split(","))))
+
+
+@pytest.mark.parametrize("determinism, gpus, expected", [
+    (False, [], "custom_op"), (True, [], "custom_op"), (False, ["GPU:0"], "custom_op"), (True, ["GPU:0"], "composite"),
+])
+def test_auto_takes_the_composite_only_where_op_determinism_meets_a_gpu(monkeypatch, determinism, gpus, expected):
+    from keras_yoso.ops import yoso
+    if not keras_yoso.ops.custom_ops_available():
+        pytest.skip("the op library is not loaded: 'auto' is always the composite")
+    monkeypatch.setattr(yoso.tf_config, "is_op_determinism_enabled", lambda: determinism)
+    monkeypatch.setattr(yoso.tf.config, "list_physical_devices", lambda kind=None: list(gpus))
+    assert yoso._resolve("auto") == expected

@@ -3,8 +3,9 @@
 Every function takes `implementation="auto" | "custom_op" | "composite"`:
 "custom_op" runs the compiled C++/CUDA kernels, "composite" the pure-TF ops of
 `keras_yoso.ops.composite` (same numbers to float32 rounding; XLA- and
-serving-friendly), "auto" picks the custom op when the library is loaded and
-the graph is not being compiled with XLA, else the composite.
+serving-friendly), "auto" picks the custom op when the library is loaded, the
+graph is not being compiled with XLA, and not (op determinism enabled and a GPU
+visible: the GPU cumulations use float atomics), else the composite.
 
 `B` is any flattened batch (batch x heads). Codes are int32 `[B, m, N]`. Masks
 are `[B, N]`, bool or 0/1 float (any nonzero keeps the position). float16,
@@ -16,6 +17,7 @@ import math
 import numbers
 
 import tensorflow as tf
+from tensorflow.python.framework import config as tf_config
 from tensorflow.python.ops import control_flow_util
 
 from keras_yoso.ops import _library
@@ -44,8 +46,15 @@ def _resolve(implementation):
                                f"{_library.load_error()}")
         return "custom_op"
     if implementation == "auto":
-        return "custom_op" if _library.custom_ops_available() and not _in_xla_context() else "composite"
+        usable = _library.custom_ops_available() and not _in_xla_context() and not _gpu_needs_determinism()
+        return "custom_op" if usable else "composite"
     return "composite"
+
+
+def _gpu_needs_determinism():
+    """True under `enable_op_determinism()` with a GPU visible, where the custom GPU cumulations
+    (float atomics) would raise UnimplementedError: "auto" then takes the deterministic composite."""
+    return tf_config.is_op_determinism_enabled() and bool(tf.config.list_physical_devices("GPU"))
 
 
 def _in_xla_context():
