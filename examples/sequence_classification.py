@@ -10,7 +10,7 @@ tokenizers (Keras layers over tensorflow-text), the length-bucketed `tf.data`
 pipeline, `model.fit`, and the outputs written to `--output-dir`:
 
     metrics.json   test accuracy and loss, examples/s, peak RSS, all arguments
-    history.png    loss and accuracy per epoch, train and validation
+    history.png    loss and accuracy vs training step, train and validation
     saved_model/   SavedModel whose `serve` signature maps a batch of raw strings
                    (tf.string [batch]) to class probabilities [batch, num_classes]
 """
@@ -377,6 +377,22 @@ class _TrainTimer(keras.callbacks.Callback):
         self.on_test_begin()
 
 
+class _StepHistory(keras.callbacks.Callback):
+    """Training loss and accuracy every `every` steps: Keras' running means over the epoch so far."""
+
+    def __init__(self, every):
+        super().__init__()
+        self.every, self.step = max(1, every), 0
+        self.record = {"step": [], "loss": [], "accuracy": []}
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.step += 1
+        if self.step % self.every == 0 and logs:
+            self.record["step"].append(self.step)
+            self.record["loss"].append(float(logs["loss"]))
+            self.record["accuracy"].append(float(logs["accuracy"]))
+
+
 def process_cpu_seconds():
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return usage.ru_utime + usage.ru_stime
@@ -387,21 +403,23 @@ def peak_rss_mib():
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
-def plot_history(history, path, title):
+def plot_history(history, steps, steps_per_epoch, path, title):
+    """Loss and accuracy vs training step: the running training means of `steps` (a
+    _StepHistory record) and the validation values at the end of each epoch."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from matplotlib.ticker import MaxNLocator
 
-    epochs = np.arange(1, len(history["loss"]) + 1)
+    epoch_ends = steps_per_epoch * np.arange(1, len(history["loss"]) + 1)
     figure, axes = plt.subplots(1, 2, figsize=(10, 4))
     for axis, metric in zip(axes, ("loss", "accuracy")):
-        axis.plot(epochs, history[metric], "o-", label="train")
+        if steps["step"]:
+            axis.plot(steps["step"], steps[metric], "-", label="train (running mean over the epoch)")
+        axis.plot(epoch_ends, history[metric], "o", color="C0", label="train, end of epoch")
         if f"val_{metric}" in history:
-            axis.plot(epochs, history[f"val_{metric}"], "s-", label="validation")
-        axis.set_xlabel("epoch")
-        axis.xaxis.set_major_locator(MaxNLocator(integer=True))
+            axis.plot(epoch_ends, history[f"val_{metric}"], "s-", color="C1", label="validation")
+        axis.set_xlabel(f"training step ({steps_per_epoch} per epoch)")
         axis.set_ylabel(metric)
         axis.grid(alpha=0.3)
         axis.legend()
@@ -434,12 +452,13 @@ def train_and_export(task, args, tokenizer, class_names, train, validation, test
     classifier.compile(optimizer=keras.optimizers.Adam(schedule), loss="sparse_categorical_crossentropy",
                        metrics=["accuracy"], jit_compile=False)
     timer = _TrainTimer()
+    step_history = _StepHistory(every=total_steps // 200)
     print(f"{task}: {len(train)} train / {len(validation)} validation / {len(test)} test examples, "
           f"{train_steps} batches per epoch, attention={args.attention}, "
           f"{classifier.count_params():,} parameters, custom ops: {keras_yoso.ops.custom_ops_available()}",
           flush=True)
     fit = classifier.fit(train_batches, validation_data=validation_batches, epochs=args.epochs, shuffle=False,
-                         callbacks=[timer])
+                         callbacks=[timer, step_history])
     history = {name: [float(v) for v in values] for name, values in fit.history.items()}
 
     start, start_cpu = time.perf_counter(), process_cpu_seconds()
@@ -476,6 +495,7 @@ def train_and_export(task, args, tokenizer, class_names, train, validation, test
         "custom_ops": keras_yoso.ops.custom_ops_available(),
         "class_names": list(class_names),
         "history": history,
+        "step_history": step_history.record,
         "versions": {"tensorflow": tf.__version__, "keras": keras.__version__,
                      "tensorflow_text": tf_text.__version__, "keras_yoso": keras_yoso.__version__},
         "command": [os.path.basename(sys.argv[0])] + sys.argv[1:],
@@ -483,7 +503,8 @@ def train_and_export(task, args, tokenizer, class_names, train, validation, test
     }
     with open(os.path.join(args.output_dir, "metrics.json"), "w", encoding="utf-8") as f:
         json.dump(metrics, f, indent=2)
-    plot_history(history, os.path.join(args.output_dir, "history.png"), f"{task}, attention={args.attention}")
+    plot_history(history, step_history.record, train_steps, os.path.join(args.output_dir, "history.png"),
+                 f"{task}, attention={args.attention}")
     print(f"{task} attention={args.attention}: test accuracy {test_accuracy:.4f} (loss {test_loss:.4f}) on "
           f"{len(test)} examples | train {metrics['train_examples_per_second']:.1f} examples/s, "
           f"test {metrics['test_examples_per_second']:.1f} examples/s, peak RSS "

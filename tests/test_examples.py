@@ -118,6 +118,9 @@ def test_imdb_run_writes_metrics_history_and_a_raw_string_serving_model(trained,
     assert metrics["train_examples_per_second"] > 0 and metrics["peak_rss_mib"] > 0
     assert metrics["args"]["attention"] == attention and metrics["args"]["max_length"] == 128
     assert len(metrics["history"]["val_accuracy"]) == 1
+    steps = metrics["step_history"]["step"]
+    assert steps and steps == sorted(steps) and steps[-1] <= metrics["batches_per_epoch"]
+    assert all(np.isfinite(metrics["step_history"]["loss"]))
     with open(os.path.join(result.output_dir, "history.png"), "rb") as f:
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
     assert os.path.exists(os.path.join(result.output_dir, "saved_model", "saved_model.pb"))

@@ -43,7 +43,8 @@ class LinearRelativeAttention(MultiHeadAttentionBase):
     before the output projection (so the layer output there is the projection
     bias). An `attention_mask` is accepted only when it is a padding mask
     (`query_mask[:, :, None] & key_mask[:, None, :]`); any other pattern
-    raises (ValueError eagerly, InvalidArgumentError inside a `tf.function`).
+    raises (ValueError eagerly, InvalidArgumentError inside a `tf.function`;
+    under XLA, where that check cannot run, any `attention_mask` raises ValueError).
     For causal attention use `causal=True` or `use_causal_mask=True`.
 
     Precision. The attention core runs in float32 whatever the compute dtype;

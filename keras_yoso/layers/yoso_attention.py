@@ -58,7 +58,8 @@ class YosoAttention(MultiHeadAttentionBase):
     before the output projection (so the layer output there is the projection
     bias). An `attention_mask` is accepted only when it is a padding mask
     (`query_mask[:, :, None] & key_mask[:, None, :]`); any other pattern
-    raises (ValueError eagerly, InvalidArgumentError inside a `tf.function`),
+    raises (ValueError eagerly, InvalidArgumentError inside a `tf.function`;
+    under XLA, where that check cannot run, any `attention_mask` raises ValueError),
     since LSH attention cannot express an arbitrary [B, T, S] mask.
 
     Precision. The attention core (normalization, hashing, cumulation,
