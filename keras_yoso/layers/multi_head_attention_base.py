@@ -9,6 +9,7 @@ tensors.
 import numbers
 
 import keras
+import numpy as np
 import tensorflow as tf
 from keras import constraints
 from keras import initializers
@@ -42,10 +43,11 @@ def check_choice(value, name, choices):
 
 
 def check_bool(value, name):
-    if not isinstance(value, bool):
+    """`value` as a Python bool (NumPy bools included, as the ops accept them); else ValueError."""
+    if not isinstance(value, (bool, np.bool_)):
         raise ValueError(f"Received an invalid value for argument `{name}`: expected a bool. "
                          f"Received: {name}={value!r}")
-    return value
+    return bool(value)
 
 
 def _bool_mask(mask):
