@@ -6,10 +6,10 @@ length, the dtype, the mask kind and a seed; NumPy draws the data from that seed
 - custom op == composite == NumPy reference (hash codes, the three cumulations, the
   gradients of yoso_cumulation);
 - permuting the keys together with their codes, masks, weights and values leaves the
-  output unchanged (up to float32 summation order);
+  output unchanged (up to float32 summation order), for the collision estimator too;
 - the output is linear in `value`;
 - masked keys never contribute, whatever their codes, weights or values (NaN included),
-  and masked queries output exactly 0;
+  and masked queries output exactly 0 (collision estimator included);
 - outputs are finite for finite inputs; hash codes lie in [0, 2**tau).
 
 The default profile runs 25 examples per property (see conftest.py);
@@ -206,22 +206,63 @@ def test_masked_keys_never_contribute_and_masked_queries_output_zero(op, case, g
 
 # Unit rows in >= 4 dimensions: pairs within float32 rounding of parallel (where the *YOSO
 # derivative 1 / sqrt(1 - x^2 + eps) turns rounding into large differences) are then vanishingly rare.
-@given(case=cumulations(max_width=4), dim=st.integers(4, 8))
-def test_collision_cumulation_custom_op_composite_and_numpy_agree(case, dim):
+def _collision_data(case, dim):
+    """Inputs of the *YOSO collision estimator: codes and masks of `case`, unit q/k rows, weights."""
     rng = np.random.default_rng(case["seed"])
     data = _data(dict(case, dtype=tf.float32))
     b, nq, nk, w = case["batch"], case["nq"], case["nk"], case["value_dim"]
     q, k = _unit_rows(rng, b, nq, dim), _unit_rows(rng, b, nk, dim)
     qw, kw = (rng.uniform(-2, 2, size=(b, n, w)).astype(np.float32) for n in (nq, nk))
-    tau = case["hash_code_len"]
     qm = np.ones((b, nq), np.float32) if data["qm"] is None else data["qm"].astype(np.float32)
     km = np.ones((b, nk), np.float32) if data["km"] is None else data["km"].astype(np.float32)
-    expected = ref.collision_cumulation(data["qc"], q, qw, data["kc"], k, kw, tau, yoso_ops.COLLISION_EPSILON,
-                                        qm, km)
-    scale = _collision_scale(data["qc"], q, qw, data["kc"], k, kw, tau, qm, km)
+    return dict(qc=data["qc"], q=q, qw=qw, qm=qm, kc=data["kc"], k=k, kw=kw, km=km, tau=case["hash_code_len"])
+
+
+def _collision(d, implementation):
+    return yoso_ops._collision(d["qm"], d["qc"], d["q"], d["qw"], d["km"], d["kc"], d["k"], d["kw"], d["tau"],
+                               implementation)
+
+
+def _collision_bound(d):
+    return _collision_scale(d["qc"], d["q"], d["qw"], d["kc"], d["k"], d["kw"], d["tau"], d["qm"], d["km"])
+
+
+@given(case=cumulations(max_width=4), dim=st.integers(4, 8))
+def test_collision_cumulation_custom_op_composite_and_numpy_agree(case, dim):
+    d = _collision_data(case, dim)
+    expected = ref.collision_cumulation(d["qc"], d["q"], d["qw"], d["kc"], d["k"], d["kw"], d["tau"],
+                                        yoso_ops.COLLISION_EPSILON, d["qm"], d["km"])
     for implementation in IMPLEMENTATIONS:
-        out = yoso_ops._collision(qm, data["qc"], q, qw, km, data["kc"], k, kw, tau, implementation)
-        _assert_close(out, expected, 100 * scale, tf.float32, f"collision {implementation}")
+        _assert_close(_collision(d, implementation), expected, 100 * _collision_bound(d), tf.float32,
+                      f"collision {implementation}")
+
+
+@given(case=cumulations(max_width=4), dim=st.integers(4, 8), permutation_seed=st.integers(0, 2 ** 32 - 1))
+def test_collision_estimator_is_unchanged_by_permuting_keys_with_their_codes_and_weights(case, dim,
+                                                                                       permutation_seed):
+    d = _collision_data(case, dim)
+    order = np.random.default_rng(permutation_seed).permutation(case["nk"])
+    permuted = dict(d, kc=d["kc"][:, :, order], k=d["k"][:, order], kw=d["kw"][:, order], km=d["km"][:, order])
+    for implementation in IMPLEMENTATIONS:
+        original = _collision(d, implementation).numpy().astype(np.float64)
+        _assert_close(_collision(permuted, implementation), original, 200 * _collision_bound(d), tf.float32,
+                      f"collision {implementation}")
+
+
+@given(case=cumulations(max_width=4), dim=st.integers(4, 8), garbage_seed=st.integers(0, 2 ** 32 - 1))
+def test_collision_estimator_ignores_masked_keys_whatever_their_codes_and_content(case, dim, garbage_seed):
+    d = _collision_data(case, dim)
+    rng = np.random.default_rng(garbage_seed)
+    masked = d["km"] == 0
+    garbage = dict(d, kc=d["kc"].copy(), k=d["k"].copy(), kw=d["kw"].copy())
+    garbage["kc"][np.broadcast_to(masked[:, None, :], d["kc"].shape)] = rng.integers(
+        0, 2 ** d["tau"], size=int(masked.sum()) * case["num_hashes"])
+    for name in ("k", "kw"):
+        garbage[name][masked] = rng.choice([np.nan, np.inf, -np.inf, 3e4], size=garbage[name][masked].shape)
+    for implementation in IMPLEMENTATIONS:
+        clean, dirty = _collision(d, implementation).numpy(), _collision(garbage, implementation).numpy()
+        assert np.array_equal(clean, dirty), f"collision {implementation}: a masked key changed the output"
+        assert (dirty[d["qm"] == 0] == 0).all(), f"collision {implementation}: a masked query is not 0"
 
 
 @given(case=cumulations(max_width=4), dim=st.integers(4, 8), backward=st.sampled_from(yoso_ops.BACKWARDS))
