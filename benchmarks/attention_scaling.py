@@ -148,10 +148,10 @@ def main():
                 if (method, length) in ok and ("mha", length) in ok:
                     a, b = ok[(method, length)], ok[("mha", length)]
                     macs = [multiply_adds(m, length, args.heads, args.key_dim) for m in (method, "mha")]
-                    ceiling = (f", multiply-add ratio {macs[1] / macs[0]:.1f}x" if None not in macs and not args.model
-                               else "")
+                    arithmetic = (f", multiply-add ratio {macs[1] / macs[0]:.1f}x"
+                                  if None not in macs and not args.model else "")
                     print(f"{method} vs mha at {length}: speedup {b['seconds'] / a['seconds']:.1f}x, "
-                          f"{a['peak_rss_mib'] / b['peak_rss_mib']:.2f}x the peak memory{ceiling}")
+                          f"{a['peak_rss_mib'] / b['peak_rss_mib']:.2f}x the peak memory{arithmetic}")
 
     os.makedirs(args.out_dir, exist_ok=True)
     with open(os.path.join(args.out_dir, f"{name}.json"), "w") as f:

@@ -31,14 +31,16 @@ def _run_python(code, tmp_path):
     return result.stdout
 
 
+def _project(layer, dense, x):
+    """`[B, T, dim]` through one of the layer's EinsumDense projections, in NumPy: `[B, T, heads, size]`."""
+    out = np.einsum("btd,dnh->btnh", x, dense.kernel.numpy())
+    return out + dense.bias.numpy() if layer.use_bias else out
+
+
 def _dense_layer_reference(layer, query, value, key, query_mask, key_mask, causal):
     """The layer's output from its weights and the dense NumPy oracle of eq. 9-11, head by head."""
-    def project(dense, x):
-        kernel = dense.kernel.numpy()
-        out = np.einsum("btd,dnh->btnh", x, kernel)
-        return out + dense.bias.numpy() if layer.use_bias else out
-
-    q, k, v = project(layer.query_dense, query), project(layer.key_dense, key), project(layer.value_dense, value)
+    q, k, v = (_project(layer, dense, x) for dense, x in
+               ((layer.query_dense, query), (layer.key_dense, key), (layer.value_dense, value)))
     rel = None if layer.relative_embeddings is None else layer.relative_embeddings.numpy()
     heads = []
     for h in range(layer.num_heads):
@@ -111,11 +113,8 @@ def test_layer_gradients_match_dense_oracle_per_head(lengths, padding, causal):
 
     w = {name: dense.kernel.numpy() for name, dense in (("q", layer.query_dense), ("k", layer.key_dense),
                                                         ("v", layer.value_dense), ("o", layer.output_dense))}
-    b = {name: dense.bias.numpy() for name, dense in (("q", layer.query_dense), ("k", layer.key_dense),
-                                                      ("v", layer.value_dense))}
-    q = np.einsum("btd,dnh->btnh", query, w["q"]) + b["q"]
-    k = np.einsum("btd,dnh->btnh", value, w["k"]) + b["k"]
-    v = np.einsum("btd,dnh->btnh", value, w["v"]) + b["v"]
+    q, k, v = (_project(layer, dense, x) for dense, x in
+               ((layer.query_dense, query), (layer.key_dense, value), (layer.value_dense, value)))
     head_grad = np.einsum("bto,nho->btnh", out_grad, w["o"])
     rel = layer.relative_embeddings.numpy()
     want_query, want_value, want_rel = np.zeros(query.shape), np.zeros(value.shape), np.zeros(rel.shape)

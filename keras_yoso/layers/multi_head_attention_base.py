@@ -323,7 +323,8 @@ class MultiHeadAttentionBase(keras.layers.Layer):
         return_attention_scores=False,
     ):
         self._check_call_options(return_attention_scores, use_causal_mask)
-        if key is None:
+        key_is_value = key is None
+        if key_is_value:
             key = value
         query_mask = _bool_mask(query_mask if query_mask is not None else _keras_mask(query))
         value_mask = _bool_mask(value_mask if value_mask is not None else _keras_mask(value))
@@ -350,8 +351,8 @@ class MultiHeadAttentionBase(keras.layers.Layer):
         # Padded rows are zeroed before the projections (tf.where, not a product), so their content,
         # even NaN or Inf, reaches no output and no gradient (of the weights either).
         query = _zero_padded_rows(query, query_mask)
-        key = _zero_padded_rows(key, key_mask)
         value = _zero_padded_rows(value, key_mask)
+        key = value if key_is_value else _zero_padded_rows(key, key_mask)
         # [B, N, heads, dim], then the attention core in float32.
         query_heads = tf.cast(self._query_dense(query), tf.float32)
         key_heads = tf.cast(self._key_dense(key), tf.float32)
