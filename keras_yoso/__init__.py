@@ -1,8 +1,9 @@
-"""keras-yoso: linear-cost attention for long sequences in Keras 3 / TensorFlow.
+"""keras-yoso: linear-cost attention for long sequences in Keras 3 (TensorFlow, JAX, PyTorch).
 
-Importing the package loads the compiled TensorFlow ops (so SavedModels that
-use them can be loaded afterwards) and falls back to pure-TF composites with a
-warning if they cannot be loaded.
+On the TensorFlow backend, importing the package loads the compiled custom ops (so SavedModels
+that use them load afterwards) and falls back to the `keras.ops` composite with a warning if they
+cannot be loaded. On JAX and PyTorch every op runs on the composite; TensorFlow need not be
+installed.
 """
 
 from keras_yoso import layers
@@ -11,6 +12,6 @@ from keras_yoso.layers import LinearRelativeAttention
 from keras_yoso.layers import TransformerEncoderBlock
 from keras_yoso.layers import YosoAttention
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = ["LinearRelativeAttention", "TransformerEncoderBlock", "YosoAttention", "layers", "ops"]

@@ -1,16 +1,45 @@
-"""Shared fixtures: tests import the NumPy reference from this directory."""
+"""Shared helpers of the test suite, on every Keras backend.
+
+The suite runs on the backend of KERAS_BACKEND (CI: tensorflow, then jax, then torch).
+Modules named `test_tf_*.py` test TensorFlow-only things (custom ops, graphs, SavedModels) and
+are collected only on the TensorFlow backend; every other module runs on all three.
+
+A broken build fails the suite instead of skipping: on TensorFlow, with keras_yoso's custom ops
+expected (TensorFlow importable and KERAS_YOSO_DISABLE_CUSTOM_OPS unset), the `implementation`
+fixture includes "custom_op" whether or not the library loaded, so every op test fails with the
+load error when it did not.
+"""
 
 import os
+import subprocess
 import sys
+import textwrap
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 from hypothesis import HealthCheck, settings  # noqa: E402
 
 from keras_yoso import ops  # noqa: E402
+
+BACKEND = keras.backend.backend()
+TENSORFLOW = BACKEND == "tensorflow"
+CUSTOM_OPS_EXPECTED = TENSORFLOW and os.environ.get("KERAS_YOSO_DISABLE_CUSTOM_OPS", "0") != "1"
+IMPLEMENTATIONS = ["custom_op", "composite"] if CUSTOM_OPS_EXPECTED else ["composite"]
+# The exception of a failed check that needs the data (codes in range, a padding mask).
+if TENSORFLOW:
+    import tensorflow as tf
+
+    DATA_ERROR = tf.errors.InvalidArgumentError
+else:
+    DATA_ERROR = ValueError
+
+collect_ignore_glob = [] if TENSORFLOW else ["test_tf_*.py"]
+
+requires_tensorflow = pytest.mark.skipif(not TENSORFLOW, reason="TensorFlow backend only")
 
 # Hypothesis profiles of the property tests. "default" is bounded and reproducible (the same
 # examples on every run, nothing written to disk), so the default suite stays fast and stable;
@@ -22,12 +51,20 @@ settings.register_profile("default", max_examples=25, deadline=None, derandomize
 settings.register_profile("long", max_examples=1000, deadline=None, print_blob=True,
                           suppress_health_check=_NOT_TOO_SLOW)
 
-IMPLEMENTATIONS = ["custom_op", "composite"] if ops.custom_ops_available() else ["composite"]
-
 
 @pytest.fixture(params=IMPLEMENTATIONS)
 def implementation(request):
     return request.param
+
+
+def to_numpy(x):
+    """A backend tensor (or anything array-like) as a NumPy array; bfloat16/float16 as float32."""
+    array = np.asarray(keras.ops.convert_to_numpy(keras.ops.cast(x, "float32") if _is_half(x) else x))
+    return array
+
+
+def _is_half(x):
+    return hasattr(x, "dtype") and keras.backend.standardize_dtype(x.dtype) in ("float16", "bfloat16")
 
 
 def unit_rows(rng, shape):
@@ -41,3 +78,100 @@ def random_mask(rng, kind, batch, length):
     if kind == "zeros":
         return np.zeros((batch, length), bool)
     return rng.random((batch, length)) > 0.3
+
+
+def vjp(fn, arrays, cotangent):
+    """(fn(*arrays), gradients of sum(fn(*arrays) * cotangent) w.r.t. each array), as NumPy, on the
+    running backend's own autodiff (TensorFlow GradientTape, jax.vjp, torch autograd)."""
+    cotangent = np.asarray(cotangent, np.float32)
+    if BACKEND == "jax":
+        import jax
+
+        out, pullback = jax.vjp(fn, *[keras.ops.convert_to_tensor(a) for a in arrays])
+        grads = pullback(keras.ops.cast(cotangent, out.dtype))
+        return to_numpy(out), [to_numpy(g) for g in grads]
+    if BACKEND == "torch":
+        import torch
+
+        tensors = [torch.tensor(np.asarray(a), requires_grad=True) for a in arrays]
+        out = fn(*tensors)
+        (out.float() * torch.tensor(cotangent)).sum().backward()
+        return to_numpy(out.detach()), [np.zeros(t.shape, np.float32) if t.grad is None else to_numpy(t.grad)
+                                         for t in tensors]
+    tensors = [tf.constant(a) for a in arrays]
+    with tf.GradientTape() as tape:
+        tape.watch(tensors)
+        out = fn(*tensors)
+        loss = tf.reduce_sum(tf.cast(out, tf.float32) * cotangent)
+    return to_numpy(out), [np.zeros(t.shape, np.float32) if g is None else to_numpy(g)
+                           for t, g in zip(tensors, tape.gradient(loss, tensors))]
+
+
+def trainable_gradients(layer, loss_fn):
+    """(loss, {variable path: gradient}) of loss_fn() w.r.t. layer.trainable_variables, on the
+    running backend (loss_fn calls the layer)."""
+    variables = layer.trainable_variables
+    if BACKEND == "jax":
+        import jax
+
+        values = [v.value for v in variables]
+
+        def loss_of(values):
+            with keras.StatelessScope(state_mapping=list(zip(variables, values))):
+                return loss_fn()
+
+        loss, grads = jax.value_and_grad(loss_of)(values)
+    elif BACKEND == "torch":
+        for v in variables:
+            v.value.grad = None
+        loss = loss_fn()
+        loss.backward()
+        grads = [v.value.grad for v in variables]
+    else:
+        with tf.GradientTape() as tape:
+            loss = loss_fn()
+        grads = tape.gradient(loss, variables)
+    return float(to_numpy(loss)), {v.path: None if g is None else to_numpy(g) for v, g in zip(variables, grads)}
+
+
+def numerical_jacobian_check(fn, arrays, delta=1e-3, atol=2e-3, rtol=2e-3):
+    """Compares the backend's gradients of fn with central differences of fn, in float64 NumPy
+    around float32 evaluations, for a random cotangent."""
+    rng = np.random.default_rng(0)
+    cotangent = rng.normal(size=np.shape(to_numpy(fn(*arrays)))).astype(np.float32)
+    _, grads = vjp(fn, arrays, cotangent)
+    for index, array in enumerate(arrays):
+        numeric = np.zeros(np.shape(array))
+        for position in np.ndindex(*np.shape(array)):
+            shifted = [np.array(a, copy=True) for a in arrays]
+            shifted[index][position] += delta
+            up = to_numpy(fn(*shifted))
+            shifted[index][position] -= 2 * delta
+            down = to_numpy(fn(*shifted))
+            numeric[position] = np.sum((up.astype(np.float64) - down) * cotangent) / (2 * delta)
+        np.testing.assert_allclose(grads[index], numeric, atol=atol, rtol=rtol, err_msg=f"gradient {index}")
+
+
+def run_python(code, cwd, backend=None, env=None, timeout=300):
+    """Runs `code` in a fresh interpreter (so it imports only what it names), on `backend` (default:
+    this one); returns stdout, and fails with the interpreter's stderr."""
+    environment = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", KERAS_BACKEND=backend or BACKEND, **(env or {}))
+    result = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=cwd, env=environment,
+                            capture_output=True, text=True, timeout=timeout)
+    assert result.returncode == 0, f"stdout:\n{result.stdout}\nstderr:\n{result.stderr[-6000:]}"
+    return result.stdout
+
+
+def lengths_mask(lengths, length):
+    """[B, length] bool: row b keeps its first lengths[b] positions."""
+    return np.arange(length)[None, :] < np.asarray(lengths)[:, None]
+
+
+def cast(array, dtype):
+    """A NumPy array as a backend tensor of `dtype` ("float16", "bfloat16", ...)."""
+    return keras.ops.cast(keras.ops.convert_to_tensor(np.asarray(array, np.float32)), dtype)
+
+
+def rounded(array, dtype):
+    """`array` rounded to `dtype` and back to float32 NumPy (what an op of that dtype sees)."""
+    return to_numpy(cast(array, dtype))

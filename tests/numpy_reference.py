@@ -56,6 +56,16 @@ def hadamard_hash_codes(x, signs, num_hashes, hash_code_len):
     return _pack_bits(np.concatenate(blocks, -1) > 0, num_hashes, hash_code_len)
 
 
+def hadamard_projection_matrix(signs, dim):
+    """[dim, num_blocks * padded_dim]: column q p + r is row r of H D3 H D2 H D1 of block q (its first
+    dim columns), so x @ matrix is the block transforms of x zero-padded to p."""
+    signs = np.asarray(signs, np.float64)
+    num_blocks, _, padded_dim = signs.shape
+    h = hadamard_matrix(padded_dim)
+    blocks = [h @ np.diag(signs[q, 2]) @ h @ np.diag(signs[q, 1]) @ h @ np.diag(signs[q, 0]) for q in range(num_blocks)]
+    return np.concatenate([block[:, :dim].T for block in blocks], axis=1)
+
+
 def collision_counts(query_codes, key_codes):
     """c[b, i, j] = number of hashes where query i and key j share a code."""
     qc = np.asarray(query_codes)

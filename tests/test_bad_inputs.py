@@ -1,18 +1,23 @@
 """The bad-input contract of docs/errors.md ("Ops"), row by row, and the NaN/Inf policy.
 
-Every row runs on the custom op and the composite, eagerly and inside a `tf.function` whose
-input signature leaves the dimensions unknown (None), where a shape check moves from graph
-construction (ValueError) to run time (InvalidArgumentError, same message).
+Every row runs eagerly on every backend, and on TensorFlow on the custom op and the composite,
+also inside a `tf.function` whose input signature leaves the dimensions unknown (None), where a
+shape check moves from graph construction (ValueError) to run time (InvalidArgumentError, same
+message). Checks that need the data raise `DATA_ERROR` (InvalidArgumentError on TensorFlow,
+ValueError elsewhere).
 """
 
 import numpy as np
 import pytest
-import tensorflow as tf
 
-from conftest import IMPLEMENTATIONS
+from conftest import DATA_ERROR, IMPLEMENTATIONS, TENSORFLOW, requires_tensorflow, to_numpy
+from keras_yoso import _validation
 from keras_yoso import ops
-from keras_yoso.ops import _library
-from keras_yoso.ops import yoso as yoso_ops
+
+if TENSORFLOW:
+    import tensorflow as tf
+
+MODES = ["eager", "unknown_dims"] if TENSORFLOW else ["eager"]
 
 QC = np.zeros((2, 3, 5), np.int32)
 KC = np.zeros((2, 3, 6), np.int32)
@@ -23,9 +28,6 @@ QW = np.ones((2, 5, 2), np.float32)
 KW = np.ones((2, 6, 2), np.float32)
 QM = np.ones((2, 5), bool)
 KM = np.ones((2, 6), bool)
-IDE = (ValueError, tf.errors.InvalidArgumentError)
-
-
 def _spec(array, keep):
     """A TensorSpec with every dim unknown, except the axes in `keep` (None: unknown rank)."""
     if keep is None:
@@ -108,9 +110,6 @@ SHAPE_ROWS = {
     "weight_widths": (lambda i: _weighted(i, kw=np.ones((2, 6, 3), np.float32)),
                       r"weight widths \(axis 2 of query_weight and key_weight\) must agree"),
     "query_weight_length": (lambda i: _weighted(i, qw=np.ones((2, 4, 2), np.float32)), r"query lengths must agree"),
-    "bucket_table": (lambda i: _weighted(i, qw=np.ones((2, 5, 32), np.float32), kw=np.ones((2, 6, 32), np.float32),
-                                         v=np.ones((2, 6, 16), np.float32), num_buckets=2 ** 20),
-                     r"bucket table of the weighted LSH cumulation.* exceeds the limit of 2\*\*28 floats"),
     "yoso_query_key_widths": (lambda i: _yoso(i, k=np.ones((2, 6, 7), np.float32)),
                               r"query and key widths \(axis 2\) must agree"),
     "yoso_query_length": (lambda i: _yoso(i, q=np.ones((2, 4, 8), np.float32)), r"query lengths must agree"),
@@ -137,7 +136,7 @@ SHAPE_ROWS = {
 
 
 @pytest.mark.parametrize("row", sorted(SHAPE_ROWS))
-@pytest.mark.parametrize("mode", ["eager", "unknown_dims"])
+@pytest.mark.parametrize("mode", MODES)
 def test_shape_row(implementation, row, mode):
     build, message = SHAPE_ROWS[row]
     fn, arrays, keep = build(implementation)
@@ -166,6 +165,8 @@ def test_rank_row(implementation, row):
     fn, arrays, keep = build(implementation)
     with pytest.raises(ValueError, match=message):
         _run(fn, arrays, keep, "eager")
+    if not TENSORFLOW:
+        return
     keep = list(keep)
     keep[index] = None
     shape = ",".join(str(d) for d in arrays[index].shape)
@@ -177,6 +178,8 @@ def test_codes_of_wrong_rank(implementation):
     fn, arrays, keep = _lsh(implementation, qc=np.zeros((2, 5), np.int32))
     with pytest.raises(ValueError, match=r"query_codes must have shape \[batch, num_hashes, length\]"):
         _run(fn, arrays, keep, "eager")
+    if not TENSORFLOW:
+        return
     keep[0] = None
     if implementation == "composite":  # an unknown rank leaves num_hashes unknown: see the next row
         with pytest.raises(ValueError, match=r"num_hashes \(axis 1 of query_codes\) must be known"):
@@ -186,19 +189,21 @@ def test_codes_of_wrong_rank(implementation):
             _run(fn, arrays, keep, "unknown_rank")
 
 
+@requires_tensorflow
 def test_composite_needs_num_hashes_when_the_graph_is_built():
     fn, arrays, keep = _lsh("composite", keep=[NONE_KEEP, NONE_KEEP, NONE_KEEP, NONE_KEEP, NONE_KEEP])
     with pytest.raises(ValueError, match=r"num_hashes \(axis 1 of query_codes\) must be known when the graph is built"):
         _run(fn, arrays, keep, "unknown_dims")
 
 
-@pytest.mark.parametrize("mode", ["eager", "unknown_dims"])
+@pytest.mark.parametrize("mode", MODES)
 def test_zero_hashes(implementation, mode):
     fn, arrays, keep = _lsh(implementation, qc=np.zeros((2, 0, 5), np.int32), kc=np.zeros((2, 0, 6), np.int32))
     with pytest.raises(ValueError, match=r"query_codes must have num_hashes >= 1 \(axis 1\)"):
         _run(fn, arrays, keep, mode)
 
 
+@requires_tensorflow
 def test_zero_hashes_unknown_until_run_time_custom_op():
     if "custom_op" not in IMPLEMENTATIONS:
         pytest.skip("custom ops not built")
@@ -209,25 +214,25 @@ def test_zero_hashes_unknown_until_run_time_custom_op():
 
 # Value rows: InvalidArgumentError eagerly and in graphs (the check needs the data).
 @pytest.mark.parametrize("bad", [-1, 8, 2 ** 30, -(2 ** 31)])
-@pytest.mark.parametrize("mode", ["eager", "unknown_dims"])
+@pytest.mark.parametrize("mode", MODES)
 def test_codes_outside_bucket_range(implementation, bad, mode):
     qc = QC.copy()
     qc[1, 2, 4] = bad
-    with pytest.raises(tf.errors.InvalidArgumentError, match=r"query_codes .*\[0, num_buckets\) = \[0, 8\)"):
+    with pytest.raises(DATA_ERROR, match=r"query_codes .*\[0, num_buckets\) = \[0, 8\)"):
         _run(*_lsh(implementation, qc=qc), mode=mode)
     kc = KC.copy()
     kc[0, 0, 0] = bad
-    with pytest.raises(tf.errors.InvalidArgumentError, match=r"key_codes .*\[0, num_buckets\) = \[0, 8\)"):
+    with pytest.raises(DATA_ERROR, match=r"key_codes .*\[0, num_buckets\) = \[0, 8\)"):
         _run(*_weighted(implementation, kc=kc), mode=mode)
-    with pytest.raises(tf.errors.InvalidArgumentError, match=r"key_codes .*\[0, num_buckets\) = \[0, 8\)"):
+    with pytest.raises(DATA_ERROR, match=r"key_codes .*\[0, num_buckets\) = \[0, 8\)"):
         _run(*_yoso(implementation, kc=kc), mode=mode)
 
 
-@pytest.mark.parametrize("mode", ["eager", "unknown_dims"])
+@pytest.mark.parametrize("mode", MODES)
 def test_int64_codes_beyond_int32_do_not_wrap_into_range(implementation, mode):
     kc = KC.astype(np.int64)
     kc[1, 1, 1] = 2 ** 32 + 3  # int32 wrap-around would make this the valid code 3
-    with pytest.raises(tf.errors.InvalidArgumentError, match=r"key_codes must hold codes in \[0, num_buckets\)"):
+    with pytest.raises(DATA_ERROR, match=r"key_codes must hold codes in \[0, num_buckets\)"):
         _run(*_lsh(implementation, kc=kc), mode=mode)
 
 
@@ -277,7 +282,7 @@ ARGUMENT_ROWS = {
 
 
 @pytest.mark.parametrize("row", sorted(ARGUMENT_ROWS))
-@pytest.mark.parametrize("mode", ["eager", "unknown_dims"])
+@pytest.mark.parametrize("mode", MODES)
 def test_argument_row(implementation, row, mode):
     build, error, message = ARGUMENT_ROWS[row]
     fn, arrays, keep = build(implementation)
@@ -294,33 +299,48 @@ def test_unknown_implementation(implementation):
 
 
 def test_custom_op_requested_without_the_library(monkeypatch):
-    monkeypatch.setattr(_library, "_library", None)
-    monkeypatch.setattr(_library, "_load_error", "disabled for this test")
+    from keras_yoso.ops import _dispatch
+    monkeypatch.setattr(_dispatch, "native_provider", lambda: (None, "disabled for this test"))
     with pytest.raises(RuntimeError, match=r"implementation='custom_op' but the keras_yoso op library is not "
                                            r"loaded: disabled for this test"):
         ops.hash_codes(np.ones((1, 2, 3), np.float32), 2, 3, 0, implementation="custom_op")
     assert ops.lsh_cumulation(QC, KC, V, 8).shape == (2, 5, 4)  # "auto" falls back to the composite
 
 
-def test_yoso_cumulation_lower_bound_backward_splits_a_table_over_the_limit(implementation):
-    # 2**20 buckets, value width 64, key width 32: one weighted table would be 2**31 floats.
-    rng = np.random.default_rng(0)
-    q, k = (tf.constant(rng.normal(size=(1, n, 32)).astype(np.float32)) for n in (3, 4))
-    v = tf.constant(rng.normal(size=(1, 4, 64)).astype(np.float32))
-    qc, kc = np.array([[[5, 7, 9]]], np.int32), np.array([[[5, 1, 9, 5]]], np.int32)
-    with tf.GradientTape() as tape:
-        tape.watch([q, k, v])
-        out = ops.yoso_cumulation(q, k, v, qc, kc, 20, implementation=implementation)
-    dq, dk, dv = tape.gradient(out, [q, k, v])
+def test_yoso_cumulation_backward_with_2_pow_20_buckets_and_wide_heads(implementation):
+    # 2**20 buckets, value width 64, key width 32: the custom op's bucket tables stay per bucket.
+    from conftest import vjp
     import numpy_reference as ref
-    want = ref.yoso_lower_bound_gradients(q.numpy(), k.numpy(), v.numpy(), qc, kc, 20, np.ones((1, 3, 64)))
-    for got, expected in zip((dq, dk, dv), want):
-        np.testing.assert_allclose(got.numpy(), expected, rtol=1e-5, atol=1e-4)
+    rng = np.random.default_rng(0)
+    q, k = (rng.normal(size=(1, n, 32)).astype(np.float32) for n in (3, 4))
+    v = rng.normal(size=(1, 4, 64)).astype(np.float32)
+    qc, kc = np.array([[[5, 7, 9]]], np.int32), np.array([[[5, 1, 9, 5]]], np.int32)
+    _, grads = vjp(lambda a, b, c: ops.yoso_cumulation(a, b, c, qc, kc, 20, implementation=implementation),
+                   [q, k, v], np.ones((1, 3, 64)))
+    want = ref.yoso_lower_bound_gradients(q, k, v, qc, kc, 20, np.ones((1, 3, 64)))
+    for got, expected in zip(grads, want):
+        np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-4)
 
 
+@requires_tensorflow
+def test_custom_op_per_bucket_table_over_the_limit_raises_before_allocating():
+    if "custom_op" not in IMPLEMENTATIONS:
+        pytest.skip("TensorFlow custom ops disabled")
+    fn, arrays, keep = _weighted("custom_op", qw=np.ones((2, 5, 2 ** 15), np.float32),
+                                 kw=np.ones((2, 6, 2 ** 15), np.float32), v=np.ones((2, 6, 2 ** 14), np.float32))
+    message = r"per-bucket table of the weighted LSH cumulation, weight_dim \* value_dim = 32768 \* 16384 .* 2\*\*28"
+    with pytest.raises(ValueError, match=message):
+        _run(fn, arrays, keep, "eager")
+    with pytest.raises(tf.errors.InvalidArgumentError, match=message):
+        _run(fn, arrays, [CODES_KEEP, NONE_KEEP, CODES_KEEP, NONE_KEEP, NONE_KEEP], "unknown_dims")
+
+
+@requires_tensorflow
 def test_raw_custom_op_rejects_bad_shapes_without_crashing():
-    if not ops.custom_ops_available():
-        pytest.skip("custom ops not built")
+    if "custom_op" not in IMPLEMENTATIONS:
+        pytest.skip("TensorFlow custom ops disabled")
+    from keras_yoso.ops import _library
+    IDE = (ValueError, tf.errors.InvalidArgumentError)
     lib = _library.library()
     mask5, mask6 = np.ones((2, 5), np.float32), np.ones((2, 6), np.float32)
     with pytest.raises(IDE, match="num_hashes|key_codes|Dimension"):
@@ -348,8 +368,10 @@ def test_raw_custom_op_rejects_bad_shapes_without_crashing():
                                       epsilon=1e-6)
 
 
-@pytest.mark.skipif(not tf.config.list_physical_devices("GPU"), reason="needs a GPU")
+@requires_tensorflow
 def test_gpu_hadamard_hash_rejects_a_padded_dim_over_8192():
+    if not tf.config.list_physical_devices("GPU"):
+        pytest.skip("needs a GPU")
     if "custom_op" not in IMPLEMENTATIONS:
         pytest.skip("custom ops not built")
     with tf.device("GPU:0"), pytest.raises(tf.errors.InvalidArgumentError, match=r"padded_dim = 16384 .* 8192"):
@@ -375,10 +397,10 @@ def test_a_nonfinite_value_reaches_only_the_queries_that_collide_with_it(impleme
 
     def run(v, kw):
         if op == "lsh":
-            return ops.lsh_cumulation(qc, kc, v, 4, implementation=implementation).numpy()
+            return to_numpy(ops.lsh_cumulation(qc, kc, v, 4, implementation=implementation))
         if op == "yoso":
-            return ops.yoso_cumulation(q, k, v, qc, kc, 2, implementation=implementation).numpy()
-        return ops.weighted_lsh_cumulation(qc, qw, kc, kw, v, 4, implementation=implementation).numpy()
+            return to_numpy(ops.yoso_cumulation(q, k, v, qc, kc, 2, implementation=implementation))
+        return to_numpy(ops.weighted_lsh_cumulation(qc, qw, kc, kw, v, 4, implementation=implementation))
 
     clean = run(v, kw)
     dirty_v, dirty_kw = v.copy(), kw.copy()
@@ -395,9 +417,9 @@ def test_a_nonfinite_query_weight_makes_only_its_own_row_nonfinite(implementatio
     qc, kc = rng.integers(0, 4, size=(1, 2, 6)).astype(np.int32), rng.integers(0, 4, size=(1, 2, 5)).astype(np.int32)
     qw, kw = rng.normal(size=(1, 6, 2)).astype(np.float32), rng.normal(size=(1, 5, 2)).astype(np.float32)
     v = rng.normal(size=(1, 5, 3)).astype(np.float32)
-    clean = ops.weighted_lsh_cumulation(qc, qw, kc, kw, v, 4, implementation=implementation).numpy()
+    clean = to_numpy(ops.weighted_lsh_cumulation(qc, qw, kc, kw, v, 4, implementation=implementation))
     qw[0, 2, 1] = np.nan
-    dirty = ops.weighted_lsh_cumulation(qc, qw, kc, kw, v, 4, implementation=implementation).numpy()
+    dirty = to_numpy(ops.weighted_lsh_cumulation(qc, qw, kc, kw, v, 4, implementation=implementation))
     assert np.isnan(dirty[0, 2]).all()
     assert np.array_equal(np.delete(dirty, 2, 1), np.delete(clean, 2, 1))
 
@@ -409,7 +431,8 @@ def test_collision_estimator_spreads_a_nonfinite_key_only_to_colliding_queries(i
     q, k = rng.normal(size=(1, 6, 4)).astype(np.float32), rng.normal(size=(1, 5, 4)).astype(np.float32)
     qw, kw = rng.normal(size=(1, 6, 2)).astype(np.float32), rng.normal(size=(1, 5, 2)).astype(np.float32)
     ones_q, ones_k = np.ones((1, 6), np.float32), np.ones((1, 5), np.float32)
-    run = lambda k: yoso_ops._collision(ones_q, qc, q, qw, ones_k, kc, k, kw, 2, implementation).numpy()  # noqa: E731
+    run = lambda k: to_numpy(ops.collision_cumulation(qc, q, qw, kc, k, kw, 2, ones_q, ones_k,  # noqa: E731
+                                                      implementation=implementation))
     clean = run(k)
     k[0, 3, 2] = special
     dirty = run(k)
@@ -419,9 +442,10 @@ def test_collision_estimator_spreads_a_nonfinite_key_only_to_colliding_queries(i
     assert not np.isfinite(dirty[0, reached, 2]).any()
 
 
+@requires_tensorflow
 def test_nonfinite_collision_sums_agree_between_custom_op_and_composite():
     if "custom_op" not in IMPLEMENTATIONS:
-        pytest.skip("custom ops not built")
+        pytest.skip("TensorFlow custom ops disabled")
     rng = np.random.default_rng(4)
     qc, kc = np.zeros((1, 1, 3), np.int32), np.zeros((1, 1, 4), np.int32)
     q = np.full((1, 3, 2), 0.5 ** 0.5, np.float32)
@@ -430,25 +454,33 @@ def test_nonfinite_collision_sums_agree_between_custom_op_and_composite():
     qw = np.array([[[1.0], [-1.0], [0.0]]], np.float32)  # weights > 0, < 0 and == 0 (0 * Inf = NaN)
     kw = np.ones((1, 4, 1), np.float32)
     ones_q, ones_k = np.ones((1, 3), np.float32), np.ones((1, 4), np.float32)
-    outs = [yoso_ops._collision(ones_q, qc, q, qw, ones_k, kc, k, kw, 2, impl).numpy() for impl in IMPLEMENTATIONS]
+    outs = [to_numpy(ops.collision_cumulation(qc, q, qw, kc, k, kw, 2, ones_q, ones_k, implementation=impl))
+            for impl in IMPLEMENTATIONS]
     np.testing.assert_array_equal(np.isnan(outs[0]), np.isnan(outs[1]))
     np.testing.assert_array_equal(np.isposinf(outs[0]), np.isposinf(outs[1]))
     np.testing.assert_array_equal(np.isneginf(outs[0]), np.isneginf(outs[1]))
 
 
-@pytest.mark.parametrize("method", yoso_ops.HASH_METHODS)
+@pytest.mark.parametrize("method", _validation.HASH_METHODS)
 def test_nan_in_a_hash_input_gives_code_zero_and_inf_a_defined_code(implementation, method):
     x = np.random.default_rng(5).normal(size=(2, 6, 5)).astype(np.float32)
     x[0, 1, 3] = np.nan
     x[1, 2, 0] = np.inf
     x[1, 4, :] = -np.inf
-    codes = ops.hash_codes(x, 4, 6, seed=1, method=method, implementation=implementation).numpy()
+    codes = to_numpy(ops.hash_codes(x, 4, 6, seed=1, method=method, implementation=implementation))
     assert (codes[0, :, 1] == 0).all()
     assert codes.min() >= 0 and codes.max() < 2 ** 6
+    finite_rows = np.isfinite(x).all(axis=-1)
     if "custom_op" in IMPLEMENTATIONS:
         other = "composite" if implementation == "custom_op" else "custom_op"
-        np.testing.assert_array_equal(codes, ops.hash_codes(x, 4, 6, seed=1, method=method,
-                                                            implementation=other).numpy())
+        other_codes = to_numpy(ops.hash_codes(x, 4, 6, seed=1, method=method, implementation=other))
+        # Finite rows agree; so do NaN rows (code 0). With +-Inf the Gaussian projections agree
+        # (IEEE sums of the same terms), the Hadamard ones may not: the composite multiplies by the
+        # transform's matrix, whose zero entries make Inf * 0 = NaN where the kernel's butterflies
+        # produce +-Inf (docs/errors.md, "NaN and Inf").
+        rows = np.ones_like(finite_rows) if method == "gaussian" else finite_rows
+        rows[0, 1] = True
+        np.testing.assert_array_equal(codes.transpose(0, 2, 1)[rows], other_codes.transpose(0, 2, 1)[rows])
 
 
 def test_nan_in_masked_keys_never_reaches_the_output(implementation):
@@ -456,7 +488,7 @@ def test_nan_in_masked_keys_never_reaches_the_output(implementation):
     v[:, 5] = np.nan
     km = np.ones((2, 6), bool)
     km[:, 5] = False
-    out = ops.lsh_cumulation(QC, KC, v, 8, key_mask=km, implementation=implementation).numpy()
+    out = to_numpy(ops.lsh_cumulation(QC, KC, v, 8, key_mask=km, implementation=implementation))
     assert np.isfinite(out).all()
     np.testing.assert_allclose(out, np.full((2, 5, 4), 5.0), rtol=1e-6)
 
@@ -466,8 +498,8 @@ def test_yoso_expectation_is_dense_so_a_nonfinite_kept_value_reaches_every_query
     q, k = rng.normal(size=(1, 4, 3)).astype(np.float32), rng.normal(size=(1, 5, 3)).astype(np.float32)
     v = rng.normal(size=(1, 5, 2)).astype(np.float32)
     v[0, 2, 1] = np.nan
-    out = ops.yoso_expectation(q, k, v, 4).numpy()
+    out = to_numpy(ops.yoso_expectation(q, k, v, 4))
     assert np.isnan(out[0, :, 1]).all() and np.isfinite(out[0, :, 0]).all()
     km = np.ones((1, 5), bool)
     km[0, 2] = False
-    assert np.isfinite(ops.yoso_expectation(q, k, v, 4, key_mask=km).numpy()).all()
+    assert np.isfinite(to_numpy(ops.yoso_expectation(q, k, v, 4, key_mask=km))).all()

@@ -16,21 +16,21 @@ The default profile runs 25 examples per property (see conftest.py);
 `pytest tests/test_op_properties.py --hypothesis-profile=long` runs 1000.
 """
 
+import keras
 import numpy as np
 import pytest
-import tensorflow as tf
 from hypothesis import given
 from hypothesis import strategies as st
 
 import numpy_reference as ref
-from conftest import IMPLEMENTATIONS
+from conftest import IMPLEMENTATIONS, cast, to_numpy, vjp
+from keras_yoso import _validation
 from keras_yoso import ops
-from keras_yoso.ops import yoso as yoso_ops
 
-DTYPES = {"float32": tf.float32, "float16": tf.float16, "bfloat16": tf.bfloat16}
+DTYPES = ("bfloat16", "float16", "float32")
 # |output - reference| <= RTOL * (the reference computed on |inputs|) + ATOL: float32 sums plus
 # the rounding of the output (and, for the linearity test, of the mixed value) to the dtype.
-RTOL = {tf.float32: 2e-5, tf.float16: 4e-3, tf.bfloat16: 3e-2}
+RTOL = {"float32": 2e-5, "float16": 4e-3, "bfloat16": 3e-2}
 ATOL = 1e-6
 
 
@@ -45,7 +45,7 @@ def cumulations(draw, max_length=12, max_width=5):
         nk=draw(st.integers(0, max_length)),
         value_dim=draw(st.integers(0, max_width)),
         weight_dim=draw(st.integers(0, 4)),
-        dtype=DTYPES[draw(st.sampled_from(sorted(DTYPES)))],
+        dtype=draw(st.sampled_from(DTYPES)),
         query_mask=draw(st.sampled_from(["none", "random", "zeros"])),
         key_mask=draw(st.sampled_from(["none", "random", "zeros"])),
         seed=draw(st.integers(0, 2 ** 32 - 1)),
@@ -54,7 +54,7 @@ def cumulations(draw, max_length=12, max_width=5):
 
 def _rounded(x, dtype):
     """x rounded to dtype, as float32 NumPy (what the op sees, and what the reference uses)."""
-    return tf.cast(tf.cast(x, dtype), tf.float32).numpy()
+    return to_numpy(cast(x, dtype))
 
 
 def _mask(rng, kind, batch, length):
@@ -85,15 +85,15 @@ def _data(case):
 
 def _lsh(case, data, implementation, value=None):
     value = data["value"] if value is None else value
-    return ops.lsh_cumulation(data["qc"], data["kc"], tf.cast(value, case["dtype"]), 2 ** case["hash_code_len"],
+    return ops.lsh_cumulation(data["qc"], data["kc"], cast(value, case["dtype"]), 2 ** case["hash_code_len"],
                               data["qm"], data["km"], implementation=implementation)
 
 
 def _weighted(case, data, implementation, value=None):
     value = data["value"] if value is None else value
     dtype = case["dtype"]
-    return ops.weighted_lsh_cumulation(data["qc"], tf.cast(data["qw"], dtype), data["kc"], tf.cast(data["kw"], dtype),
-                                       tf.cast(value, dtype), 2 ** case["hash_code_len"], data["qm"], data["km"],
+    return ops.weighted_lsh_cumulation(data["qc"], cast(data["qw"], dtype), data["kc"], cast(data["kw"], dtype),
+                                       cast(value, dtype), 2 ** case["hash_code_len"], data["qm"], data["km"],
                                        implementation=implementation)
 
 
@@ -117,7 +117,7 @@ def _collision_scale(qc, q, qw, kc, k, kw, tau, qm, km):
     collide = (ref.collision_counts(qc, kc) > 0) * (qm != 0)[:, :, None] * (km != 0)[:, None, :]
     x = np.einsum("bid,bjd->bij", q.astype(np.float64), k.astype(np.float64))
     g = np.abs(np.einsum("biw,bjw->bij", qw.astype(np.float64), kw.astype(np.float64)))
-    w = collide * g * ref.collision_derivative(x, tau, yoso_ops.COLLISION_EPSILON)
+    w = collide * g * ref.collision_derivative(x, tau, _validation.COLLISION_EPSILON)
     return np.einsum("bij,bjd->bid", w, np.abs(k.astype(np.float64)))
 
 
@@ -127,7 +127,7 @@ def _unit_rows(rng, batch, length, dim):
 
 
 def _assert_close(actual, expected, scale, dtype, what):
-    actual = tf.cast(actual, tf.float32).numpy().astype(np.float64)
+    actual = to_numpy(actual).astype(np.float64)
     assert actual.shape == expected.shape, (what, actual.shape, expected.shape)
     assert np.isfinite(actual).all(), f"{what}: non-finite output for finite inputs"
     error = np.abs(actual - expected)
@@ -143,7 +143,7 @@ def test_cumulations_custom_op_composite_and_numpy_agree_and_are_finite(op, case
     expected, scale = reference(data), reference(data, absolute=True)
     for implementation in IMPLEMENTATIONS:
         out = run(case, data, implementation)
-        assert out.dtype == case["dtype"]
+        assert keras.backend.standardize_dtype(out.dtype) == case["dtype"]
         _assert_close(out, expected, scale, case["dtype"], f"{op} {implementation}")
 
 
@@ -157,7 +157,7 @@ def test_permuting_keys_with_their_codes_and_values_leaves_the_output_unchanged(
                     km=None if data["km"] is None else data["km"][:, order])
     scale = reference(data, absolute=True)
     for implementation in IMPLEMENTATIONS:
-        original = tf.cast(run(case, data, implementation), tf.float32).numpy().astype(np.float64)
+        original = to_numpy(run(case, data, implementation)).astype(np.float64)
         _assert_close(run(case, permuted, implementation), original, 2 * scale, case["dtype"],
                       f"{op} {implementation}")
 
@@ -173,7 +173,7 @@ def test_output_is_linear_in_value(op, case, a, b, other_seed):
     mixed = _rounded(a * v1.astype(np.float64) + b * v2, dtype)
     scale = abs(a) * reference(data, v1, absolute=True) + abs(b) * reference(data, v2, absolute=True)
     for implementation in IMPLEMENTATIONS:
-        f1, f2 = (tf.cast(run(case, data, implementation, v), tf.float64).numpy() for v in (v1, v2))
+        f1, f2 = (to_numpy(run(case, data, implementation, v)).astype(np.float64) for v in (v1, v2))
         _assert_close(run(case, data, implementation, mixed), a * f1 + b * f2, 3 * scale, dtype,
                       f"{op} {implementation}")
 
@@ -197,8 +197,8 @@ def test_masked_keys_never_contribute_and_masked_queries_output_zero(op, case, g
         x[masked] = rng.choice([np.nan, np.inf, -np.inf, 3e4], size=x[masked].shape)
         garbage[name] = x
     for implementation in IMPLEMENTATIONS:
-        clean = run(case, data, implementation).numpy()
-        dirty = run(case, garbage, implementation).numpy()
+        clean = to_numpy(run(case, data, implementation))
+        dirty = to_numpy(run(case, garbage, implementation))
         assert np.array_equal(clean, dirty), f"{op} {implementation}: a masked key changed the output"
         if data["qm"] is not None:
             assert (dirty[~data["qm"]] == 0).all(), f"{op} {implementation}: a masked query is not 0"
@@ -209,7 +209,7 @@ def test_masked_keys_never_contribute_and_masked_queries_output_zero(op, case, g
 def _collision_data(case, dim):
     """Inputs of the *YOSO collision estimator: codes and masks of `case`, unit q/k rows, weights."""
     rng = np.random.default_rng(case["seed"])
-    data = _data(dict(case, dtype=tf.float32))
+    data = _data(dict(case, dtype="float32"))
     b, nq, nk, w = case["batch"], case["nq"], case["nk"], case["value_dim"]
     q, k = _unit_rows(rng, b, nq, dim), _unit_rows(rng, b, nk, dim)
     qw, kw = (rng.uniform(-2, 2, size=(b, n, w)).astype(np.float32) for n in (nq, nk))
@@ -219,8 +219,8 @@ def _collision_data(case, dim):
 
 
 def _collision(d, implementation):
-    return yoso_ops._collision(d["qm"], d["qc"], d["q"], d["qw"], d["km"], d["kc"], d["k"], d["kw"], d["tau"],
-                               implementation)
+    return ops.collision_cumulation(d["qc"], d["q"], d["qw"], d["kc"], d["k"], d["kw"], d["tau"], d["qm"], d["km"],
+                                    implementation=implementation)
 
 
 def _collision_bound(d):
@@ -231,9 +231,9 @@ def _collision_bound(d):
 def test_collision_cumulation_custom_op_composite_and_numpy_agree(case, dim):
     d = _collision_data(case, dim)
     expected = ref.collision_cumulation(d["qc"], d["q"], d["qw"], d["kc"], d["k"], d["kw"], d["tau"],
-                                        yoso_ops.COLLISION_EPSILON, d["qm"], d["km"])
+                                        _validation.COLLISION_EPSILON, d["qm"], d["km"])
     for implementation in IMPLEMENTATIONS:
-        _assert_close(_collision(d, implementation), expected, 100 * _collision_bound(d), tf.float32,
+        _assert_close(_collision(d, implementation), expected, 100 * _collision_bound(d), "float32",
                       f"collision {implementation}")
 
 
@@ -244,8 +244,8 @@ def test_collision_estimator_is_unchanged_by_permuting_keys_with_their_codes_and
     order = np.random.default_rng(permutation_seed).permutation(case["nk"])
     permuted = dict(d, kc=d["kc"][:, :, order], k=d["k"][:, order], kw=d["kw"][:, order], km=d["km"][:, order])
     for implementation in IMPLEMENTATIONS:
-        original = _collision(d, implementation).numpy().astype(np.float64)
-        _assert_close(_collision(permuted, implementation), original, 200 * _collision_bound(d), tf.float32,
+        original = to_numpy(_collision(d, implementation)).astype(np.float64)
+        _assert_close(_collision(permuted, implementation), original, 200 * _collision_bound(d), "float32",
                       f"collision {implementation}")
 
 
@@ -260,15 +260,15 @@ def test_collision_estimator_ignores_masked_keys_whatever_their_codes_and_conten
     for name in ("k", "kw"):
         garbage[name][masked] = rng.choice([np.nan, np.inf, -np.inf, 3e4], size=garbage[name][masked].shape)
     for implementation in IMPLEMENTATIONS:
-        clean, dirty = _collision(d, implementation).numpy(), _collision(garbage, implementation).numpy()
+        clean, dirty = to_numpy(_collision(d, implementation)), to_numpy(_collision(garbage, implementation))
         assert np.array_equal(clean, dirty), f"collision {implementation}: a masked key changed the output"
         assert (dirty[d["qm"] == 0] == 0).all(), f"collision {implementation}: a masked query is not 0"
 
 
-@given(case=cumulations(max_width=4), dim=st.integers(4, 8), backward=st.sampled_from(yoso_ops.BACKWARDS))
+@given(case=cumulations(max_width=4), dim=st.integers(4, 8), backward=st.sampled_from(_validation.BACKWARDS))
 def test_yoso_cumulation_gradients_custom_op_composite_and_numpy_agree(case, dim, backward):
     rng = np.random.default_rng(case["seed"])
-    data = _data(dict(case, dtype=tf.float32))
+    data = _data(dict(case, dtype="float32"))
     b, nq, nk, dv, tau = case["batch"], case["nq"], case["nk"], case["value_dim"], case["hash_code_len"]
     qc, kc, qm, km, v = data["qc"], data["kc"], data["qm"], data["km"], data["value"]
     q, k = _unit_rows(rng, b, nq, dim), _unit_rows(rng, b, nk, dim)
@@ -277,51 +277,49 @@ def test_yoso_cumulation_gradients_custom_op_composite_and_numpy_agree(case, dim
         expected = ref.yoso_lower_bound_gradients(q, k, v, qc, kc, tau, dy, qm, km)
         scale = ref.yoso_lower_bound_gradients(np.abs(q), np.abs(k), np.abs(v), qc, kc, tau, np.abs(dy), qm, km)
     else:
-        expected = ref.yoso_collision_gradients(q, k, v, qc, kc, tau, dy, yoso_ops.COLLISION_EPSILON, qm, km)
+        expected = ref.yoso_collision_gradients(q, k, v, qc, kc, tau, dy, _validation.COLLISION_EPSILON, qm, km)
         ones = lambda n: np.ones((b, n))  # noqa: E731
         qmf, kmf = (ones(nq) if qm is None else qm), (ones(nk) if km is None else km)
         scale = (_collision_scale(qc, q, dy, kc, k, v, tau, qmf, kmf),
                  _collision_scale(kc, k, v, qc, q, dy, tau, kmf, qmf),
                  ref.lsh_cumulation(kc, qc, np.abs(dy), km, qm))
     for implementation in IMPLEMENTATIONS:
-        tensors = [tf.constant(x) for x in (q, k, v)]
-        with tf.GradientTape() as tape:
-            tape.watch(tensors)
-            out = ops.yoso_cumulation(*tensors, data["qc"], data["kc"], tau, data["qm"], data["km"],
-                                      backward=backward, implementation=implementation)
-        grads = tape.gradient(out, tensors, output_gradients=tf.constant(dy))
+        def attention(q, k, v, implementation=implementation):
+            return ops.yoso_cumulation(q, k, v, data["qc"], data["kc"], tau, data["qm"], data["km"],
+                                       backward=backward, implementation=implementation)
+
+        _, grads = vjp(attention, [q, k, v], dy)
         for name, grad, want, bound in zip("qkv", grads, expected, scale):
-            _assert_close(grad, want, 100 * bound, tf.float32, f"d{name} {backward} {implementation}")
+            _assert_close(grad, want, 100 * bound, "float32", f"d{name} {backward} {implementation}")
 
 
 @given(batch=st.integers(0, 2), length=st.integers(0, 9), dim=st.integers(1, 20), num_hashes=st.integers(1, 5),
-       hash_code_len=st.integers(1, 12), method=st.sampled_from(yoso_ops.HASH_METHODS),
-       dtype=st.sampled_from(sorted(DTYPES)), nan_rows=st.integers(0, 3), seed=st.integers(0, 2 ** 32 - 1))
+       hash_code_len=st.integers(1, 12), method=st.sampled_from(_validation.HASH_METHODS),
+       dtype=st.sampled_from(DTYPES), nan_rows=st.integers(0, 3), seed=st.integers(0, 2 ** 32 - 1))
 def test_hash_codes_agree_across_implementations_are_in_range_and_nan_rows_hash_to_zero(
         batch, length, dim, num_hashes, hash_code_len, method, dtype, nan_rows, seed):
     rng = np.random.default_rng(seed)
-    x = _rounded(rng.normal(size=(batch, length, dim)) * 10.0 ** rng.integers(-3, 4), DTYPES[dtype])
+    x = _rounded(rng.normal(size=(batch, length, dim)) * 10.0 ** rng.integers(-3, 4), dtype)
     nan = np.zeros((batch, length), bool)
     if batch * length:
         nan.flat[rng.integers(0, batch * length, size=nan_rows)] = True
         x[nan, rng.integers(0, dim)] = np.nan
-    params = ops.hash_parameters(dim, num_hashes, hash_code_len, seed % 1000, method).numpy()
+    params = to_numpy(ops.hash_parameters(dim, num_hashes, hash_code_len, seed % 1000, method))
     expected = (ref.gaussian_hash_codes if method == "gaussian" else ref.hadamard_hash_codes)(
         np.nan_to_num(x), params, num_hashes, hash_code_len)
-    # Bits whose projection is within float32 rounding of 0 may differ between implementations
-    # (Gaussian only: the Hadamard transform runs in exact float64 sums everywhere).
-    if method == "gaussian":
-        x64 = np.nan_to_num(x).astype(np.float64)
-        projected = np.einsum("bnd,dk->bnk", x64, params)
-        magnitude = np.einsum("bnd,dk->bnk", np.abs(x64), np.abs(params))
-        bits = (np.abs(projected) <= 1e-5 * magnitude).reshape(batch, length, num_hashes, hash_code_len)
-        ambiguous = np.transpose((bits * (1 << np.arange(hash_code_len))).sum(-1), (0, 2, 1))
-    else:
-        ambiguous = np.zeros_like(expected)
+    # Bits whose projection is within float32 rounding of 0 may differ between implementations;
+    # exact zeros (structural zeros of the Hadamard transform) may not.
+    matrix = params if method == "gaussian" else ref.hadamard_projection_matrix(params, dim)
+    x64 = np.nan_to_num(x).astype(np.float64)
+    projected = np.einsum("bnd,dk->bnk", x64, matrix)[..., :num_hashes * hash_code_len]
+    magnitude = np.einsum("bnd,dk->bnk", np.abs(x64), np.abs(matrix))[..., :num_hashes * hash_code_len]
+    bits = (np.abs(projected) <= 1e-5 * magnitude) & (magnitude > 0)
+    bits = bits.reshape(batch, length, num_hashes, hash_code_len)
+    ambiguous = np.transpose((bits * (1 << np.arange(hash_code_len))).sum(-1), (0, 2, 1))
     expected = np.where(nan[:, None, :], 0, expected)
     for implementation in IMPLEMENTATIONS:
-        codes = ops.hash_codes(tf.cast(x, DTYPES[dtype]), num_hashes, hash_code_len, seed % 1000, method,
-                               implementation=implementation).numpy()
+        codes = to_numpy(ops.hash_codes(cast(x, dtype), num_hashes, hash_code_len, seed % 1000, method,
+                                        implementation=implementation))
         assert codes.shape == (batch, num_hashes, length) and codes.dtype == np.int32
         assert codes.size == 0 or (codes.min() >= 0 and codes.max() < 2 ** hash_code_len)
         assert (codes.transpose(0, 2, 1)[nan] == 0).all(), f"{implementation}: a NaN row did not hash to 0"

@@ -1,11 +1,12 @@
-"""Every op equals its dense NumPy reference, and custom op == composite, over a grid of shapes."""
+"""Every op equals its dense NumPy reference, on every backend and implementation, over a grid of shapes."""
 
+import keras
 import numpy as np
 import pytest
-import tensorflow as tf
 
 import numpy_reference as ref
-from conftest import IMPLEMENTATIONS, random_mask, unit_rows
+from conftest import IMPLEMENTATIONS, cast, random_mask, rounded, to_numpy, unit_rows
+from keras_yoso import _validation
 from keras_yoso import ops
 
 # Each value of every axis appears at least once (Nq != Nk throughout):
@@ -21,7 +22,7 @@ CUMULATION_GRID = [
     (64, 48, 100, 32, 1, "none"),
     (37, 29, 3, 5, 12, "zeros"),
 ]
-DTYPES = [(tf.float32, 1e-5), (tf.float16, 2e-2), (tf.bfloat16, 8e-2)]
+DTYPES = [("float32", 1e-5), ("float16", 2e-2), ("bfloat16", 8e-2)]
 
 
 def _codes(rng, batch, m, n, tau):
@@ -29,7 +30,7 @@ def _codes(rng, batch, m, n, tau):
 
 
 def _assert_close(actual, expected, tol):
-    actual = np.asarray(tf.cast(actual, tf.float32))
+    actual = to_numpy(actual)
     scale = max(1.0, float(np.abs(expected).max(initial=0.0)))
     np.testing.assert_allclose(actual, expected, atol=tol * scale, rtol=tol)
 
@@ -58,21 +59,20 @@ def test_weighted_lsh_cumulation_matches_reference(implementation, nq, nk, d, m,
     _assert_close(out, ref.weighted_lsh_cumulation(qc, qw, kc, kw, value, qm, km), 1e-5)
 
 
-@pytest.mark.parametrize("dtype,tol", DTYPES, ids=lambda v: getattr(v, "name", str(v)))
+@pytest.mark.parametrize("dtype,tol", DTYPES, ids=lambda v: str(v))
 def test_half_precision_inputs_accumulate_in_float32(implementation, dtype, tol):
     rng = np.random.default_rng(5)
     qc, kc = _codes(rng, 3, 32, 300, 4), _codes(rng, 3, 32, 200, 4)
     value = rng.normal(size=(3, 200, 16)).astype(np.float32)
-    out = ops.lsh_cumulation(qc, kc, tf.cast(value, dtype), 16, implementation=implementation)
-    assert out.dtype == dtype
+    out = ops.lsh_cumulation(qc, kc, cast(value, dtype), 16, implementation=implementation)
+    assert keras.backend.standardize_dtype(out.dtype) == dtype
     # Reference on the rounded inputs: the only error left is the output rounding.
-    rounded = np.asarray(tf.cast(tf.cast(value, dtype), tf.float32))
-    _assert_close(out, ref.lsh_cumulation(qc, kc, rounded), tol)
-    qw = tf.cast(rng.normal(size=(3, 300, 4)), dtype)
-    kw = tf.cast(rng.normal(size=(3, 200, 4)), dtype)
-    out = ops.weighted_lsh_cumulation(qc, qw, kc, kw, tf.cast(value, dtype), 16, implementation=implementation)
-    expected = ref.weighted_lsh_cumulation(qc, np.asarray(tf.cast(qw, tf.float32)), kc,
-                                           np.asarray(tf.cast(kw, tf.float32)), rounded)
+    _assert_close(out, ref.lsh_cumulation(qc, kc, rounded(value, dtype)), tol)
+    qw = rng.normal(size=(3, 300, 4))
+    kw = rng.normal(size=(3, 200, 4))
+    out = ops.weighted_lsh_cumulation(qc, cast(qw, dtype), kc, cast(kw, dtype), cast(value, dtype), 16,
+                                      implementation=implementation)
+    expected = ref.weighted_lsh_cumulation(qc, rounded(qw, dtype), kc, rounded(kw, dtype), rounded(value, dtype))
     _assert_close(out, expected, tol)
 
 
@@ -81,8 +81,8 @@ def test_half_precision_inputs_accumulate_in_float32(implementation, dtype, tol)
 def test_hash_codes_match_reference(implementation, method, n, d, m, tau):
     rng = np.random.default_rng(n + d)
     x = rng.normal(size=(2, n, d)).astype(np.float32)
-    codes = ops.hash_codes(x, m, tau, seed=11, method=method, implementation=implementation).numpy()
-    params = ops.hash_parameters(d, m, tau, 11, method).numpy()
+    codes = to_numpy(ops.hash_codes(x, m, tau, seed=11, method=method, implementation=implementation))
+    params = to_numpy(ops.hash_parameters(d, m, tau, 11, method))
     expected = (ref.gaussian_hash_codes if method == "gaussian" else ref.hadamard_hash_codes)(x, params, m, tau)
     assert codes.shape == (2, m, n) and codes.dtype == np.int32
     assert codes.size == 0 or (codes.min() >= 0 and codes.max() < 2 ** tau)
@@ -95,16 +95,29 @@ def test_hash_codes_agree_between_implementations(method):
     if len(IMPLEMENTATIONS) < 2:
         pytest.skip("custom ops not built")
     x = np.random.default_rng(0).normal(size=(3, 500, 48)).astype(np.float32)
-    a = ops.hash_codes(x, 16, 8, seed=[1, 2], method=method, implementation="custom_op").numpy()
-    b = ops.hash_codes(x, 16, 8, seed=[1, 2], method=method, implementation="composite").numpy()
-    assert (a == b).mean() >= 0.999
+    for seed in (7, [1, 2]):
+        a = to_numpy(ops.hash_codes(x, 16, 8, seed=seed, method=method, implementation="custom_op"))
+        b = to_numpy(ops.hash_codes(x, 16, 8, seed=seed, method=method, implementation="composite"))
+        assert (a == b).mean() >= 0.999
 
 
 def test_same_seed_gives_same_hash_functions_and_other_seeds_differ():
     x = np.random.default_rng(0).normal(size=(1, 64, 16)).astype(np.float32)
-    a = ops.hash_codes(x, 8, 8, seed=5).numpy()
-    assert np.array_equal(a, ops.hash_codes(x, 8, 8, seed=5).numpy())
-    assert not np.array_equal(a, ops.hash_codes(x, 8, 8, seed=6).numpy())
+    a = to_numpy(ops.hash_codes(x, 8, 8, seed=5))
+    assert np.array_equal(a, to_numpy(ops.hash_codes(x, 8, 8, seed=5)))
+    assert not np.array_equal(a, to_numpy(ops.hash_codes(x, 8, 8, seed=6)))
+    for seed in ([3, 4], np.array([3, 4], np.int64)):
+        assert np.array_equal(to_numpy(ops.hash_codes(x, 8, 8, seed=seed)), to_numpy(ops.hash_codes(x, 8, 8, [3, 4])))
+    assert not np.array_equal(to_numpy(ops.hash_codes(x, 8, 8, seed=[3, 5])), to_numpy(ops.hash_codes(x, 8, 8, [3, 4])))
+
+
+def test_int_seeds_give_the_same_hash_functions_on_every_backend():
+    """Pinned values of NumPy's frozen RandomState stream: the same on TensorFlow, JAX and torch."""
+    gaussian = to_numpy(ops.hash_parameters(3, 2, 2, 0, "gaussian"))
+    np.testing.assert_allclose(gaussian[0], [-0.3625903, -0.41597474, 0.9548649, -0.9255024], rtol=1e-6)
+    signs = to_numpy(ops.hash_parameters(3, 2, 2, 0, "hadamard"))
+    assert signs.shape == (1, 3, 4)
+    np.testing.assert_array_equal(signs[0], [[1, 1, 1, -1], [-1, -1, 1, 1], [1, -1, -1, -1]])
 
 
 @pytest.mark.parametrize("nq,nk,d,dv,m,tau,mask_kind", [
@@ -112,17 +125,14 @@ def test_same_seed_gives_same_hash_functions_and_other_seeds_differ():
     (0, 5, 4, 2, 3, 4, "none"), (6, 5, 4, 2, 3, 4, "zeros"), (40, 64, 64, 64, 33, 12, "random"),
 ])
 def test_collision_cumulation_matches_reference(implementation, nq, nk, d, dv, m, tau, mask_kind):
-    from keras_yoso.ops import yoso as yoso_ops
     rng = np.random.default_rng(nq * nk + d)
     q, k = unit_rows(rng, (2, nq, d)), unit_rows(rng, (2, nk, d))
     qw = rng.normal(size=(2, nq, dv)).astype(np.float32)
     kw = rng.normal(size=(2, nk, dv)).astype(np.float32)
     qc, kc = _codes(rng, 2, m, nq, tau), _codes(rng, 2, m, nk, tau)
     qm, km = random_mask(rng, mask_kind, 2, nq), random_mask(rng, mask_kind, 2, nk)
-    qmf = np.ones((2, nq), np.float32) if qm is None else qm.astype(np.float32)
-    kmf = np.ones((2, nk), np.float32) if km is None else km.astype(np.float32)
-    out = yoso_ops._collision(qmf, qc, q, qw, kmf, kc, k, kw, tau, implementation)
-    expected = ref.collision_cumulation(qc, q, qw, kc, k, kw, tau, yoso_ops.COLLISION_EPSILON, qm, km)
+    out = ops.collision_cumulation(qc, q, qw, kc, k, kw, tau, qm, km, implementation=implementation)
+    expected = ref.collision_cumulation(qc, q, qw, kc, k, kw, tau, _validation.COLLISION_EPSILON, qm, km)
     _assert_close(out, expected, 1e-4)
 
 
@@ -136,17 +146,15 @@ def test_yoso_expectation_matches_reference():
 
 
 def test_yoso_expectation_is_finite_at_parallel_and_antiparallel_pairs():
+    from conftest import vjp
     q = np.array([[[1.0, 0.0], [0.0, 1.0]]], np.float32)
     k = np.array([[[1.0, 0.0], [-1.0, 0.0], [0.0, 1.0]]], np.float32)
     v = np.ones((1, 3, 2), np.float32)
     for backward in ("lower_bound", "exact"):
-        qt, kt, vt = map(tf.constant, (q, k, v))
-        with tf.GradientTape() as tape:
-            tape.watch([qt, kt, vt])
-            out = ops.yoso_expectation(qt, kt, vt, 8, backward=backward)
-        grads = tape.gradient(out, [qt, kt, vt])
-        assert np.isfinite(out.numpy()).all()
-        assert all(np.isfinite(g.numpy()).all() for g in grads)
+        out, grads = vjp(lambda a, b, c: ops.yoso_expectation(a, b, c, 8, backward=backward), [q, k, v],
+                         np.ones((1, 2, 2)))
+        assert np.isfinite(out).all()
+        assert all(np.isfinite(g).all() for g in grads)
 
 
 def test_yoso_expectation_weights_match_reference_and_drive_yoso_expectation():
@@ -154,7 +162,7 @@ def test_yoso_expectation_weights_match_reference_and_drive_yoso_expectation():
     q, k = unit_rows(rng, (2, 11, 8)), unit_rows(rng, (2, 13, 8))
     v = rng.normal(size=(2, 13, 4)).astype(np.float32)
     qm, km = random_mask(rng, "random", 2, 11), random_mask(rng, "random", 2, 13)
-    weights = ops.yoso_expectation_weights(q, k, 6, qm, km).numpy()
+    weights = to_numpy(ops.yoso_expectation_weights(q, k, 6, qm, km))
     expected = ref.expectation_matrix(q, k, 6) * qm[:, :, None] * km[:, None, :]
     _assert_close(weights, expected, 1e-5)
     _assert_close(ops.yoso_expectation(q, k, v, 6, qm, km), np.einsum("bij,bjd->bid", expected, v), 1e-5)

@@ -4,17 +4,14 @@ Paper: Favier & Dal'Maz Silva, "Scaleformer: linear complexity kernelized
 attention with relative positional encoding", 2022.
 """
 
-import numbers
-
 import keras
-import numpy as np
-import tensorflow as tf
+from keras import ops
 
-from keras_yoso import ops
+from keras_yoso import _validation
+from keras_yoso import ops as yoso_ops
 from keras_yoso.layers.multi_head_attention_base import MultiHeadAttentionBase
-from keras_yoso.layers.multi_head_attention_base import check_bool
-from keras_yoso.layers.multi_head_attention_base import check_int
 from keras_yoso.layers.multi_head_attention_base import flatten_heads
+from keras_yoso.layers.multi_head_attention_base import repeat_heads
 from keras_yoso.layers.multi_head_attention_base import unflatten_heads
 
 
@@ -127,15 +124,12 @@ class LinearRelativeAttention(MultiHeadAttentionBase):
         seed=None,
         **kwargs,
     ):
-        self._horizon = check_int(horizon, "horizon", 1, allow_none=True)
-        self._causal = check_bool(causal, "causal")
-        self._share_relative_embeddings = check_bool(share_relative_embeddings, "share_relative_embeddings")
-        if isinstance(epsilon, bool) or not isinstance(epsilon, numbers.Real) or not (
-                0 < epsilon < float("inf")):
-            raise ValueError("Received an invalid value for argument `epsilon`: expected a finite float > 0. "
-                             f"Received: epsilon={epsilon!r}")
-        self._epsilon = float(epsilon)
-        self._chunk_size = check_int(chunk_size, "chunk_size", 1, allow_none=True)
+        self._horizon = _validation.integer(horizon, "horizon", 1, allow_none=True, layer=True)
+        self._causal = _validation.boolean(causal, "causal", layer=True)
+        self._share_relative_embeddings = _validation.boolean(share_relative_embeddings, "share_relative_embeddings",
+                                                              layer=True)
+        self._epsilon = _validation.positive_float(epsilon, "epsilon", layer=True)
+        self._chunk_size = _validation.integer(chunk_size, "chunk_size", 1, allow_none=True, layer=True)
         super().__init__(
             num_heads, key_dim, value_dim=value_dim, dropout=dropout, use_bias=use_bias, output_shape=output_shape,
             kernel_initializer=kernel_initializer, bias_initializer=bias_initializer,
@@ -192,27 +186,24 @@ class LinearRelativeAttention(MultiHeadAttentionBase):
             regularizer=self._kernel_regularizer, constraint=self._kernel_constraint, trainable=True)
 
     def _check_call_options(self, return_attention_scores, use_causal_mask):
-        if use_causal_mask is not None and not isinstance(use_causal_mask, (bool, np.bool_)):
-            raise ValueError("Received an invalid value for argument `use_causal_mask`: expected None or a "
-                             f"Python bool. Received: use_causal_mask={use_causal_mask!r}")
+        _validation.boolean(use_causal_mask, "use_causal_mask", layer=True, allow_none=True)
         if return_attention_scores:
             raise ValueError("LinearRelativeAttention does not return attention scores: linear attention "
                              "never forms the [target_length, source_length] matrix.")
 
     def _attend(self, query_heads, key_heads, value_heads, query_mask, key_mask, training, use_causal_mask):
-        batch = tf.shape(query_heads)[0]
+        batch = ops.shape(query_heads)[0]
         causal = self._causal if use_causal_mask is None else bool(use_causal_mask)
         relative = None
         if self._relative_embeddings is not None:
-            relative = tf.cast(tf.convert_to_tensor(self._relative_embeddings), tf.float32)
+            relative = ops.cast(ops.convert_to_tensor(self._relative_embeddings), "float32")
             if not self._share_relative_embeddings:
                 # [heads, 2k+1, d] -> [B * heads, 2k+1, d], row b * heads + h like flatten_heads.
-                relative = tf.reshape(tf.tile(relative[None], [batch, 1, 1, 1]),
-                                      [-1, 2 * self._horizon + 1, self._key_dim])
-        out = ops.linear_relative_attention(
+                relative = ops.reshape(ops.tile(relative[None], (batch, 1, 1, 1)),
+                                       (-1, 2 * self._horizon + 1, self._key_dim))
+        out = yoso_ops.linear_relative_attention(
             flatten_heads(query_heads), flatten_heads(key_heads), flatten_heads(value_heads),
             relative_embeddings=relative, horizon=self._horizon, causal=causal,
-            query_mask=tf.repeat(query_mask, self._num_heads, axis=0),
-            key_mask=tf.repeat(key_mask, self._num_heads, axis=0),
+            query_mask=repeat_heads(query_mask, self._num_heads), key_mask=repeat_heads(key_mask, self._num_heads),
             epsilon=self._epsilon, chunk_size=self._chunk_size)
         return unflatten_heads(out, batch, self._num_heads)

@@ -1,104 +1,74 @@
 """What keras_yoso's attention layers share with `keras.layers.MultiHeadAttention`.
 
-The projections, constructor arguments, `get_config`, masks and output
-projection of MultiHeadAttention, with the attention core left to subclasses
-(`_attend`). Subclasses compute their core in float32 on `[B * heads, N, dim]`
-tensors.
+The projections, constructor arguments, `get_config`, masks, input checks and output
+projection of MultiHeadAttention, with the attention core left to subclasses (`_attend`).
+Subclasses compute their core in float32 on `[B, N, heads, dim]` heads. Written in `keras.ops`:
+the layers run on TensorFlow, JAX and torch.
 """
 
-import numbers
-
 import keras
-import numpy as np
-import tensorflow as tf
 from keras import constraints
 from keras import initializers
+from keras import ops
 from keras import regularizers
 
-from keras_yoso.ops.yoso import _in_xla_context
+from keras_yoso import _runtime
+from keras_yoso import _validation
 
 _OUTPUT_LETTERS = "opqrsuvwxyz"
-
-
-def check_int(value, name, low, high=None, allow_none=False):
-    """`value` as an int in [low, high], or None when allowed; else ValueError naming `name`."""
-    if value is None and allow_none:
-        return None
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < low or (
-            high is not None and value > high):
-        expected = f"an integer in [{low}, {high}]" if high is not None else (
-            "a positive integer" if low == 1 else f"an integer >= {low}")
-        if allow_none:
-            expected += " or None"
-        raise ValueError(f"Received an invalid value for argument `{name}`: expected {expected}. "
-                         f"Received: {name}={value!r}")
-    return int(value)
-
-
-def check_choice(value, name, choices):
-    if value not in choices:
-        raise ValueError(f"Received an invalid value for argument `{name}`: expected one of {choices}. "
-                         f"Received: {name}={value!r}")
-    return value
-
-
-def check_bool(value, name):
-    """`value` as a Python bool (NumPy bools included, as the ops accept them); else ValueError."""
-    if not isinstance(value, (bool, np.bool_)):
-        raise ValueError(f"Received an invalid value for argument `{name}`: expected a bool. "
-                         f"Received: {name}={value!r}")
-    return bool(value)
 
 
 def _bool_mask(mask):
     if mask is None:
         return None
-    mask = tf.convert_to_tensor(mask)
-    if mask.dtype != tf.bool:
-        mask = tf.not_equal(mask, tf.zeros([], mask.dtype))
-    return mask
+    mask = ops.convert_to_tensor(mask)
+    return mask if _validation.dtype_name(mask) == "bool" else ops.not_equal(mask, ops.zeros((), mask.dtype))
 
 
 def _zero_padded_rows(x, mask):
-    """`x` [B, N, features] with the rows where `mask` [B, N] is False set to 0 (NaN and Inf too)."""
-    return tf.where(mask[:, :, None], x, tf.zeros([], x.dtype))
+    """`x` [B, N, features] with the rows where `mask` [B, N] is False set to 0 (NaN and Inf too).
 
-
-def _keras_mask(x):
-    """The implicit Keras mask attached to `x` (e.g. by `Embedding(mask_zero=True)`), or None."""
-    return getattr(x, "_keras_mask", None)
+    Also a copy: the projections never see the caller's tensors (nor their Keras masks)."""
+    return ops.where(mask[:, :, None], x, ops.zeros((), x.dtype))
 
 
 def _merge_masks(*masks):
     merged = None
     for mask in masks:
         if mask is not None:
-            merged = mask if merged is None else tf.logical_and(merged, mask)
+            merged = mask if merged is None else ops.logical_and(merged, mask)
     return merged
 
 
 def flatten_heads(x):
     """[B, N, heads, D] -> [B * heads, N, D] (row b * heads + h)."""
-    shape = tf.shape(x)
-    x = tf.transpose(x, [0, 2, 1, 3])
-    return tf.reshape(x, [shape[0] * shape[2], shape[1], x.shape[-1]])
+    batch, length, heads, dim = ops.shape(x)
+    return ops.reshape(ops.transpose(x, (0, 2, 1, 3)), (batch * heads, length, dim))
 
 
 def unflatten_heads(x, batch, num_heads):
     """[B * heads, N, D] -> [B, N, heads, D]."""
-    shape = tf.shape(x)
-    x = tf.reshape(x, [batch, num_heads, shape[1], x.shape[-1]])
-    return tf.transpose(x, [0, 2, 1, 3])
+    length, dim = ops.shape(x)[1], ops.shape(x)[2]
+    return ops.transpose(ops.reshape(x, (batch, num_heads, length, dim)), (0, 2, 1, 3))
+
+
+def repeat_heads(mask, num_heads):
+    """[B, N] -> [B * heads, N], row b * heads + h like flatten_heads."""
+    return ops.repeat(mask, num_heads, axis=0)
+
+
+def l2_normalize(x):
+    """x / max(||x||, 1e-6) over the last axis (an all-zero row stays zero), as tf.math.l2_normalize."""
+    return x * ops.rsqrt(ops.maximum(ops.sum(x * x, axis=-1, keepdims=True), 1e-12))
 
 
 class MultiHeadAttentionBase(keras.layers.Layer):
     """Base of keras_yoso's attention layers: MultiHeadAttention's projections, masks and config.
 
-    Subclasses implement `_attend(query_heads, key_heads, value_heads, query_mask,
-    key_mask, training, use_causal_mask)` on float32 `[B, N, heads, dim]` heads
-    (padded keys and values already zeroed) and return `[B, T, heads, value_dim]`.
-    `_padding_only_reason` is the sentence that explains why an arbitrary
-    `attention_mask` cannot be honoured.
+    Subclasses implement `_attend(query_heads, key_heads, value_heads, query_mask, key_mask,
+    training, use_causal_mask)` on float32 `[B, N, heads, dim]` heads (padded keys and values
+    already zeroed) and return `[B, T, heads, value_dim]`. `_padding_only_reason` is the sentence
+    that explains why an arbitrary `attention_mask` cannot be honoured.
     """
 
     _padding_only_reason = "This attention never forms the [target_length, source_length] attention matrix"
@@ -121,28 +91,16 @@ class MultiHeadAttentionBase(keras.layers.Layer):
         seed=None,
         **kwargs,
     ):
-        self._num_heads = check_int(num_heads, "num_heads", 1)
-        self._key_dim = check_int(key_dim, "key_dim", 1)
-        value_dim = check_int(value_dim, "value_dim", 1, allow_none=True)
+        self._num_heads = _validation.integer(num_heads, "num_heads", 1, layer=True)
+        self._key_dim = _validation.integer(key_dim, "key_dim", 1, layer=True)
+        value_dim = _validation.integer(value_dim, "value_dim", 1, allow_none=True, layer=True)
         self._value_dim = self._key_dim if value_dim is None else value_dim
-        if isinstance(dropout, bool) or not isinstance(dropout, numbers.Real) or not 0.0 <= dropout < 1.0:
-            raise ValueError("Received an invalid value for argument `dropout`: expected a float in [0, 1). "
-                             f"Received: dropout={dropout!r}")
-        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, numbers.Integral)):
-            raise ValueError(f"Received an invalid value for argument `seed`: expected an integer or None. "
-                             f"Received: seed={seed!r}")
-        if output_shape is not None and not isinstance(output_shape, (list, tuple)):
-            output_shape = (output_shape,)
-        if output_shape is not None:
-            output_shape = tuple(output_shape)
-            if not output_shape or not all(
-                    isinstance(d, numbers.Integral) and not isinstance(d, bool) and d > 0 for d in output_shape):
-                raise ValueError("Received an invalid value for argument `output_shape`: expected a positive "
-                                 f"int or a non-empty tuple of positive ints. Received: output_shape={output_shape!r}")
-            output_shape = tuple(int(d) for d in output_shape)
+        dropout = _validation.fraction(dropout, "dropout")
+        seed = _validation.optional_seed(seed)
+        output_shape = _validation.output_shape(output_shape)
         super().__init__(**kwargs)
         self.supports_masking = True
-        self._dropout = float(dropout)
+        self._dropout = dropout
         self._use_bias = use_bias
         self._output_shape = output_shape
         self._kernel_initializer = initializers.get(kernel_initializer)
@@ -152,7 +110,7 @@ class MultiHeadAttentionBase(keras.layers.Layer):
         self._activity_regularizer = regularizers.get(activity_regularizer)
         self._kernel_constraint = constraints.get(kernel_constraint)
         self._bias_constraint = constraints.get(bias_constraint)
-        self.seed = None if seed is None else int(seed)
+        self.seed = seed
         self._dropout_layer = (keras.layers.Dropout(self._dropout, seed=self.seed, dtype=self.dtype_policy)
                                if self._dropout > 0.0 else None)
 
@@ -232,18 +190,74 @@ class MultiHeadAttentionBase(keras.layers.Layer):
             "btd,dnh->btnh", output_shape=(None, self._num_heads, head_dim),
             bias_axes="nh" if self._use_bias else None, name=name, **self._sublayer_kwargs())
 
+    # ------------------------------------------------------------------ input checks
+
     def _check_shapes(self, query_shape, value_shape, key_shape):
+        """The rank and feature checks of build (and of calls): ValueError naming the argument."""
         name = type(self).__name__
         for arg, shape in (("query", query_shape), ("value", value_shape), ("key", key_shape)):
-            if len(shape) != 3:
+            if shape is None or len(shape) != 3:
                 raise ValueError(f"{name} expects `{arg}` of shape (batch, length, features), "
-                                 f"got shape {tuple(shape)}")
+                                 f"got shape {None if shape is None else tuple(shape)}")
             if shape[-1] is None:
                 raise ValueError(f"The last dimension of `{arg}` must be known, got shape {tuple(shape)}")
         if tuple(value_shape[:-1]) != tuple(key_shape[:-1]) and not any(
                 a is None or b is None for a, b in zip(value_shape[:-1], key_shape[:-1])):
             raise ValueError("All dimensions of `value` and `key`, except the last one, must be equal. "
                              f"Received: value_shape={tuple(value_shape)} and key_shape={tuple(key_shape)}")
+
+    # (layout, dims): each dim is "batch" / "target" (from `query`) or "source" (from `value`).
+    _CALL_LAYOUTS = {
+        "value": ("(batch, source_length, features)", ("batch", None, None)),
+        "key": ("(batch, source_length, features)", ("batch", "source", None)),
+        "query_mask": ("(batch, target_length)", ("batch", "target")),
+        "value_mask": ("(batch, source_length)", ("batch", "source")),
+        "key_mask": ("(batch, source_length)", ("batch", "source")),
+        "attention_mask": ("(batch, target_length, source_length)", ("batch", "target", "source")),
+    }
+
+    def _check_call_shapes(self, query, value, key, masks, attention_mask):
+        """Every shape relation between the call's inputs: ValueError naming the argument, the expected
+        shape and the received one, before anything is computed when the shapes are known; a run-time
+        assertion with the same message for dims unknown in a TensorFlow graph. Returns the
+        assertions. (An `attention_mask` dim of 1 broadcasts.)"""
+        shape = _runtime.static_shape
+        self._check_shapes(shape(query), shape(value), shape(key))
+        sources = {"batch": (query, 0), "target": (query, 1), "source": (value, 1)}
+        tensors = {"value": value, "key": key, **{k: v for k, v in masks.items() if v is not None}}
+        if attention_mask is not None:
+            tensors["attention_mask"] = ops.convert_to_tensor(attention_mask)
+        checks = []
+        for arg, tensor in tensors.items():
+            layout, dims = self._CALL_LAYOUTS[arg]
+            got = shape(tensor)
+            message = self._shape_message(arg, layout, dims, got, query, value)
+            if got is None or len(got) != len(dims):
+                raise ValueError(message)
+            for axis, dim in enumerate(dims):
+                if dim is None or (arg == "attention_mask" and got[axis] == 1):
+                    continue
+                ref, ref_axis = sources[dim]
+                want = shape(ref)[ref_axis]
+                if want is not None and got[axis] is not None:
+                    if want != got[axis]:
+                        raise ValueError(message)
+                    continue
+                actual, wanted = ops.shape(tensor)[axis], ops.shape(ref)[ref_axis]
+                ok = ops.equal(actual, wanted)
+                if arg == "attention_mask":
+                    ok = ops.logical_or(ok, ops.equal(actual, 1))
+                checks += _runtime.check(ok, message, error=ValueError(message))
+        return checks
+
+    def _shape_message(self, arg, layout, dims, got, query, value):
+        shape = _runtime.static_shape
+        sizes = {"batch": shape(query)[0], "target": shape(query)[1], "source": shape(value)[1]}
+        want = tuple("features" if dim is None else sizes[dim] for dim in dims)
+        broadcast = " (a dim of 1 broadcasts)" if arg == "attention_mask" else ""
+        return (f"{type(self).__name__} expects `{arg}` of shape {layout} = {want}{broadcast}, with batch and "
+                f"target_length from `query` {shape(query)} and source_length from `value` {shape(value)}. "
+                f"Received: `{arg}` of shape {None if got is None else tuple(got)}")
 
     def build(self, query_shape, value_shape, key_shape=None):
         """Creates the query/key/value/output projections (and the subclass weights)."""
@@ -269,35 +283,27 @@ class MultiHeadAttentionBase(keras.layers.Layer):
     def _padding_masks_from_attention_mask(self, attention_mask, batch, query_length, key_length):
         """Splits a padding `[B, T, S]` attention mask into query and key masks, or raises.
 
-        A padding mask is `query_pad[:, :, None] & key_pad[:, None, :]` (a key mask
-        broadcast over every row is the case query_pad = all true).
+        A padding mask is `query_pad[:, :, None] & key_pad[:, None, :]` (a key mask broadcast over
+        every row is the case query_pad = all true).
         """
         name = type(self).__name__
-        attention_mask = _bool_mask(attention_mask)
-        if attention_mask.shape.rank != 3:
-            raise ValueError(f"{name} accepts `attention_mask` only of shape [batch, target_length, "
-                             f"source_length] (a padding mask). Received shape {attention_mask.shape}")
-        attention_mask = tf.broadcast_to(attention_mask, tf.stack([batch, query_length, key_length]))
-        query_pad = tf.reduce_any(attention_mask, axis=2)
-        key_pad = tf.reduce_any(attention_mask, axis=1)
-        is_padding = tf.reduce_all(tf.equal(
-            attention_mask, tf.logical_and(query_pad[:, :, None], key_pad[:, None, :])))
+        attention_mask = ops.broadcast_to(_bool_mask(attention_mask), (batch, query_length, key_length))
+        query_pad = ops.any(attention_mask, axis=2)
+        key_pad = ops.any(attention_mask, axis=1)
+        is_padding = ops.all(ops.equal(attention_mask, ops.logical_and(query_pad[:, :, None], key_pad[:, None, :])))
         message = (f"{name} received an `attention_mask` that is not a padding mask. "
                    f"{self._padding_only_reason}, so it can only express masks of the form "
                    "query_mask[:, :, None] & key_mask[:, None, :]. Pass `query_mask`, `value_mask` and/or "
                    "`key_mask` ([batch, length] padding masks) instead.")
-        if tf.executing_eagerly():
-            if not bool(is_padding):
-                raise ValueError(message)
-            return query_pad, key_pad
-        if _in_xla_context():
-            # XLA compiles tf.debugging.Assert to nothing: a causal or banded mask would then be
-            # silently read as padding. Refuse at trace time instead.
-            raise ValueError(f"{name} cannot check under XLA (jit_compile=True) that `attention_mask` is a "
-                             "padding mask. Pass `query_mask`, `value_mask` and/or `key_mask` ([batch, length] "
-                             "padding masks) instead, or compile without XLA.")
-        with tf.control_dependencies([tf.debugging.Assert(is_padding, [message])]):
-            return tf.identity(query_pad), tf.identity(key_pad)
+        if not _runtime.can_check(is_padding):
+            # XLA drops run-time assertions and traced JAX code cannot raise: a causal or banded mask
+            # would then be silently read as padding. Refuse at trace time instead.
+            raise ValueError(f"{name} cannot check under XLA (jit_compile=True, or the JAX backend's compiled "
+                             "train/predict steps) that `attention_mask` is a padding mask. Pass `query_mask`, "
+                             "`value_mask` and/or `key_mask` ([batch, length] padding masks) instead, or compile "
+                             "without XLA.")
+        checks = _runtime.check(is_padding, message, error=ValueError(message))
+        return _runtime.after(checks, [query_pad, key_pad])
 
     def _check_call_options(self, return_attention_scores, use_causal_mask):
         """Raises for call options the subclass cannot honour."""
@@ -326,15 +332,16 @@ class MultiHeadAttentionBase(keras.layers.Layer):
         key_is_value = key is None
         if key_is_value:
             key = value
-        query_mask = _bool_mask(query_mask if query_mask is not None else _keras_mask(query))
-        value_mask = _bool_mask(value_mask if value_mask is not None else _keras_mask(value))
-        key_mask = _bool_mask(key_mask if key_mask is not None else _keras_mask(key))
-        # Masks are handled here: the projections get mask-free copies (no warning, the
-        # caller's tensors keep their masks).
-        query, value, key = tf.identity(query), tf.identity(value), tf.identity(key)
+        query, value = ops.convert_to_tensor(query), ops.convert_to_tensor(value)
+        key = value if key_is_value else ops.convert_to_tensor(key)
+        masks = {name: _bool_mask(mask) for name, mask in
+                 (("query_mask", query_mask), ("value_mask", value_mask), ("key_mask", key_mask))}
+        checks = self._check_call_shapes(query, value, key, masks, attention_mask)
+        query, value, key = _runtime.after(checks, [query, value, key])
+        query_mask, value_mask, key_mask = masks["query_mask"], masks["value_mask"], masks["key_mask"]
 
-        batch = tf.shape(query)[0]
-        query_length, key_length = tf.shape(query)[1], tf.shape(value)[1]
+        batch = ops.shape(query)[0]
+        query_length, key_length = ops.shape(query)[1], ops.shape(value)[1]
         if attention_mask is not None:
             # Keras then does not pick XLA for `jit_compile="auto"` (see _padding_masks_from_attention_mask).
             self.supports_jit = False
@@ -344,33 +351,32 @@ class MultiHeadAttentionBase(keras.layers.Layer):
             key_mask = _merge_masks(key_mask, key_pad)
         key_mask = _merge_masks(value_mask, key_mask)
         if query_mask is None:
-            query_mask = tf.ones(tf.stack([batch, query_length]), tf.bool)
+            query_mask = ops.ones((batch, query_length), "bool")
         if key_mask is None:
-            key_mask = tf.ones(tf.stack([batch, key_length]), tf.bool)
+            key_mask = ops.ones((batch, key_length), "bool")
 
-        # Padded rows are zeroed before the projections (tf.where, not a product), so their content,
+        # Padded rows are zeroed before the projections (where, not a product), so their content,
         # even NaN or Inf, reaches no output and no gradient (of the weights either).
         query = _zero_padded_rows(query, query_mask)
         value = _zero_padded_rows(value, key_mask)
         key = value if key_is_value else _zero_padded_rows(key, key_mask)
         # [B, N, heads, dim], then the attention core in float32.
-        query_heads = tf.cast(self._query_dense(query), tf.float32)
-        key_heads = tf.cast(self._key_dense(key), tf.float32)
-        value_heads = tf.cast(self._value_dense(value), tf.float32)
+        query_heads = ops.cast(self._query_dense(query), "float32")
+        key_heads = ops.cast(self._key_dense(key), "float32")
+        value_heads = ops.cast(self._value_dense(value), "float32")
         # Padded keys/values have bias-only projections: zero them too.
-        key_heads = tf.where(key_mask[:, :, None, None], key_heads, 0.0)
-        value_heads = tf.where(key_mask[:, :, None, None], value_heads, 0.0)
+        key_heads = ops.where(key_mask[:, :, None, None], key_heads, 0.0)
+        value_heads = ops.where(key_mask[:, :, None, None], value_heads, 0.0)
 
         out = self._attend(query_heads, key_heads, value_heads, query_mask, key_mask, training, use_causal_mask)
-        out = tf.where(query_mask[:, :, None, None], out, tf.zeros([], out.dtype))
-        out = tf.cast(out, self.compute_dtype)
+        out = ops.where(query_mask[:, :, None, None], out, 0.0)
+        out = ops.cast(out, self.compute_dtype)
         if self._dropout_layer is not None:
             out = self._dropout_layer(out, training=training)
         output = self._output_dense(out)
-        output._keras_mask = query_mask
         if return_attention_scores:
             scores = self._attention_scores(query_heads, key_heads, query_mask, key_mask)
-            return output, tf.cast(scores, self.compute_dtype)
+            return output, ops.cast(scores, self.compute_dtype)
         return output
 
     def compute_output_shape(self, query_shape, value_shape, key_shape=None):

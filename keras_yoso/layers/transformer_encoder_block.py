@@ -5,6 +5,8 @@ import random
 
 import keras
 
+from keras_yoso import _validation
+
 from keras_yoso.layers.linear_relative_attention import LinearRelativeAttention
 from keras_yoso.layers.yoso_attention import YosoAttention
 
@@ -16,10 +18,7 @@ _ATTENTION_CLASSES = {
 
 
 def _attention_class(attention):
-    if attention not in _ATTENTION_CLASSES:
-        raise ValueError("Received an invalid value for argument `attention`: expected one of "
-                         f"{tuple(_ATTENTION_CLASSES)}. Received: attention={attention!r}")
-    return _ATTENTION_CLASSES[attention]
+    return _ATTENTION_CLASSES[_validation.choice(attention, "attention", tuple(_ATTENTION_CLASSES), layer=True)]
 
 
 @keras.saving.register_keras_serializable(package="keras_yoso")
@@ -78,13 +77,9 @@ class TransformerEncoderBlock(keras.layers.Layer):
         layer_norm_epsilon=1e-5,
         **kwargs,
     ):
-        for name, value in (("num_heads", num_heads), ("intermediate_dim", intermediate_dim)):
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise ValueError(f"Received an invalid value for argument `{name}`: expected a positive "
-                                 f"integer. Received: {name}={value!r}")
-        if not 0.0 <= dropout < 1.0:
-            raise ValueError(f"Received an invalid value for argument `dropout`: expected a float in [0, 1). "
-                             f"Received: dropout={dropout!r}")
+        num_heads = _validation.integer(num_heads, "num_heads", 1, layer=True)
+        intermediate_dim = _validation.integer(intermediate_dim, "intermediate_dim", 1, layer=True)
+        dropout = _validation.fraction(dropout, "dropout")
         if attention_kwargs is not None and not isinstance(attention_kwargs, dict):
             raise ValueError("Received an invalid value for argument `attention_kwargs`: expected a dict or "
                              f"None. Received: attention_kwargs={attention_kwargs!r}")

@@ -1,27 +1,22 @@
 """YOSO multi-head attention as a drop-in `keras.layers.MultiHeadAttention`.
 
-Paper: Zeng et al., "You Only Sample (Almost) Once: Linear Cost Self-Attention
-Via Bernoulli Sampling", ICML 2021.
+Paper: Zeng et al., "You Only Sample (Almost) Once: Linear Cost Self-Attention Via Bernoulli
+Sampling", ICML 2021.
 """
 
 import random
 
 import keras
-import tensorflow as tf
+from keras import ops
 
-from keras_yoso import ops
+from keras_yoso import _validation
+from keras_yoso import ops as yoso_ops
 from keras_yoso.layers.multi_head_attention_base import MultiHeadAttentionBase
-from keras_yoso.layers.multi_head_attention_base import check_bool
-from keras_yoso.layers.multi_head_attention_base import check_choice
-from keras_yoso.layers.multi_head_attention_base import check_int
 from keras_yoso.layers.multi_head_attention_base import flatten_heads
+from keras_yoso.layers.multi_head_attention_base import l2_normalize
+from keras_yoso.layers.multi_head_attention_base import repeat_heads
 from keras_yoso.layers.multi_head_attention_base import unflatten_heads
-from keras_yoso.ops.yoso import BACKWARDS as _BACKWARDS
-from keras_yoso.ops.yoso import HASH_METHODS as _HASH_METHODS
-from keras_yoso.ops.yoso import IMPLEMENTATIONS as _IMPLEMENTATIONS
 
-# yoso_cumulation's limit: 2**hash_code_len buckets of at most 2**20.
-_MAX_HASH_CODE_LEN = 20
 # yoso_expectation's name for the true derivative that "collision" estimates.
 _EXPECTATION_BACKWARD = {"lower_bound": "lower_bound", "collision": "exact"}
 
@@ -140,7 +135,7 @@ class YosoAttention(MultiHeadAttentionBase):
         use_expectation=False,
         conv_window=None,
         backward="lower_bound",
-        hash_method="hadamard",
+        hash_method=_validation.DEFAULT_HASH_METHOD,
         dropout=0.0,
         use_bias=True,
         output_shape=None,
@@ -155,13 +150,14 @@ class YosoAttention(MultiHeadAttentionBase):
         implementation="auto",
         **kwargs,
     ):
-        self._num_hashes = check_int(num_hashes, "num_hashes", 1)
-        self._hash_code_len = check_int(hash_code_len, "hash_code_len", 1, _MAX_HASH_CODE_LEN)
-        self._use_expectation = check_bool(use_expectation, "use_expectation")
-        self._conv_window = check_int(conv_window, "conv_window", 1, allow_none=True)
-        self._backward = check_choice(backward, "backward", _BACKWARDS)
-        self._hash_method = check_choice(hash_method, "hash_method", _HASH_METHODS)
-        self._implementation = check_choice(implementation, "implementation", _IMPLEMENTATIONS)
+        self._num_hashes = _validation.integer(num_hashes, "num_hashes", 1, layer=True)
+        self._hash_code_len = _validation.hash_code_len(hash_code_len, cumulation=True, layer=True)
+        self._use_expectation = _validation.boolean(use_expectation, "use_expectation", layer=True)
+        self._conv_window = _validation.integer(conv_window, "conv_window", 1, allow_none=True, layer=True)
+        self._backward = _validation.choice(backward, "backward", _validation.BACKWARDS, layer=True)
+        self._hash_method = _validation.choice(hash_method, "hash_method", _validation.HASH_METHODS, layer=True)
+        self._implementation = _validation.choice(implementation, "implementation", _validation.IMPLEMENTATIONS,
+                                                  layer=True)
         if seed is None:
             # Resolved now and stored in get_config, so reloads hash identically.
             seed = random.randint(1, 2 ** 31 - 1)
@@ -173,7 +169,7 @@ class YosoAttention(MultiHeadAttentionBase):
             bias_constraint=bias_constraint, seed=seed, **kwargs)
         self.supports_jit = self._use_expectation or not (
             self._implementation == "custom_op"
-            or (self._implementation == "auto" and ops.custom_ops_available()))
+            or (self._implementation == "auto" and yoso_ops.custom_ops_available()))
         self._training_seeds = keras.random.SeedGenerator(self.seed)
 
     @property
@@ -240,55 +236,52 @@ class YosoAttention(MultiHeadAttentionBase):
                 "attention weights (YOSO-E).")
 
     def _hash_seed(self, training):
+        """The seed of this call's hash functions: `seed` itself in inference (fixed functions), a fresh
+        `[2]` seed from the layer's SeedGenerator in training (new functions every step)."""
         if training:
-            # [seed, step + 1]: fresh hash functions every training step, never the inference ones.
-            return self._training_seeds.next() + tf.constant([0, 1], self._training_seeds.state.dtype)
+            return self._training_seeds.next()
         return self.seed
 
     def _depthwise_conv(self, value, key_mask):
         """YOSO-C term: per-head depthwise convolution of the masked values, `[B, S, heads, Dv]`."""
-        value = value * tf.cast(key_mask, value.dtype)[:, :, None, None]
-        batch, length = tf.shape(value)[0], tf.shape(value)[1]
+        value = ops.where(key_mask[:, :, None, None], value, 0.0)
+        batch, length = ops.shape(value)[0], ops.shape(value)[1]
         channels = self._num_heads * self._value_dim
-        kernel = tf.cast(tf.convert_to_tensor(self._conv_kernel), tf.float32)
-        kernel = tf.repeat(kernel, self._value_dim, axis=1)  # channel n * Dv + d uses head n's filter
-        out = tf.nn.depthwise_conv2d(
-            tf.reshape(value, [batch, length, 1, channels]), kernel[:, None, :, None],
-            strides=[1, 1, 1, 1], padding="SAME")
-        return tf.reshape(out, [batch, length, self._num_heads, self._value_dim])
+        kernel = ops.cast(ops.convert_to_tensor(self._conv_kernel), "float32")
+        kernel = ops.repeat(kernel, self._value_dim, axis=1)  # channel n * Dv + d uses head n's filter
+        out = ops.depthwise_conv(ops.reshape(value, (batch, length, channels)), kernel[:, :, None],
+                                 strides=1, padding="same")
+        return ops.reshape(out, (batch, length, self._num_heads, self._value_dim))
 
     def _normalized_heads(self, query_heads, key_heads, query_mask, key_mask):
         """L2-normalized `[B * heads, N, key_dim]` queries and keys and their `[B * heads, N]` masks."""
-        q = tf.math.l2_normalize(flatten_heads(query_heads), axis=-1)
-        k = tf.math.l2_normalize(flatten_heads(key_heads), axis=-1)
-        q_mask = tf.repeat(query_mask, self._num_heads, axis=0)  # row b * heads + h
-        k_mask = tf.repeat(key_mask, self._num_heads, axis=0)
-        return q, k, q_mask, k_mask
+        q = l2_normalize(flatten_heads(query_heads))
+        k = l2_normalize(flatten_heads(key_heads))
+        return q, k, repeat_heads(query_mask, self._num_heads), repeat_heads(key_mask, self._num_heads)
 
     def _attend(self, query_heads, key_heads, value_heads, query_mask, key_mask, training, use_causal_mask):
         q, k, q_mask, k_mask = self._normalized_heads(query_heads, key_heads, query_mask, key_mask)
         v = flatten_heads(value_heads)  # [B * heads, S, value_dim]
         if self._use_expectation:
-            out = ops.yoso_expectation(q, k, v, self._hash_code_len, q_mask, k_mask,
-                                       backward=_EXPECTATION_BACKWARD[self._backward],
-                                       implementation=self._implementation)
+            out = yoso_ops.yoso_expectation(q, k, v, self._hash_code_len, q_mask, k_mask,
+                                            backward=_EXPECTATION_BACKWARD[self._backward],
+                                            implementation=self._implementation)
         else:
             seed = self._hash_seed(training)
-            query_codes = ops.hash_codes(q, self._num_hashes, self._hash_code_len, seed,
-                                         method=self._hash_method, implementation=self._implementation)
-            key_codes = ops.hash_codes(k, self._num_hashes, self._hash_code_len, seed,
-                                       method=self._hash_method, implementation=self._implementation)
-            out = ops.yoso_cumulation(q, k, v, query_codes, key_codes, self._hash_code_len, q_mask, k_mask,
-                                      backward=self._backward, implementation=self._implementation)
-        out = tf.math.l2_normalize(out, axis=-1)  # N-YOSO; all-zero rows stay zero
-        out = unflatten_heads(out, tf.shape(query_heads)[0], self._num_heads)  # [B, T, heads, value_dim]
+            query_codes = yoso_ops.hash_codes(q, self._num_hashes, self._hash_code_len, seed,
+                                              method=self._hash_method, implementation=self._implementation)
+            key_codes = yoso_ops.hash_codes(k, self._num_hashes, self._hash_code_len, seed,
+                                            method=self._hash_method, implementation=self._implementation)
+            out = yoso_ops.yoso_cumulation(q, k, v, query_codes, key_codes, self._hash_code_len, q_mask, k_mask,
+                                           backward=self._backward, implementation=self._implementation)
+        out = l2_normalize(out)  # N-YOSO; all-zero rows stay zero
+        out = unflatten_heads(out, ops.shape(query_heads)[0], self._num_heads)  # [B, T, heads, value_dim]
         if self._conv_window is not None:
             out = out + self._depthwise_conv(value_heads, key_mask)
         return out
 
     def _attention_scores(self, query_heads, key_heads, query_mask, key_mask):
         q, k, q_mask, k_mask = self._normalized_heads(query_heads, key_heads, query_mask, key_mask)
-        scores = ops.yoso_expectation_weights(q, k, self._hash_code_len, q_mask, k_mask)
-        shape = tf.stack([tf.shape(query_heads)[0], self._num_heads, tf.shape(query_heads)[1],
-                          tf.shape(key_heads)[1]])
-        return tf.reshape(scores, shape)
+        scores = yoso_ops.yoso_expectation_weights(q, k, self._hash_code_len, q_mask, k_mask)
+        shape = (ops.shape(query_heads)[0], self._num_heads, ops.shape(query_heads)[1], ops.shape(key_heads)[1])
+        return ops.reshape(scores, shape)

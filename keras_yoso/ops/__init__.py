@@ -1,23 +1,49 @@
-"""keras_yoso.ops: the functional API of keras-yoso.
+"""keras_yoso.ops: the functional API of keras-yoso, on every Keras backend.
 
-The compiled custom ops are loaded when this package is imported; every
-function hides the custom-op / composite choice behind `implementation=`.
+Every YOSO function takes `implementation="auto" | "custom_op" | "composite"`: the compiled
+custom ops (TensorFlow backend, loaded when keras_yoso is imported) or the `keras.ops`
+composite (TensorFlow, JAX, torch). `implementation_in_use` says which one "auto" picks.
 """
 
-from keras_yoso.ops._library import custom_ops_available
+from keras_yoso import _runtime
+from keras_yoso.ops._dispatch import custom_ops_available
+from keras_yoso.ops._dispatch import provider as _provider
+from keras_yoso.ops.hashing import hash_codes
+from keras_yoso.ops.hashing import hash_parameters
 from keras_yoso.ops.linear_relative import linear_relative_attention
-from keras_yoso.ops.yoso import hash_codes
-from keras_yoso.ops.yoso import hash_parameters
+from keras_yoso.ops.yoso import collision_cumulation
 from keras_yoso.ops.yoso import lsh_cumulation
 from keras_yoso.ops.yoso import weighted_lsh_cumulation
 from keras_yoso.ops.yoso import yoso_cumulation
 from keras_yoso.ops.yoso import yoso_expectation
 from keras_yoso.ops.yoso import yoso_expectation_weights
 
+
+def implementation_in_use(implementation="auto"):
+    """"custom_op" or "composite": what an op called now with `implementation` runs."""
+    from keras_yoso.ops import composite
+
+    return "composite" if _provider(implementation) is composite else "custom_op"
+
+
+def custom_ops_load_error():
+    """Why the custom ops are not available here (None when they are)."""
+    from keras_yoso.ops._dispatch import native_provider
+
+    return native_provider()[1]
+
+
+if _runtime.is_tensorflow():
+    # Load the op library now, so SavedModels that use the ops load after `import keras_yoso`.
+    custom_ops_available()
+
 __all__ = [
+    "collision_cumulation",
     "custom_ops_available",
+    "custom_ops_load_error",
     "hash_codes",
     "hash_parameters",
+    "implementation_in_use",
     "linear_relative_attention",
     "lsh_cumulation",
     "weighted_lsh_cumulation",

@@ -1,227 +1,487 @@
-"""Pure-TensorFlow composites of every keras-yoso op.
+"""The portable composite of every YOSO op, written once in `keras.ops` (TensorFlow, JAX, torch).
 
-Each function computes the same numbers as the custom op of the same name
-(to float32 rounding), with ordinary TF ops only, so a graph built from them
-runs anywhere TensorFlow runs: XLA (`jit_compile=True`), TPUs, TF Serving
-without keras_yoso installed. Shapes and semantics are documented on the
-public functions in `keras_yoso.ops`.
+Forward-only primitives with the argument order of the public functions of `keras_yoso.ops`
+(which add validation and gradients) and of the custom-op provider `_tf_kernels`. Masks are
+bool `[B, N]`; codes int32 `[B, m, N]`, already validated (codes outside [0, num_buckets) are
+dropped like masked positions, so nothing is ever read out of bounds). Everything is computed
+in float32 and returned in float32.
 
-Costs: the hashing and cumulations are linear in sequence length
-(O(B m (Nq + Nk) F) time, with F = D, or W*D for the weighted cumulation,
-whose key-side outer products take O(B Nk W D) memory and whose bucket table
-per hash is [B * num_buckets, W * D]; num_buckets * W * D is limited to
-MAX_BUCKET_TABLE_FLOATS, like the custom op's). The collision estimator is dense
-here (O(B Nq Nk) memory); use the custom op at long lengths.
+Memory is linear in the sequence lengths and bounded per step: hashes are processed in chunks
+so that no intermediate exceeds WORKING_SET_FLOATS, and no `[B, m, 2^tau, D]` table or
+`[Nq, Nk]` matrix is ever built.
 
-Masks are float [B, N]; like the kernels, any nonzero value (NaN included) keeps
-the position.
+Algorithms (Zeng et al., ICML 2021, eq. 2 and 4, appendix eq. 2):
+
+- `lsh_cumulation` (eq. 2): per hash, segment sums of the values into `num_buckets` buckets,
+  gathered by query code. O(B m (Nq + Nk) D).
+- `weighted_lsh_cumulation` (the eq. 4 backward) and `collision_cumulation` (*YOSO): per
+  (row, hash), queries and keys are sorted by code; tiles of TILE_QUERIES sorted queries
+  meet, as dense products, windows of the sorted keys that share their codes. Time
+  O(B m (Nq Wk (W + D)) iterations), Wk ~ 1.5 (TILE_QUERIES Nk / Nq + Nk / 2^tau): linear in the
+  lengths while buckets stay small. When codes are skewed (a few huge buckets), the weighted
+  cumulation switches at run time to bucket tables of key_weight (x) value outer products,
+  O(B m (Nq + Nk) W D), so it stays linear; the collision estimator has no table form (its
+  pair weight is not separable) and costs O(nnz (W + d + m)), nnz the colliding pairs.
 """
 
 import math
 
-import tensorflow as tf
+import numpy as np
+from keras import ops
 
-COMPUTE_DTYPE = tf.float32
-# Largest bucket table of a weighted cumulation, num_buckets * W * D floats (1 GiB of float32);
-# the kernels' kMaxBucketTableFloats (custom_ops/cc/kernels/yoso_common.h).
-MAX_BUCKET_TABLE_FLOATS = 2 ** 28
+from keras_yoso import _runtime
 
-
-def _static_dim(tensor, axis, what):
-    dim = tensor.shape[axis]
-    if dim is None:
-        raise ValueError(f"{what} must be known when the graph is built for the composite path; "
-                         f"got shape {tensor.shape}")
-    return dim
-
-
-def pack_sign_bits(projected, num_hashes, hash_code_len):
-    """projected [B, N, >= m*tau] -> int32 codes [B, m, N]; bit i of hash h is projected[..., h*tau+i] > 0."""
-    bits = tf.cast(projected[..., : num_hashes * hash_code_len] > 0, tf.int32)
-    shape = tf.concat([tf.shape(bits)[:2], [num_hashes, hash_code_len]], 0)
-    bits = tf.reshape(bits, shape)
-    weights = tf.bitwise.left_shift(tf.ones([hash_code_len], tf.int32), tf.range(hash_code_len))
-    return tf.transpose(tf.reduce_sum(bits * weights, -1), [0, 2, 1])
+COMPUTE_DTYPE = "float32"
+# Largest intermediate of one chunked step, in floats (32 MiB of float32).
+WORKING_SET_FLOATS = 2 ** 23
+# Sorted queries per tile of the sort-based cumulations.
+TILE_QUERIES = 32
+# A segment sum + gather costs about this many times a GEMM multiply-add on the CPU (measured with
+# benchmarks/ops_timing.py); used to choose bucket tables over tiles for skewed codes.
+TABLE_COST_FACTOR = 4
 
 
-def gaussian_hash_codes(x, projection, num_hashes, hash_code_len):
-    """Hyperplane LSH with a dense Gaussian projection [d, m*tau] (appendix §1.2)."""
-    projected = tf.einsum("bnd,dk->bnk", tf.cast(x, COMPUTE_DTYPE), projection)
-    return pack_sign_bits(projected, num_hashes, hash_code_len)
+def _f32(x):
+    return ops.cast(x, COMPUTE_DTYPE)
 
 
-def fast_hadamard_transform(y):
-    """Unnormalized Walsh-Hadamard transform (Sylvester order) over the last axis (a power of two).
+def _keep_rows(mask, x):
+    """x [B, N, F] with the rows where mask [B, N] is False set to 0 (NaN and Inf included)."""
+    return ops.where(mask[:, :, None], x, ops.zeros((), x.dtype))
 
-    Same butterfly order as the C++ kernel, so both round identically.
+
+def _chunks(total, per_chunk):
+    return [(start, min(total, start + per_chunk)) for start in range(0, total, per_chunk)]
+
+
+def _known(*dims):
+    return all(isinstance(d, int) for d in dims)
+
+
+def _empty(*dims):
+    """True when a dim known now is 0 (then there are no pairs; some backends cannot reduce empty tensors)."""
+    return any(isinstance(d, int) and d == 0 for d in dims)
+
+
+def _float(x):
+    """A dim (Python int or scalar tensor) as float32, for cost arithmetic that must not overflow."""
+    return float(x) if isinstance(x, int) else ops.cast(x, "float32")
+
+
+def _hash_chunk(num_hashes, floats_per_hash):
+    """Hashes per chunk so that one chunk's intermediates stay within WORKING_SET_FLOATS."""
+    if not isinstance(floats_per_hash, int):
+        return min(num_hashes, 4)
+    return max(1, min(num_hashes, WORKING_SET_FLOATS // max(1, floats_per_hash)))
+
+
+# ----------------------------------------------------------------------------
+# Hashing.
+
+@_runtime.compiled(static_argnames=("num_hashes", "hash_code_len", "method"))
+def hash_codes(x, params, num_hashes, hash_code_len, method):
+    """Sign random projections: int32 `[B, m, N]` codes of x `[B, N, d]` (appendix §1.2).
+
+    params: from `keras_yoso.ops.hash_parameters`: the Gaussian projection `[d, m tau]`, or the
+    Hadamard signs, turned here into the first d rows of the Hadamard hash's matrix. Both
+    methods are then one projection matmul: bit i of hash h is `<x, projection[:, h tau + i]> > 0`
+    (NaN is not > 0: a NaN row hashes to code 0).
     """
-    size = _static_dim(y, -1, "the padded dimension")
-    lead = tf.shape(y)[:-1]
+    batch, length, dim = ops.shape(x)
+    bits = num_hashes * hash_code_len
+    projection = params if method == "gaussian" else hadamard_projection(params, dim, bits)
+    projected = ops.einsum("bnd,dk->bnk", _f32(x), projection[:, :bits])
+    signs = ops.reshape(ops.cast(ops.greater(projected, 0.0), "int32"), (batch, length, num_hashes, hash_code_len))
+    weights = ops.convert_to_tensor(np.left_shift(1, np.arange(hash_code_len)).astype(np.int32))
+    return ops.transpose(ops.sum(signs * weights, axis=-1), (0, 2, 1))
+
+
+def hadamard_transform(y):
+    """Unnormalized Walsh-Hadamard transform (Sylvester order) over the last axis (a power of two)."""
+    size = y.shape[-1]
+    lead = ops.shape(y)[:-1]
     length = 1
     while length < size:
-        z = tf.reshape(y, tf.concat([lead, [size // (2 * length), 2, length]], 0))
+        z = ops.reshape(y, (*lead, size // (2 * length), 2, length))
         a, b = z[..., 0, :], z[..., 1, :]
-        y = tf.reshape(tf.stack([a + b, a - b], axis=-2), tf.concat([lead, [size]], 0))
+        y = ops.reshape(ops.stack([a + b, a - b], axis=-2), (*lead, size))
         length *= 2
     return y
 
 
-def hadamard_hash_codes(x, signs, num_hashes, hash_code_len):
-    """Fast-Hadamard LSH: concat_q sign(H D3 H D2 H D1 pad(x)), signs [nb, 3, padded_dim] (appendix §1.2).
+def hadamard_projection(signs, dim, num_bits):
+    """The `[dim, num_bits]` matrix of the Hadamard hash: column q p + r is row r of
+    H D3 H D2 H D1 of block q (D_s = diag(signs[q, s - 1]), H the p x p Sylvester matrix), so
+    `x @ projection` is the block-q transform of x zero-padded to p (appendix §1.2).
 
-    The transform runs in float64, where the +-1 sums of float32 inputs are
-    exact, so structural zeros give bit 0 here and in the kernels alike.
+    signs: float32 `[num_blocks, 3, p]` of +-1. The entries are integers of magnitude <= p^2
+    (exact in float32 for p <= 4096), so a structural zero of the transform is an exact zero here.
     """
-    num_blocks = _static_dim(signs, 0, "the number of Hadamard blocks")
-    padded_dim = _static_dim(signs, 2, "the padded dimension")
-    dim = _static_dim(x, -1, "the last dimension of x")
-    x = tf.cast(tf.cast(x, COMPUTE_DTYPE), tf.float64)
-    y = tf.pad(x, [[0, 0], [0, 0], [0, padded_dim - dim]])
-    y = tf.tile(y[:, :, None, :], [1, 1, num_blocks, 1])  # [B, N, nb, p]
-    for stage in range(3):
-        y = fast_hadamard_transform(y * tf.cast(signs[:, stage, :], tf.float64))
-    projected = tf.reshape(y, tf.concat([tf.shape(x)[:2], [num_blocks * padded_dim]], 0))
-    return pack_sign_bits(projected, num_hashes, hash_code_len)
+    num_blocks, _, padded = signs.shape
+    eye = ops.eye(padded, dtype=COMPUTE_DTYPE)[None]          # rows: unit vectors e_k
+    y = eye * signs[:, 0, None, :]
+    y = hadamard_transform(y) * signs[:, 1, None, :]
+    y = hadamard_transform(y) * signs[:, 2, None, :]
+    y = hadamard_transform(y)                                 # [blocks, k, r]: transform of e_k
+    columns = ops.reshape(ops.transpose(y[:, :dim, :], (1, 0, 2)), (dim, num_blocks * padded))
+    return columns[:, :num_bits]
 
 
-def _keep(mask, data):
-    """Zeroes data rows [B, N, F] whose mask [B, N] is 0 (NaN or Inf in those rows included)."""
-    return tf.where(mask[:, :, None] != 0, data, tf.zeros_like(data))
+# ----------------------------------------------------------------------------
+# Codes as bucket ids.
+
+def _bucket_ids(codes, mask, num_buckets, dropped):
+    """codes `[B, m, N]` with masked positions and out-of-range codes replaced by `dropped`."""
+    valid = ops.logical_and(ops.greater_equal(codes, 0), ops.less(codes, num_buckets))
+    valid = ops.logical_and(valid, mask[:, None, :])
+    return ops.where(valid, codes, dropped)
 
 
-def bucket_table_message(num_buckets, weight_dim, value_dim):
-    """The error text of a bucket table over MAX_BUCKET_TABLE_FLOATS (the kernels' text)."""
-    return (f"the bucket table of the weighted LSH cumulation, num_buckets * weight_dim * value_dim = "
-            f"{num_buckets} * {weight_dim} * {value_dim} floats (weight_dim: axis 2 of query_weight and "
-            f"key_weight; value_dim: axis 2 of value), exceeds the limit of 2**28 floats (1 GiB); use fewer "
-            f"buckets or split weight_dim or value_dim into chunks")
-
-
-def check_bucket_table(num_buckets, weight_dim, value_dim):
-    """Raises ValueError when the known widths make num_buckets * W * D exceed MAX_BUCKET_TABLE_FLOATS."""
-    if weight_dim is not None and value_dim is not None and (
-            num_buckets * weight_dim * value_dim > MAX_BUCKET_TABLE_FLOATS):
-        raise ValueError(bucket_table_message(num_buckets, weight_dim, value_dim))
-
-
-def _bucket_table_assertions(num_buckets, weight, value):
-    """check_bucket_table now, or a run-time assertion when weight [.., W] or value [.., D] has an unknown width."""
-    check_bucket_table(num_buckets, weight.shape[-1], value.shape[-1])
-    if weight.shape[-1] is not None and value.shape[-1] is not None:
-        return []
-    # float64: exact below 2**53, and any product that large is far over the limit anyway.
-    floats = (float(num_buckets) * tf.cast(tf.shape(weight)[-1], tf.float64)
-              * tf.cast(tf.shape(value)[-1], tf.float64))
-    return [tf.debugging.assert_less_equal(floats, tf.constant(MAX_BUCKET_TABLE_FLOATS, tf.float64),
-                                           message=bucket_table_message(
-                                               num_buckets, "?" if weight.shape[-1] is None else weight.shape[-1],
-                                               "?" if value.shape[-1] is None else value.shape[-1]))]
-
-
-def _bucket_sum_and_gather(query_codes, key_codes, key_data, num_buckets):
-    """For each hash: scatter key_data [B, Nk, F] by key code, gather by query code.
-
-    Yields one [B, Nq, F] tensor per hash (codes [B, m, N]).
-    """
-    num_hashes = _static_dim(query_codes, 1, "num_hashes (axis 1 of query_codes)")
-    batch, num_keys, feature = tf.unstack(tf.shape(key_data))
-    offsets = tf.range(batch)[:, None] * num_buckets
-    # Explicit sizes: reshaping an empty tensor to [-1, 0] would infer 1 row, not B * Nk.
-    flat_data = tf.reshape(key_data, tf.stack([batch * num_keys, feature]))
-    for h in range(num_hashes):
-        key_ids = tf.reshape(key_codes[:, h, :] + offsets, [-1])
-        table = tf.math.unsorted_segment_sum(flat_data, key_ids, batch * num_buckets)
-        yield tf.gather(table, query_codes[:, h, :] + offsets)
-
-
-def lsh_cumulation(query_mask, query_codes, key_mask, key_codes, value, num_buckets):
-    """YOSO eq. 2 averaged over hashes; masks are float [B, N] of 0/1."""
-    dtype = value.dtype
-    num_hashes = _static_dim(query_codes, 1, "num_hashes (axis 1 of query_codes)")
-    data = _keep(key_mask, tf.cast(value, COMPUTE_DTYPE))
-    total = tf.add_n(list(_bucket_sum_and_gather(query_codes, key_codes, data, num_buckets)))
-    return tf.cast(_keep(query_mask, total / num_hashes), dtype)
-
-
-def weighted_lsh_cumulation(query_mask, query_codes, query_weight, key_mask, key_codes, key_weight,
-                            value, num_buckets):
-    """lsh_cumulation with pair (i, j) weighted by <query_weight_i, key_weight_j>."""
-    dtype = value.dtype
-    num_hashes = _static_dim(query_codes, 1, "num_hashes (axis 1 of query_codes)")
-    with tf.control_dependencies(_bucket_table_assertions(num_buckets, query_weight, value)):
-        key_weight = tf.identity(key_weight)
-    kw = _keep(key_mask, tf.cast(key_weight, COMPUTE_DTYPE))
-    v = _keep(key_mask, tf.cast(value, COMPUTE_DTYPE))
-    qw = _keep(query_mask, tf.cast(query_weight, COMPUTE_DTYPE))
-    width, value_dim = tf.shape(kw)[2], tf.shape(v)[2]
-    outer = tf.reshape(kw[:, :, :, None] * v[:, :, None, :], tf.concat([tf.shape(v)[:2], [width * value_dim]], 0))
+@_runtime.compiled(static_argnames=("num_buckets",))
+def lsh_cumulation(query_codes, key_codes, value, num_buckets, query_mask, key_mask):
+    """YOSO eq. 2 averaged over hashes, `[B, Nq, D]` float32: per hash, segment sums of the values
+    by key code gathered by query code."""
+    num_hashes = query_codes.shape[1]
+    batch, num_queries = ops.shape(query_codes)[0], ops.shape(query_codes)[2]
+    num_keys, width = ops.shape(value)[1], ops.shape(value)[2]
+    # Slot num_buckets collects the dropped keys; dropped queries read the empty slot num_buckets + 1.
+    slots = num_buckets + 2
+    qc = _bucket_ids(query_codes, query_mask, num_buckets, num_buckets + 1)
+    kc = _bucket_ids(key_codes, key_mask, num_buckets, num_buckets)
+    if _empty(batch, num_queries, num_keys, width):
+        return ops.zeros((batch, num_queries, width), COMPUTE_DTYPE)
+    values = _keep_rows(key_mask, _f32(value))
+    per_hash = batch * max(num_queries, num_keys, slots) * width if _known(batch, num_queries, num_keys, width) else None
     total = None
-    for gathered in _bucket_sum_and_gather(query_codes, key_codes, outer, num_buckets):
-        gathered = tf.reshape(gathered, tf.concat([tf.shape(qw)[:2], [width, value_dim]], 0))
-        term = tf.einsum("bqw,bqwd->bqd", qw, gathered)
-        total = term if total is None else total + term
-    return tf.cast(_keep(query_mask, total / num_hashes), dtype)
+    for h0, h1 in _chunks(num_hashes, _hash_chunk(num_hashes, per_hash)):
+        count = h1 - h0
+        blocks = ops.reshape(ops.arange(batch * count, dtype="int32") * slots, (batch, count, 1))
+        data = ops.reshape(ops.broadcast_to(values[:, None], (batch, count, num_keys, width)),
+                           (batch * count * num_keys, width))
+        table = ops.segment_sum(data, ops.reshape(kc[:, h0:h1] + blocks, (-1,)),
+                                num_segments=batch * count * slots)
+        gathered = ops.take(table, ops.reshape(qc[:, h0:h1] + blocks, (-1,)), axis=0)
+        part = ops.sum(ops.reshape(gathered, (batch, count, num_queries, width)), axis=1)
+        total = part if total is None else total + part
+    return _keep_rows(query_mask, total / num_hashes)
 
 
-def expectation_weights(query, key, hash_code_len, pair_mask):
-    """YOSO-E weights E_ij = (1 - acos(x_ij)/pi)^tau * pair_mask_ij, x = <Q_i, K_j> clipped to [-1, 1] (§3.1).
+# ----------------------------------------------------------------------------
+# Sort-by-code tiles: the shared machinery of the weighted and collision cumulations.
 
-    query [B, Nq, d], key [B, Nk, d] (float32), pair_mask [B, Nq, Nk] of 0/1.
-    Returns (x, E), both [B, Nq, Nk]: the backward of YOSO-E needs the cosines too.
+def _tile_window(num_queries, num_keys, num_buckets):
+    """(tile rows P, key window Wk), static: Wk covers the keys of a tile's codes with margin for
+    uniformly spread codes; wider tiles (skewed codes) take several windows."""
+    rows = TILE_QUERIES
+    if not _known(num_queries, num_keys):
+        return rows, 2 * rows + 16
+    rows = max(1, min(rows, num_queries))
+    expected = rows * num_keys / max(1, num_queries) + num_keys / num_buckets + 1
+    window = int(math.ceil((1.5 * expected + 8) / 8) * 8)
+    return rows, max(1, min(window, int(math.ceil(max(1, num_keys) / 8) * 8)))
+
+
+class _Tiles:
+    """One chunk of hashes of a sort-based cumulation, rows r = b * count + hash.
+
+    Queries of each row sorted by code and cut into `tiles` tiles of `rows` queries; for each tile
+    the range [start, end) of the row's keys, sorted by code, whose codes the tile's queries have.
     """
-    x = tf.clip_by_value(tf.einsum("bid,bjd->bij", query, key), -1.0, 1.0)
-    return x, tf.pow(1.0 - tf.acos(x) / math.pi, float(hash_code_len)) * pair_mask
+
+    def __init__(self, query_ids, key_ids, num_buckets, rows, window):
+        # query_ids / key_ids [B, count, N]: codes, dropped queries at num_buckets + 1, dropped keys
+        # at num_buckets (so they never meet and sort last).
+        shape_q, shape_k = ops.shape(query_ids), ops.shape(key_ids)
+        self.batch, self.count, self.num_queries = shape_q
+        self.num_keys = shape_k[2]
+        self.rows, self.window = rows, window
+        self.num_rows = self.batch * self.count
+        qc = ops.reshape(query_ids, (self.num_rows, self.num_queries))
+        kc = ops.reshape(key_ids, (self.num_rows, self.num_keys))
+        slots = num_buckets + 2
+        self.tiles = (self.num_queries + rows - 1) // rows
+        padded = self.tiles * rows
+
+        key_order = ops.cast(ops.argsort(kc, axis=-1), "int32")
+        self.sorted_key_codes = ops.take_along_axis(kc, key_order, axis=-1)
+        row_base = ops.arange(self.num_rows, dtype="int32")[:, None]
+        batch_of_row = row_base // self.count
+        # Key k of row r sits at flat position b * Nk + k of a [B * Nk, F] feature table.
+        self.key_rows = key_order + batch_of_row * self.num_keys
+        ones = ops.ones((self.num_rows * self.num_keys,), "int32")
+        counts = ops.segment_sum(ones, ops.reshape(kc + row_base * slots, (-1,)),
+                                 num_segments=self.num_rows * slots)
+        counts = ops.reshape(counts, (self.num_rows, slots))
+        ends = ops.cumsum(counts, axis=-1)
+        starts = ends - counts
+
+        query_order = ops.cast(ops.argsort(qc, axis=-1), "int32")
+        position = ops.arange(padded, dtype="int32")[None, :]
+        inside = ops.less(position, self.num_queries)
+        last = ops.maximum(self.num_queries - 1, 0)
+        order = ops.take_along_axis(query_order, ops.broadcast_to(ops.minimum(position, last),
+                                                                  (self.num_rows, padded)), axis=-1)
+        codes = ops.take_along_axis(qc, order, axis=-1)
+        self.query_codes = ops.reshape(ops.where(inside, codes, num_buckets + 1), (self.num_rows, self.tiles, rows))
+        # Query j of tile t: flat position b * Nq + q of a [B * Nq, F] table; padding goes to
+        # the extra segment B * Nq when results are scattered back.
+        self.query_rows = ops.reshape(order + batch_of_row * self.num_queries, (self.num_rows, self.tiles, rows))
+        self.scatter_ids = ops.reshape(ops.where(inside, order + batch_of_row * self.num_queries,
+                                                 self.batch * self.num_queries), (-1,))
+        valid = ops.less(self.query_codes, num_buckets)
+        low = ops.minimum(self.query_codes[..., 0], num_buckets - 1)
+        high = ops.max(ops.where(valid, self.query_codes, -1), axis=-1)
+        self.start = ops.take_along_axis(starts, low, axis=-1)
+        end = ops.take_along_axis(ends, ops.maximum(high, 0), axis=-1)
+        self.length = ops.where(ops.greater_equal(high, 0), end - self.start, 0)
+        self.iterations = ops.max(ops.concatenate(
+            [ops.reshape((self.length + window - 1) // window, (-1,)), ops.zeros((1,), "int32")]))
+
+    def window_keys(self, iteration):
+        """Key window `iteration` of every tile: (flat key rows [R, T, Wk], codes [R, T, Wk],
+        in-window mask [R, T, Wk])."""
+        offset = self.start[..., None] + iteration * self.window + ops.arange(self.window, dtype="int32")
+        inside = ops.logical_and(ops.less(offset, (self.start + self.length)[..., None]),
+                                 ops.less(offset, self.num_keys))
+        index = ops.reshape(ops.minimum(offset, ops.maximum(self.num_keys - 1, 0)),
+                            (self.num_rows, self.tiles * self.window))
+        shape = (self.num_rows, self.tiles, self.window)
+        key_rows = ops.reshape(ops.take_along_axis(self.key_rows, index, axis=-1), shape)
+        codes = ops.reshape(ops.take_along_axis(self.sorted_key_codes, index, axis=-1), shape)
+        return key_rows, codes, inside
+
+    def gather(self, table, flat_rows, tail):
+        """Rows `flat_rows` (any shape) of table [rows, F] as [*flat_rows.shape, F]."""
+        gathered = ops.take(table, ops.reshape(flat_rows, (-1,)), axis=0)
+        return ops.reshape(gathered, tail + (ops.shape(table)[1],))
+
+    def scatter(self, tile_sums):
+        """tile_sums [R, T, P, F] back to [B, Nq, F], summed over the chunk's hashes."""
+        width = ops.shape(tile_sums)[-1]
+        flat = ops.reshape(tile_sums, (self.num_rows * self.tiles * self.rows, width))
+        total = ops.segment_sum(flat, self.scatter_ids, num_segments=self.batch * self.num_queries + 1)
+        return ops.reshape(total[:-1], (self.batch, self.num_queries, width))
+
+
+def _pair_sum(weights, pairs, values, exact_nonfinite):
+    """sum_j weights[..., i, j] values[..., j, :] -> [..., i, F]; weights are 0 off `pairs`.
+
+    With `exact_nonfinite`, non-finite entries of `values` reach an output only through the pairs
+    in `pairs`, as sequential IEEE sums give them (NaN; +-Inf; NaN where +Inf meets -Inf or a zero
+    weight meets Inf): the finite part goes through the product, the rest is counted per pair.
+    """
+    if not exact_nonfinite:
+        return ops.einsum("...ij,...jf->...if", weights, values)
+    finite = ops.isfinite(values)
+    total = ops.einsum("...ij,...jf->...if", weights, ops.where(finite, values, 0.0))
+    pair = ops.cast(pairs, COMPUTE_DTYPE)
+    positive = pair * ops.cast(ops.greater(weights, 0.0), COMPUTE_DTYPE)
+    negative = pair * ops.cast(ops.less(weights, 0.0), COMPUTE_DTYPE)
+    zero = pair * ops.cast(ops.equal(weights, 0.0), COMPUTE_DTYPE)
+    plus_inf = ops.cast(ops.equal(values, math.inf), COMPUTE_DTYPE)
+    minus_inf = ops.cast(ops.equal(values, -math.inf), COMPUTE_DTYPE)
+
+    def count(a, b):
+        return ops.einsum("...ij,...jf->...if", a, b)
+
+    plus = count(positive, plus_inf) + count(negative, minus_inf)
+    minus = count(negative, plus_inf) + count(positive, minus_inf)
+    nan = count(pair, ops.cast(ops.isnan(values), COMPUTE_DTYPE)) + count(zero, plus_inf + minus_inf)
+    zeros = ops.zeros_like(total)
+    return (total + ops.where(ops.greater(plus, 0.0), zeros + math.inf, zeros)
+            - ops.where(ops.greater(minus, 0.0), zeros + math.inf, zeros)
+            + ops.where(ops.greater(nan, 0.0), zeros + math.nan, zeros))
+
+
+def _all_finite(x):
+    return ops.all(ops.isfinite(x))
+
+
+def _tile_loop(tiles, pair_weights, key_table, value_table, exact_nonfinite):
+    """Runs every key window of `tiles`: sum over colliding pairs of pair_weights(...) times the
+    value rows, `[R, T, P, F]`.
+
+    pair_weights(key_rows, key_codes, pairs) -> ([R, T, P, Wk] weights, the pairs they count),
+    weights 0 off the counted pairs.
+    """
+    width = ops.shape(value_table)[1]
+    shape = (tiles.num_rows, tiles.tiles, tiles.window)
+
+    def body(iteration, total):
+        key_rows, key_codes, inside = tiles.window_keys(iteration)
+        pairs = ops.logical_and(ops.equal(tiles.query_codes[..., :, None], key_codes[..., None, :]),
+                                inside[..., None, :])
+        weights, counted = pair_weights(key_rows, key_codes, pairs)
+        values = tiles.gather(value_table, key_rows, shape)
+        return iteration + 1, total + _pair_sum(weights, counted, values, exact_nonfinite)
+
+    zeros = ops.zeros((tiles.num_rows, tiles.tiles, tiles.rows, width), COMPUTE_DTYPE)
+    _, total = ops.while_loop(lambda iteration, total: ops.less(iteration, tiles.iterations), body,
+                              (ops.zeros((), "int32"), zeros))
+    return total
+
+
+def _tiles_per_chunk(batch, num_queries, window, num_hashes):
+    if not _known(batch, num_queries):
+        return _hash_chunk(num_hashes, None)
+    return _hash_chunk(num_hashes, batch * (num_queries + TILE_QUERIES) * window * 2)
+
+
+def _flat(x):
+    """[B, N, F] -> [B * N, F]."""
+    batch, length, width = ops.shape(x)
+    return ops.reshape(x, (batch * length, width))
+
+
+@_runtime.compiled(static_argnames=("num_buckets",))
+def weighted_lsh_cumulation(query_codes, query_weight, key_codes, key_weight, value, num_buckets,
+                            query_mask, key_mask):
+    """`[B, Nq, D]` float32: (1/m) sum_h sum_j [qc == kc] <query_weight_i, key_weight_j> value_j over
+    kept pairs (the building block of the eq. 4 backward), by sort-by-code tiles, or by bucket
+    tables when the codes are too skewed for tiles (see the module docstring)."""
+    num_hashes = query_codes.shape[1]
+    batch, num_queries = ops.shape(query_codes)[0], ops.shape(query_codes)[2]
+    num_keys = ops.shape(key_codes)[2]
+    weight_dim, value_dim = ops.shape(query_weight)[2], ops.shape(value)[2]
+    qw = _keep_rows(query_mask, _f32(query_weight))
+    kw = _keep_rows(key_mask, _f32(key_weight))
+    values = _keep_rows(key_mask, _f32(value))
+    if _empty(batch, num_queries, num_keys, weight_dim, value_dim):
+        return ops.zeros((batch, num_queries, value_dim), COMPUTE_DTYPE)
+    query_ids = _bucket_ids(query_codes, query_mask, num_buckets, num_buckets + 1)
+    key_ids = _bucket_ids(key_codes, key_mask, num_buckets, num_buckets)
+    rows, window = _tile_window(num_queries, num_keys, num_buckets)
+    exact = ops.logical_not(_all_finite(values))
+    qw_table, kw_table, value_table = _flat(qw), _flat(kw), _flat(values)
+    # Multiply-adds per row: tiles, per tile and window; tables, TABLE_COST_FACTOR-weighted.
+    tile_cost = rows * window * (_float(weight_dim) + _float(value_dim))
+    table_cost = TABLE_COST_FACTOR * (_float(num_queries) + _float(num_keys)) * _float(weight_dim) * _float(value_dim)
+
+    total = None
+    for h0, h1 in _chunks(num_hashes, _tiles_per_chunk(batch, num_queries, window, num_hashes)):
+        tiles = _Tiles(query_ids[:, h0:h1], key_ids[:, h0:h1], num_buckets, rows, window)
+        query_weights = tiles.gather(qw_table, tiles.query_rows, (tiles.num_rows, tiles.tiles, rows))
+
+        def pair_weights(key_rows, key_codes, pairs, query_weights=query_weights, tiles=tiles):
+            key_weights = tiles.gather(kw_table, key_rows, (tiles.num_rows, tiles.tiles, tiles.window))
+            return ops.where(pairs, ops.einsum("rtpw,rtkw->rtpk", query_weights, key_weights), 0.0), pairs
+
+        def by_tiles(tiles=tiles, pair_weights=pair_weights):
+            sums = ops.cond(exact, lambda: _tile_loop(tiles, pair_weights, kw_table, value_table, True),
+                            lambda: _tile_loop(tiles, pair_weights, kw_table, value_table, False))
+            return tiles.scatter(sums)
+
+        def by_tables(h0=h0, h1=h1):
+            return _weighted_by_tables(query_ids[:, h0:h1], qw, key_ids[:, h0:h1], kw, values, num_buckets)
+
+        use_tables = ops.greater(ops.cast(tiles.iterations, "float32") * _float(tiles.tiles) * tile_cost,
+                                 table_cost)
+        part = ops.cond(use_tables, by_tables, by_tiles)
+        total = part if total is None else total + part
+    return _keep_rows(query_mask, total / num_hashes)
+
+
+def _weighted_by_tables(query_ids, qw, key_ids, kw, values, num_buckets):
+    """sum over the given hashes of the weighted cumulation through bucket tables of
+    key_weight (x) value outer products, `[B, Nq, D]` (value columns in chunks)."""
+    batch, num_queries, weight_dim = ops.shape(qw)
+    num_keys, value_dim = ops.shape(values)[1], ops.shape(values)[2]
+    slots = num_buckets + 2
+    offsets = ops.arange(batch, dtype="int32")[:, None] * slots
+    if _known(batch, num_keys, weight_dim, value_dim):
+        per_column = batch * max(num_keys, num_queries, slots) * weight_dim
+        columns = max(1, min(value_dim, WORKING_SET_FLOATS // max(1, per_column)))
+    else:
+        columns = value_dim
+    parts = []
+    for c0, c1 in _chunks(value_dim, columns) if isinstance(value_dim, int) else [(0, value_dim)]:
+        width = c1 - c0
+        outer = ops.reshape(kw[:, :, :, None] * values[:, :, None, c0:c1], (batch * num_keys, weight_dim * width))
+        part = None
+        for h in range(query_ids.shape[1]):
+            table = ops.segment_sum(outer, ops.reshape(key_ids[:, h] + offsets, (-1,)),
+                                    num_segments=batch * slots)
+            gathered = ops.take(table, ops.reshape(query_ids[:, h] + offsets, (-1,)), axis=0)
+            term = ops.einsum("bqw,bqwd->bqd", qw, ops.reshape(gathered, (batch, num_queries, weight_dim, width)))
+            part = term if part is None else part + term
+        parts.append(part)
+    return parts[0] if len(parts) == 1 else ops.concatenate(parts, axis=-1)
+
+
+# ----------------------------------------------------------------------------
+# YOSO-E and the *YOSO (collision) estimator.
+
+def expectation_weights(query, key, hash_code_len):
+    """(x, E) `[B, Nq, Nk]`: x = <Q_i, K_j> clipped to [-1, 1], E = (1 - acos(x)/pi)^tau (§3.1)."""
+    x = ops.clip(ops.einsum("bid,bjd->bij", query, key), -1.0, 1.0)
+    return x, ops.power(1.0 - ops.arccos(x) / math.pi, float(hash_code_len))
 
 
 def collision_derivative(x, hash_code_len, epsilon):
     """tau (1 - acos(x)/pi)^(tau-1) / (pi sqrt(1 - x^2 + eps)), x clipped to [-1, 1] (appendix eq. 2)."""
-    x = tf.clip_by_value(x, -1.0, 1.0)
-    p = 1.0 - tf.acos(x) / math.pi
-    return hash_code_len * tf.pow(p, hash_code_len - 1.0) / (math.pi * tf.sqrt(1.0 - x * x + epsilon))
+    x = ops.clip(x, -1.0, 1.0)
+    p = 1.0 - ops.arccos(x) / math.pi
+    tau = float(hash_code_len)
+    return tau * ops.power(p, tau - 1.0) / (math.pi * ops.sqrt(1.0 - x * x + epsilon))
 
 
-def _colliding_sum(w, key, collide):
-    """sum_j w_ij key_j over the colliding pairs only: w, collide [B, Nq, Nk], key [B, Nk, d].
+@_runtime.compiled(static_argnames=("hash_code_len", "epsilon"))
+def collision_cumulation(query_codes, query, query_weight, key_codes, key, key_weight, hash_code_len,
+                         epsilon, query_mask, key_mask):
+    """*YOSO estimator `[B, Nq, d]` float32: sum over pairs that collide in >= 1 hash, each once, of
+    <query_weight_i, key_weight_j> g(<query_i, key_j>) key_j (appendix eq. 2 on colliding pairs).
 
-    w is 0 off the colliding pairs, but a dense product would still spread a non-finite key_j
-    to every query (0 * NaN = NaN). So the finite part of key goes through the product and its
-    non-finite entries are added back from counts over colliding pairs: +Inf, -Inf and NaN
-    terms, as the kernels' sequential sums produce them (NaN when +Inf meets -Inf, 0 * Inf = NaN).
+    Sort-by-code tiles per hash; a pair is counted in the first hash where it collides (its codes
+    in every earlier hash are compared in the tile).
     """
-    finite = tf.math.is_finite(key)
-    total = tf.einsum("bij,bjd->bid", w, tf.where(finite, key, tf.zeros_like(key)))
+    num_buckets = 2 ** hash_code_len
+    num_hashes = query_codes.shape[1]
+    batch, num_queries = ops.shape(query_codes)[0], ops.shape(query_codes)[2]
+    num_keys, dim = ops.shape(key_codes)[2], ops.shape(query)[2]
+    if _empty(batch, num_queries, num_keys, dim, ops.shape(query_weight)[2]):
+        return ops.zeros((batch, num_queries, dim), COMPUTE_DTYPE)
+    q = _keep_rows(query_mask, _f32(query))
+    k = _keep_rows(key_mask, _f32(key))
+    query_table = _flat(ops.concatenate([q, _keep_rows(query_mask, _f32(query_weight))], axis=-1))
+    key_table = _flat(ops.concatenate([k, _keep_rows(key_mask, _f32(key_weight))], axis=-1))
+    value_table = _flat(k)
+    query_ids = _bucket_ids(query_codes, query_mask, num_buckets, num_buckets + 1)
+    key_ids = _bucket_ids(key_codes, key_mask, num_buckets, num_buckets)
+    # Codes of every hash per position, [B * N, m], for the first-collision test.
+    query_code_table = _flat(ops.transpose(query_ids, (0, 2, 1)))
+    key_code_table = _flat(ops.transpose(key_ids, (0, 2, 1)))
+    rows, window = _tile_window(num_queries, num_keys, num_buckets)
+    exact = ops.logical_not(_all_finite(k))
 
-    def with_nonfinite_keys():
-        pair = tf.cast(collide, w.dtype)
-        positive, negative = pair * tf.cast(w > 0, w.dtype), pair * tf.cast(w < 0, w.dtype)
-        zero = pair * tf.cast(tf.equal(w, 0.0), w.dtype)
-        plus_inf = tf.cast(tf.equal(key, math.inf), w.dtype)
-        minus_inf = tf.cast(tf.equal(key, -math.inf), w.dtype)
-        count = lambda a, b: tf.einsum("bij,bjd->bid", a, b)  # noqa: E731
-        plus = count(positive, plus_inf) + count(negative, minus_inf)
-        minus = count(negative, plus_inf) + count(positive, minus_inf)
-        nan = count(pair, tf.cast(tf.math.is_nan(key), w.dtype)) + count(zero, plus_inf + minus_inf)
-        zeros = tf.zeros_like(total)
-        return (total + tf.where(plus > 0, zeros + math.inf, zeros) - tf.where(minus > 0, zeros + math.inf, zeros)
-                + tf.where(nan > 0, zeros + math.nan, zeros))
+    total = None
+    for h0, h1 in _chunks(num_hashes, _tiles_per_chunk(batch, num_queries, window, num_hashes)):
+        tiles = _Tiles(query_ids[:, h0:h1], key_ids[:, h0:h1], num_buckets, rows, window)
+        tile_shape = (tiles.num_rows, tiles.tiles, rows)
+        query_feats = tiles.gather(query_table, tiles.query_rows, tile_shape)
+        query_hash_codes = tiles.gather(query_code_table, tiles.query_rows, tile_shape)
+        # Hash of each row: rows are b * count + (h - h0).
+        row_hash = ops.reshape(ops.arange(tiles.num_rows, dtype="int32") % (h1 - h0) + h0, (-1, 1, 1, 1))
 
-    return tf.cond(tf.reduce_all(finite), lambda: total, with_nonfinite_keys)
+        def pair_weights(key_rows, key_codes, pairs, tiles=tiles, query_feats=query_feats,
+                         query_hash_codes=query_hash_codes, row_hash=row_hash, h1=h1):
+            window_shape = (tiles.num_rows, tiles.tiles, tiles.window)
+            key_feats = tiles.gather(key_table, key_rows, window_shape)
+            key_hash_codes = tiles.gather(key_code_table, key_rows, window_shape)
+            earlier = None
+            for h in range(h1 - 1):
+                same = ops.equal(query_hash_codes[..., :, None, h], key_hash_codes[..., None, :, h])
+                same = ops.logical_and(same, ops.less(h, row_hash))
+                earlier = same if earlier is None else ops.logical_or(earlier, same)
+            first = pairs if earlier is None else ops.logical_and(pairs, ops.logical_not(earlier))
+            cosine = ops.einsum("rtpd,rtkd->rtpk", query_feats[..., :dim], key_feats[..., :dim])
+            scale = ops.einsum("rtpw,rtkw->rtpk", query_feats[..., dim:], key_feats[..., dim:])
+            weights = scale * collision_derivative(cosine, hash_code_len, epsilon)
+            return ops.where(first, weights, 0.0), first
 
+        def run(exact_nonfinite, tiles=tiles, pair_weights=pair_weights):
+            return _tile_loop(tiles, pair_weights, key_table, value_table, exact_nonfinite)
 
-def collision_cumulation(query_mask, query_codes, query, query_weight, key_mask, key_codes, key,
-                         key_weight, hash_code_len, epsilon):
-    """*YOSO estimator: sum over keys colliding in >= 1 hash of <qw_i, kw_j> g(<q_i, k_j>) k_j (dense)."""
-    dtype = query.dtype
-    num_hashes = _static_dim(query_codes, 1, "num_hashes (axis 1 of query_codes)")
-    collide = None
-    for h in range(num_hashes):
-        same = tf.equal(query_codes[:, h, :, None], key_codes[:, h, None, :])
-        collide = same if collide is None else tf.logical_or(collide, same)
-    collide = tf.logical_and(collide, tf.logical_and(query_mask[:, :, None] != 0, key_mask[:, None, :] != 0))
-    q = tf.cast(query, COMPUTE_DTYPE)
-    k = _keep(key_mask, tf.cast(key, COMPUTE_DTYPE))
-    g = tf.einsum("biv,bjv->bij", tf.cast(query_weight, COMPUTE_DTYPE),
-                  _keep(key_mask, tf.cast(key_weight, COMPUTE_DTYPE)))
-    w = g * collision_derivative(tf.einsum("bid,bjd->bij", q, k), float(hash_code_len), epsilon)
-    w = tf.where(collide, w, tf.zeros_like(w))
-    return tf.cast(_colliding_sum(w, k, collide), dtype)
+        sums = ops.cond(exact, lambda run=run: run(True), lambda run=run: run(False))
+        part = tiles.scatter(sums)
+        total = part if total is None else total + part
+    return _keep_rows(query_mask, total)

@@ -1,7 +1,7 @@
-"""Linear-cost kernelized attention with relative positions (Scaleformer).
+"""Linear-cost kernelized attention with relative positions (Scaleformer), in `keras.ops`.
 
-Paper: Favier & Dal'Maz Silva, "Scaleformer: linear complexity kernelized
-attention with relative positional encoding", 2022 (eq. 9-11, Algorithms 1-2).
+Paper: Favier & Dal'Maz Silva, "Scaleformer: linear complexity kernelized attention with
+relative positional encoding", 2022 (eq. 9-11, Algorithms 1-2).
 
 Contract, for query i and key j, phi(x) = elu(x) + 1 and horizon k:
 
@@ -9,87 +9,68 @@ Contract, for query i and key j, phi(x) = elu(x) + 1 and horizon k:
     S_ij    = <phi(Q_i), phi(K_j)> + <phi(Q_i), phi(RP_r(i,j))>       (eq. 9, 11)
     out_i   = sum_j S_ij V_j / (sum_j S_ij + epsilon)                 (eq. 10)
 
-summed over unpadded keys j (and j <= i when causal, top-left aligned). Padded
-queries output 0. Every mode costs O(L) time and memory in the sequence length:
+summed over unpadded keys j (and j <= i when causal, top-left aligned). Padded queries
+output 0. Every mode costs O(L) time and memory in the sequence length:
 
 - kernel term, bidirectional: one [d, dv] state (Algorithm 1 without the mask);
-- kernel term, causal: chunks of C queries; inside a chunk the masked C x C
-  product, across chunks an exclusive prefix sum of per-chunk phi(K) (x) V
-  states ([L/C, d, dv], never the [L, d, dv] of Algorithm 1);
-- relative term (Algorithm 2): the keys before the horizon share row 0 and the
-  keys after it share row 2k, so they are prefix / suffix sums of V weighted by
-  one score per query; the 2k+1 keys inside the horizon are a banded product,
-  computed per chunk of C queries against its C + 2k key window.
+- kernel term, causal: chunks of C queries; inside a chunk the masked C x C product, across
+  chunks an exclusive prefix sum of per-chunk phi(K) (x) V states ([L/C, d, dv], never the
+  [L, d, dv] of Algorithm 1);
+- relative term (Algorithm 2): the keys before the horizon share row 0 and the keys after it
+  share row 2k, so they are prefix / suffix sums of V weighted by one score per query; the
+  2k+1 keys inside the horizon are a banded product, computed per chunk of C queries against
+  its C + 2k key window.
 
-The denominator rides along as an extra all-ones value column (masked like the
-values), so it goes through the same sums: width d in the kernel states, not
-d * dv. Everything is computed in float32; the output has value's dtype.
+The denominator rides along as an extra all-ones value column (masked like the values), so it
+goes through the same sums: width d in the kernel states, not d * dv. Everything is computed
+in float32; the output has value's dtype. One implementation on every backend (there is no
+custom op for it: `benchmarks/linear_relative_op.py` shows these ops are fast enough).
 """
 
-import numbers
+from keras import ops
 
-import numpy as np
-import tensorflow as tf
-
-from keras_yoso.ops.yoso import _check_same
-from keras_yoso.ops.yoso import _float_tensor
-from keras_yoso.ops.yoso import _mask_tensor
+from keras_yoso import _runtime
+from keras_yoso import _validation
 
 DEFAULT_CHUNK_SIZE = 64
 
 
 def elu_plus_one(x):
     """phi(x) = elu(x) + 1 > 0, as `where(x > 0, x + 1, exp(min(x, 0)))` (no cancellation in bf16)."""
-    return tf.where(x > 0, x + 1, tf.exp(tf.minimum(x, tf.zeros([], x.dtype))))
+    return ops.where(ops.greater(x, 0), x + 1, ops.exp(ops.minimum(x, ops.zeros((), x.dtype))))
 
 
 def _check_options(relative_embeddings, horizon, causal, epsilon, chunk_size):
-    if horizon is not None and (isinstance(horizon, bool) or not isinstance(horizon, numbers.Integral)
-                                or horizon < 1):
-        raise ValueError(f"horizon must be None or an integer >= 1, got {horizon!r}")
+    horizon = _validation.integer(horizon, "horizon", 1, allow_none=True)
     if (horizon is None) != (relative_embeddings is None):
         raise ValueError("relative_embeddings and horizon go together: pass both (relative_embeddings of shape "
                          "[2 * horizon + 1, d]) or neither (plain linear attention). Received "
                          f"horizon={horizon!r} and relative_embeddings "
                          f"{'None' if relative_embeddings is None else 'set'}")
-    if not isinstance(causal, (bool, np.bool_)):
-        raise ValueError(f"causal must be a bool, got {causal!r}")
-    if isinstance(epsilon, bool) or not isinstance(epsilon, numbers.Real) or not epsilon > 0 or (
-            not np.isfinite(epsilon)):
-        raise ValueError(f"epsilon must be a finite float > 0 (it keeps rows without keys at 0, not NaN), "
-                         f"got {epsilon!r}")
-    if chunk_size is not None and (isinstance(chunk_size, bool) or not isinstance(chunk_size, numbers.Integral)
-                                   or chunk_size < 1):
-        raise ValueError(f"chunk_size must be None or an integer >= 1, got {chunk_size!r}")
-
-
-def _assert_dims_equal(tensors_axes, what):
-    """Static check of the known dims, plus a run-time assert when any of them is unknown."""
-    _check_same([(f"{name} axis {axis}", t.shape[axis]) for name, t, axis in tensors_axes], what)
-    if all(t.shape[axis] is not None for _, t, axis in tensors_axes):
-        return []
-    first_name, first, first_axis = tensors_axes[0]
-    return [tf.debugging.assert_equal(tf.shape(t)[axis], tf.shape(first)[first_axis],
-                                      message=f"{what} must agree: {name} axis {axis} vs {first_name} "
-                                              f"axis {first_axis}")
-            for name, t, axis in tensors_axes[1:]]
+    causal = _validation.boolean(causal, "causal")
+    epsilon = _validation.positive_float(epsilon, "epsilon", why=" (it keeps rows without keys at 0, not NaN)")
+    chunk_size = _validation.integer(chunk_size, "chunk_size", 1, allow_none=True)
+    return horizon, causal, epsilon, chunk_size
 
 
 def _pad_rows(x, length):
-    """Zero-pads axis 1 of `x` [B, N, ...] up to `length` (>= N)."""
-    paddings = tf.concat([[[0, 0], [0, length - tf.shape(x)[1]]],
-                          tf.zeros([x.shape.rank - 2, 2], tf.int32)], axis=0)
-    return tf.pad(x, paddings)
+    """Zero rows appended to axis 1 of `x` [B, N, ...] up to `length` (>= N)."""
+    shape = ops.shape(x)
+    extra = ops.zeros((shape[0], length - shape[1]) + tuple(shape[2:]), x.dtype)
+    return ops.concatenate([x, extra], axis=1)
 
 
-def _chunk_rows(chunk_size, query):
+def _chunk_rows(chunk_size, q_len):
     """Rows per chunk: `chunk_size` (default 64) clamped to [1, Lq], so a large chunk_size never
     allocates more than one dense Lq x Lq block. A Python int when Lq is static, else a scalar tensor."""
     chunk = chunk_size or DEFAULT_CHUNK_SIZE
-    q_len = query.shape[1]
-    if q_len is not None:
+    if isinstance(q_len, int):
         return max(1, min(chunk, q_len))
-    return tf.clip_by_value(tf.shape(query)[1], 1, chunk)
+    return ops.clip(q_len, 1, chunk)
+
+
+def _exclusive_cumsum(x, axis):
+    return ops.cumsum(x, axis=axis) - x
 
 
 def _causal_kernel_term(q, k, v, chunk):
@@ -97,21 +78,23 @@ def _causal_kernel_term(q, k, v, chunk):
 
     Keys past the last query are never attended, so keys are aligned to Lq first.
     """
-    batch, q_len = tf.shape(q)[0], tf.shape(q)[1]
+    batch, q_len = ops.shape(q)[0], ops.shape(q)[1]
     d, e = q.shape[-1], v.shape[-1]
     k, v = k[:, :q_len], v[:, :q_len]
     num_chunks = (q_len + chunk - 1) // chunk
     padded = num_chunks * chunk
-    qc = tf.reshape(_pad_rows(q, padded), [batch, num_chunks, chunk, d])
-    kc = tf.reshape(_pad_rows(k, padded), [batch, num_chunks, chunk, d])
-    vc = tf.reshape(_pad_rows(v, padded), [batch, num_chunks, chunk, e])
-    lower = tf.cast(tf.range(chunk)[:, None] >= tf.range(chunk)[None, :], tf.float32)
-    scores = tf.einsum("bnid,bnjd->bnij", qc, kc) * lower
-    intra = tf.einsum("bnij,bnje->bnie", scores, vc)
-    states = tf.einsum("bnjd,bnje->bnde", kc, vc)                 # [B, L/C, d, e]
-    before = tf.cumsum(states, axis=1, exclusive=True)
-    inter = tf.einsum("bnid,bnde->bnie", qc, before)
-    return tf.reshape(intra + inter, [batch, padded, e])[:, :q_len]
+    qc = ops.reshape(_pad_rows(q, padded), (batch, num_chunks, chunk, d))
+    # When Lk < Lq the keys are shorter: pad them to the chunked query length too.
+    kc = ops.reshape(_pad_rows(k, padded), (batch, num_chunks, chunk, d))
+    vc = ops.reshape(_pad_rows(v, padded), (batch, num_chunks, chunk, e))
+    rows = ops.arange(chunk)
+    lower = ops.cast(ops.greater_equal(rows[:, None], rows[None, :]), "float32")
+    scores = ops.einsum("bnid,bnjd->bnij", qc, kc) * lower
+    intra = ops.einsum("bnij,bnje->bnie", scores, vc)
+    states = ops.einsum("bnjd,bnje->bnde", kc, vc)                 # [B, L/C, d, e]
+    before = _exclusive_cumsum(states, axis=1)
+    inter = ops.einsum("bnid,bnde->bnie", qc, before)
+    return ops.reshape(intra + inter, (batch, padded, e))[:, :q_len]
 
 
 def _band_gather_index(chunk, horizon, causal):
@@ -120,44 +103,49 @@ def _band_gather_index(chunk, horizon, causal):
     Query i of a chunk and window key t (absolute offset t - k - i) use score row t - i.
     """
     width = 2 * horizon + 1
-    i = tf.range(chunk)[:, None]
-    t = tf.range(chunk + 2 * horizon)[None, :]
+    i = ops.arange(chunk)[:, None]
+    t = ops.arange(chunk + 2 * horizon)[None, :]
     row = t - i
-    valid = (row >= 0) & (row < width)
+    valid = ops.logical_and(ops.greater_equal(row, 0), ops.less(row, width))
     if causal:
-        valid &= row <= horizon
-    return tf.reshape(tf.where(valid, i * width + row, chunk * width), [-1])
+        valid = ops.logical_and(valid, ops.less_equal(row, horizon))
+    return ops.reshape(ops.where(valid, i * width + row, chunk * width), (-1,))
 
 
 def _relative_term(w, v, horizon, causal, chunk):
     """sum_j <phi(Q_i), phi(RP_r(i,j))> v_j (Algorithm 2): w [B, Lq, 2k+1], v [B, Lk, e] -> [B, Lq, e].
 
-    Keys j < i - k share row 0 (a prefix sum of v), keys j > i + k share row 2k
-    (a suffix sum); the keys i - k .. i + k are a banded product per chunk.
+    Keys j < i - k share row 0 (a prefix sum of v), keys j > i + k share row 2k (a suffix
+    sum); the keys i - k .. i + k are a banded product per chunk.
     """
-    batch, q_len, k_len = tf.shape(w)[0], tf.shape(w)[1], tf.shape(v)[1]
+    batch, q_len = ops.shape(w)[0], ops.shape(w)[1]
+    k_len = ops.shape(v)[1]
     width, e = 2 * horizon + 1, v.shape[-1]
-    positions = tf.range(q_len)
-    prefix = tf.pad(tf.cumsum(v, axis=1), [[0, 0], [1, 0], [0, 0]])           # prefix[t] = sum_{j < t} v_j
-    out = w[:, :, :1] * tf.gather(prefix, tf.clip_by_value(positions - horizon, 0, k_len), axis=1)
+    positions = ops.arange(q_len)
+    zero_row = ops.zeros_like(v[:, :1])
+    cumulative = ops.cumsum(v, axis=1)
+    prefix = ops.concatenate([zero_row, cumulative], axis=1)                  # prefix[t] = sum_{j < t} v_j
+    out = w[:, :, :1] * ops.take(prefix, ops.clip(positions - horizon, 0, k_len), axis=1)
     if not causal:
-        suffix = tf.pad(tf.cumsum(v, axis=1, reverse=True), [[0, 0], [0, 1], [0, 0]])  # sum_{j >= t} v_j
-        out += w[:, :, -1:] * tf.gather(suffix, tf.clip_by_value(positions + horizon + 1, 0, k_len), axis=1)
+        total = cumulative[:, -1:]
+        suffix = ops.concatenate([total - prefix[:, :-1], zero_row], axis=1)  # suffix[t] = sum_{j >= t} v_j
+        out = out + w[:, :, -1:] * ops.take(suffix, ops.clip(positions + horizon + 1, 0, k_len), axis=1)
 
     num_chunks = (q_len + chunk - 1) // chunk
     padded = num_chunks * chunk
     window = chunk + 2 * horizon
-    w_flat = tf.reshape(_pad_rows(w, padded), [batch, num_chunks, chunk * width])
-    w_flat = tf.pad(w_flat, [[0, 0], [0, 0], [0, 1]])
-    band = tf.gather(w_flat, _band_gather_index(chunk, horizon, causal), axis=2)
-    band = tf.reshape(band, [batch, num_chunks, chunk, window])
+    w_flat = ops.reshape(_pad_rows(w, padded), (batch, num_chunks, chunk * width))
+    w_flat = ops.concatenate([w_flat, ops.zeros_like(w_flat[:, :, :1])], axis=2)
+    band = ops.take(w_flat, _band_gather_index(chunk, horizon, causal), axis=2)
+    band = ops.reshape(band, (batch, num_chunks, chunk, window))
     # v shifted by k so that window t of chunk c is key c * C - k + t; zeros outside [0, Lk).
-    v_shifted = tf.pad(v, [[0, 0], [horizon, 0], [0, 0]])[:, :padded + 2 * horizon]
-    v_shifted = _pad_rows(v_shifted, padded + 2 * horizon)
-    window_index = tf.range(num_chunks)[:, None] * chunk + tf.range(window)[None, :]
-    windows = tf.gather(v_shifted, window_index, axis=1)                         # [B, L/C, C + 2k, e]
-    banded = tf.einsum("bnit,bnte->bnie", band, windows)
-    return out + tf.reshape(banded, [batch, padded, e])[:, :q_len]
+    shifted = ops.concatenate([ops.zeros((batch, horizon, e), v.dtype), v,
+                               ops.zeros((batch, padded + 2 * horizon, e), v.dtype)], axis=1)[:, :padded + 2 * horizon]
+    window_index = ops.arange(num_chunks)[:, None] * chunk + ops.arange(window)[None, :]
+    windows = ops.take(shifted, ops.reshape(window_index, (-1,)), axis=1)
+    windows = ops.reshape(windows, (batch, num_chunks, window, e))             # [B, L/C, C + 2k, e]
+    banded = ops.einsum("bnit,bnte->bnie", band, windows)
+    return out + ops.reshape(banded, (batch, padded, e))[:, :q_len]
 
 
 def linear_relative_attention(query, key, value, relative_embeddings=None, horizon=None, causal=False,
@@ -168,84 +156,88 @@ def linear_relative_attention(query, key, value, relative_embeddings=None, horiz
         query: `[B, Lq, d]` raw queries (phi is applied inside).
         key: `[B, Lk, d]` raw keys.
         value: `[B, Lk, dv]` values.
-        relative_embeddings: `[2k+1, d]` (shared over the batch) or
-            `[B, 2k+1, d]` raw relative position embeddings; row k is "same
-            position", rows < k are keys before the query. None with
-            `horizon=None` for plain linear attention.
+        relative_embeddings: `[2k+1, d]` (shared over the batch) or `[B, 2k+1, d]` raw relative
+            position embeddings; row k is "same position", rows < k are keys before the query.
+            None with `horizon=None` for plain linear attention.
         horizon: k >= 1, the clipping distance of relative positions, or None.
         causal: If True, query i attends only to keys j <= i.
-        query_mask: Optional `[B, Lq]` padding mask (nonzero keeps); padded
-            queries output 0.
-        key_mask: Optional `[B, Lk]` padding mask; padded keys are dropped
-            from numerator and denominator (their values never reach an output).
-        epsilon: > 0, added to the denominator (eq. 10), so rows without any
-            key output 0.
-        chunk_size: Rows per chunk of the causal prefix sums and of the
-            relative band (default 64), clamped to Lq: a chunk_size >= Lq
-            computes one dense masked Lq x Lq block; results agree for every
-            chunk_size.
+        query_mask: Optional `[B, Lq]` padding mask (nonzero keeps); padded queries output 0.
+        key_mask: Optional `[B, Lk]` padding mask; padded keys are dropped from numerator and
+            denominator (their values never reach an output).
+        epsilon: > 0, added to the denominator (eq. 10), so rows without any key output 0.
+        chunk_size: Rows per chunk of the causal prefix sums and of the relative band (default
+            64), clamped to Lq: a chunk_size >= Lq computes one dense masked Lq x Lq block;
+            results agree for every chunk_size.
 
     Returns:
         `[B, Lq, dv]`, value's dtype (float32 accumulation).
     """
-    _check_options(relative_embeddings, horizon, causal, epsilon, chunk_size)
-    query = _float_tensor(query, "query", 3)
-    key = _float_tensor(key, "key", 3)
-    value = _float_tensor(value, "value", 3)
+    horizon, causal, epsilon, chunk_size = _check_options(relative_embeddings, horizon, causal, epsilon, chunk_size)
+    query = _validation.float_tensor(query, "query", 3)
+    key = _validation.float_tensor(key, "key", 3)
+    value = _validation.float_tensor(value, "value", 3)
     out_dtype = value.dtype
-    checks = []
-    checks += _assert_dims_equal([("query", query, 0), ("key", key, 0), ("value", value, 0)], "batch sizes")
-    checks += _assert_dims_equal([("key", key, 1), ("value", value, 1)], "key and value lengths")
-    _check_same([("query axis 2", query.shape[2]), ("key axis 2", key.shape[2])], "query and key depths")
-    if query.shape[2] is None or value.shape[2] is None:
-        raise ValueError(f"the last dimension of query, key and value must be known, got query {query.shape}, "
-                         f"key {key.shape}, value {value.shape}")
-    batch, q_len, k_len = tf.shape(query)[0], tf.shape(query)[1], tf.shape(key)[1]
-    q_mask = _mask_tensor(query_mask, batch, q_len, "query_mask")
-    k_mask = _mask_tensor(key_mask, batch, k_len, "key_mask")
-    checks += _assert_dims_equal([("query", query, 0), ("query_mask", q_mask, 0)], "batch sizes")
-    checks += _assert_dims_equal([("query", query, 1), ("query_mask", q_mask, 1)], "query lengths")
-    checks += _assert_dims_equal([("key", key, 0), ("key_mask", k_mask, 0)], "batch sizes")
-    checks += _assert_dims_equal([("key", key, 1), ("key_mask", k_mask, 1)], "key lengths")
+    shape = _runtime.static_shape
+    checks = _validation.agree([("query axis 0", query, 0), ("key axis 0", key, 0), ("value axis 0", value, 0)],
+                               "batch sizes")
+    checks += _validation.agree([("key axis 1", key, 1), ("value axis 1", value, 1)], "key and value lengths")
+    _validation.dims_agree([("query axis 2", shape(query)[2]), ("key axis 2", shape(key)[2])], "query and key depths")
+    if shape(query)[2] is None or shape(value)[2] is None:
+        raise ValueError(f"the last dimension of query, key and value must be known, got query {shape(query)}, "
+                         f"key {shape(key)}, value {shape(value)}")
+    batch, q_len, k_len = ops.shape(query)[0], ops.shape(query)[1], ops.shape(key)[1]
+    masks = []
+    for name, mask, tensor, what in (("query_mask", query_mask, query, "query lengths"),
+                                     ("key_mask", key_mask, key, "key lengths")):
+        if mask is None:
+            masks.append(ops.ones((batch, ops.shape(tensor)[1]), "bool"))
+            continue
+        mask = _validation.mask_tensor(mask, name)
+        label = name.split("_")[0]
+        checks += _validation.agree([(f"{label} axis 0", tensor, 0), (f"{name} axis 0", mask, 0)], "batch sizes")
+        checks += _validation.agree([(f"{label} axis 1", tensor, 1), (f"{name} axis 1", mask, 1)], what)
+        masks.append(mask)
+    q_mask, k_mask = masks
 
     rel = None
     if horizon is not None:
-        rel = tf.convert_to_tensor(relative_embeddings)
-        if rel.shape.rank not in (2, 3):
+        rank = len(shape(relative_embeddings)) if shape(relative_embeddings) is not None else None
+        if rank not in (2, 3):
             raise ValueError("relative_embeddings must have shape [2 * horizon + 1, d] or [batch, 2 * horizon + 1, "
-                             f"d], got shape {rel.shape}")
-        rel = _float_tensor(rel, "relative_embeddings", rel.shape.rank)
-        if rel.shape[-2] is not None and rel.shape[-2] != 2 * horizon + 1:
+                             f"d], got shape {shape(relative_embeddings)}")
+        rel = _validation.float_tensor(relative_embeddings, "relative_embeddings", rank)
+        rows = shape(rel)[-2]
+        if rows is not None and rows != 2 * horizon + 1:
             raise ValueError(f"relative_embeddings must have 2 * horizon + 1 = {2 * horizon + 1} rows (axis "
-                             f"{rel.shape.rank - 2}) for horizon={horizon}, got shape {rel.shape}")
-        _check_same([("query axis 2", query.shape[2]), ("relative_embeddings last axis", rel.shape[-1])],
-                    "query and relative_embeddings depths")
-        if rel.shape.rank == 3:
-            checks += _assert_dims_equal([("query", query, 0), ("relative_embeddings", rel, 0)], "batch sizes")
+                             f"{rank - 2}) for horizon={horizon}, got shape {shape(rel)}")
+        _validation.dims_agree([("query axis 2", shape(query)[2]), ("relative_embeddings last axis", shape(rel)[-1])],
+                               "query and relative_embeddings depths")
+        if rank == 3:
+            checks += _validation.agree([("query axis 0", query, 0), ("relative_embeddings axis 0", rel, 0)],
+                                        "batch sizes")
 
-    with tf.control_dependencies(checks):
-        # tf.where on the inputs, not a product on the outputs: padded rows may hold NaN or Inf, and
-        # must reach neither an output nor (through phi's derivative) a gradient.
-        keep_q = q_mask[:, :, None] > 0
-        keep = k_mask[:, :, None] > 0
-        phi_q = tf.where(keep_q, elu_plus_one(tf.where(keep_q, tf.cast(query, tf.float32), 0.0)), 0.0)
-        phi_k = tf.where(keep, elu_plus_one(tf.where(keep, tf.cast(key, tf.float32), 0.0)), 0.0)
-        ones = tf.ones(tf.stack([batch, k_len, 1]), tf.float32)
-        v = tf.where(keep, tf.concat([tf.cast(value, tf.float32), ones], axis=-1), 0.0)  # [..., dv | 1]
+    query, key, value, q_mask, k_mask = _runtime.after(checks, [query, key, value, q_mask, k_mask])
+    # where on the inputs, not a product on the outputs: padded rows may hold NaN or Inf, and must
+    # reach neither an output nor (through phi's derivative) a gradient.
+    keep_q, keep = q_mask[:, :, None], k_mask[:, :, None]
+    phi_q = ops.where(keep_q, elu_plus_one(ops.where(keep_q, ops.cast(query, "float32"), 0.0)), 0.0)
+    phi_k = ops.where(keep, elu_plus_one(ops.where(keep, ops.cast(key, "float32"), 0.0)), 0.0)
+    ones = ops.ones((batch, k_len, 1), "float32")
+    v = ops.where(keep, ops.concatenate([ops.cast(value, "float32"), ones], axis=-1), 0.0)  # [..., dv | 1]
 
-    chunk = _chunk_rows(chunk_size, query)
+    chunk = _chunk_rows(chunk_size, q_len)
     if causal:
         total = _causal_kernel_term(phi_q, phi_k, v, chunk)
     else:
-        state = tf.einsum("bjd,bje->bde", phi_k, v)
-        total = tf.einsum("bid,bde->bie", phi_q, state)
+        state = ops.einsum("bjd,bje->bde", phi_k, v)
+        total = ops.einsum("bid,bde->bie", phi_q, state)
     if rel is not None:
-        phi_rel = elu_plus_one(tf.cast(rel, tf.float32))
-        if phi_rel.shape.rank == 2:
-            scores = tf.einsum("bid,rd->bir", phi_q, phi_rel)
+        phi_rel = elu_plus_one(ops.cast(rel, "float32"))
+        if len(shape(phi_rel)) == 2:
+            scores = ops.einsum("bid,rd->bir", phi_q, phi_rel)
         else:
-            scores = tf.einsum("bid,brd->bir", phi_q, phi_rel)
-        total += _relative_term(scores, v, horizon, causal, chunk)
+            scores = ops.einsum("bid,brd->bir", phi_q, phi_rel)
+        total = total + _relative_term(scores, v, horizon, causal, chunk)
     numerator, denominator = total[..., :-1], total[..., -1:]
-    out = tf.where(keep_q, numerator / (denominator + epsilon), 0.0)
-    return tf.cast(out, out_dtype)
+    out = ops.where(keep_q, numerator / (denominator + epsilon), 0.0)
+    return ops.cast(out, out_dtype)

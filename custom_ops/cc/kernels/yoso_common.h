@@ -25,10 +25,10 @@ constexpr int64_t kMaxNumBuckets = int64_t{1} << 20;
 constexpr int kMaxHashCodeLen = 30;
 // Largest hash_code_len of the collision estimator (2^tau buckets <= kMaxNumBuckets).
 constexpr int kMaxCollisionHashCodeLen = 20;
-// Largest bucket table of a weighted LSH cumulation, in floats: num_buckets * W * D, the
-// [2^tau, W, D] float32 table of one batch row and one hash (1 GiB). The composite
-// materialises it whole; the CPU kernel holds num_buckets * W * (a block of D columns) per
-// worker. The op wrappers reject larger tables before allocating anything.
+// Largest per-bucket table of a weighted LSH cumulation, in floats: W * D, the [W, D] K^T V
+// table the CPU kernel builds for one bucket (1 GiB). The GPU kernel plans its global tables
+// in blocks of weight and value columns within its own budget, so it needs no limit; the op
+// wrappers reject larger W * D before allocating anything.
 constexpr int64_t kMaxBucketTableFloats = int64_t{1} << 28;
 // Largest padded_dim of the GPU Hadamard hash: one padded row of doubles per block lives in
 // shared memory, and 8192 doubles (64 KiB) fit the opt-in shared memory of every target GPU
@@ -48,23 +48,20 @@ KY_HOST_DEVICE constexpr int64_t SaturatingElementCount(int64_t d0, int64_t d1, 
   return (d0 == 0 || d1 == 0 || d2 == 0) ? 0 : SaturatingProduct(SaturatingProduct(d0, d1), d2);
 }
 
-// True when the weighted cumulation's [num_buckets, weight_dim, value_dim] bucket table
-// fits kMaxBucketTableFloats.
-KY_HOST_DEVICE constexpr bool BucketTableFits(int64_t num_buckets, int64_t weight_dim,
-                                              int64_t value_dim) {
-  return SaturatingElementCount(num_buckets, weight_dim, value_dim) <= kMaxBucketTableFloats;
+// True when the weighted cumulation's per-bucket [weight_dim, value_dim] table fits
+// kMaxBucketTableFloats.
+KY_HOST_DEVICE constexpr bool BucketTableFits(int64_t weight_dim, int64_t value_dim) {
+  return SaturatingProduct(weight_dim, value_dim) <= kMaxBucketTableFloats;
 }
 
-// Error text for a weighted cumulation whose bucket table fails BucketTableFits (shared by
-// the shape function and the kernel).
-inline std::string BucketTableLimitMessage(int64_t num_buckets, int64_t weight_dim,
-                                           int64_t value_dim) {
-  return "the bucket table of the weighted LSH cumulation, num_buckets * weight_dim * "
-         "value_dim = " + std::to_string(num_buckets) + " * " + std::to_string(weight_dim) +
-         " * " + std::to_string(value_dim) +
+// Error text for a weighted cumulation whose table fails BucketTableFits (shared by the shape
+// function, the kernel and keras_yoso._validation.bucket_table_message).
+inline std::string BucketTableLimitMessage(int64_t weight_dim, int64_t value_dim) {
+  return "the per-bucket table of the weighted LSH cumulation, weight_dim * value_dim = " +
+         std::to_string(weight_dim) + " * " + std::to_string(value_dim) +
          " floats (weight_dim: axis 2 of query_weight and key_weight; value_dim: axis 2 of "
-         "value), exceeds the limit of 2**28 floats (1 GiB); use fewer buckets or split "
-         "weight_dim or value_dim into chunks";
+         "value), exceeds the limit of 2**28 floats (1 GiB); split weight_dim or value_dim "
+         "into chunks";
 }
 
 // Element type of the floating-point tensors handed to a GPU launcher.

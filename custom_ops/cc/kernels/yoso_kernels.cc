@@ -393,12 +393,11 @@ Status CheckCodesAndAllocate(OpKernelContext* ctx, const Tensor& qc, const Tenso
   return absl::OkStatus();
 }
 
-// Rejects a weighted cumulation whose [num_buckets, W, D] bucket table exceeds
-// kMaxBucketTableFloats, before anything is allocated.
+// Rejects a weighted cumulation whose per-bucket [W, D] table exceeds kMaxBucketTableFloats,
+// before anything is allocated.
 Status CheckBucketTable(const CumulationDims& d) {
-  if (BucketTableFits(d.num_buckets, d.weight_dim, d.value_dim)) return absl::OkStatus();
-  return absl::InvalidArgumentError(
-      BucketTableLimitMessage(d.num_buckets, d.weight_dim, d.value_dim));
+  if (BucketTableFits(d.weight_dim, d.value_dim)) return absl::OkStatus();
+  return absl::InvalidArgumentError(BucketTableLimitMessage(d.weight_dim, d.value_dim));
 }
 
 // Base of the two table cumulations: parses and checks the num_buckets attr.

@@ -90,19 +90,16 @@ Status HashCodesShape(InferenceContext* c) {
   return absl::OkStatus();
 }
 
-// The weighted cumulation's [num_buckets, W, D] bucket table must fit kMaxBucketTableFloats
-// (checked here when W and D are known, and by the kernel in any case).
+// The weighted cumulation's per-bucket [W, D] table must fit kMaxBucketTableFloats (checked
+// here when W and D are known, and by the kernel in any case).
 Status CheckBucketTable(InferenceContext* c) {
-  int64_t num_buckets = 0;
-  TF_RETURN_IF_ERROR(c->GetAttr("num_buckets", &num_buckets));
   const DimensionHandle weight_dim = c->Dim(c->input(2), 2);
   const DimensionHandle value_dim = c->Dim(c->input(6), 2);
   if (!c->ValueKnown(weight_dim) || !c->ValueKnown(value_dim) ||
-      BucketTableFits(num_buckets, c->Value(weight_dim), c->Value(value_dim))) {
+      BucketTableFits(c->Value(weight_dim), c->Value(value_dim))) {
     return absl::OkStatus();
   }
-  return absl::InvalidArgumentError(
-      BucketTableLimitMessage(num_buckets, c->Value(weight_dim), c->Value(value_dim)));
+  return absl::InvalidArgumentError(BucketTableLimitMessage(c->Value(weight_dim), c->Value(value_dim)));
 }
 
 Status CheckCollisionAttrs(InferenceContext* c) {

@@ -1,0 +1,172 @@
+"""What keras-yoso needs to know about the running Keras backend, in one place.
+
+Everything else is written in `keras.ops`. This module is the only one that looks at the
+backend's own tensors (TensorFlow graphs, JAX tracers, torch tensors), for three things
+`keras.ops` does not express:
+
+- tensor checks that can only run when the data or a dim is known: eagerly they raise now;
+  in a TensorFlow graph whose dims are unknown they become run-time assertions with the same
+  message (`tf.errors.InvalidArgumentError`); in traced JAX code they cannot run at all;
+- whether the current graph is compiled by XLA (where TensorFlow assertions vanish);
+- the exception type of a failed data check: `tf.errors.InvalidArgumentError` on TensorFlow
+  (as the custom ops raise it), `ValueError` elsewhere.
+
+TensorFlow, JAX and torch are imported lazily, only when the backend is theirs.
+"""
+
+import keras
+import numpy as np
+from keras import ops
+
+
+def backend():
+    return keras.backend.backend()
+
+
+def is_tensorflow():
+    return backend() == "tensorflow"
+
+
+def _tf():
+    import tensorflow as tf
+
+    return tf
+
+
+def is_symbolic(x):
+    """True for a tensor without a value yet: a TensorFlow graph tensor or a JAX tracer."""
+    name = backend()
+    if name == "tensorflow":
+        tf = _tf()
+        return isinstance(x, tf.Tensor) and not hasattr(x, "numpy") or isinstance(x, keras.KerasTensor)
+    if name == "jax":
+        import jax
+
+        return isinstance(x, jax.core.Tracer)
+    return isinstance(x, keras.KerasTensor)
+
+
+def in_xla_context():
+    """True while a graph is traced that XLA will compile: TensorFlow's `jit_compile=True`, and all
+    traced JAX code (there, TensorFlow-style run-time assertions do not exist)."""
+    name = backend()
+    if name == "tensorflow":
+        from tensorflow.python.ops import control_flow_util
+
+        return control_flow_util.GraphOrParentsInXlaContext(_tf().compat.v1.get_default_graph())
+    return False
+
+
+def executing_eagerly():
+    if is_tensorflow():
+        return _tf().executing_eagerly()
+    return True
+
+
+def static_shape(x):
+    """The shape of `x` as a tuple, None for dims unknown while a graph is built (None: unknown rank)."""
+    shape = getattr(x, "shape", None)
+    if shape is None:
+        return np.shape(x)
+    if is_tensorflow() and hasattr(shape, "rank"):
+        return None if shape.rank is None else tuple(shape.as_list())
+    return tuple(None if d is None else int(d) for d in shape)
+
+
+def dim(x, axis):
+    """Axis `axis` of `x`: a Python int when known, else a scalar tensor (TensorFlow graphs)."""
+    known = static_shape(x)[axis]
+    return known if known is not None else ops.shape(x)[axis]
+
+
+def data_error(message):
+    """The exception of a check that needs the data (codes in range, a padding mask)."""
+    if is_tensorflow():
+        return _tf().errors.InvalidArgumentError(None, None, message)
+    return ValueError(message)
+
+
+def check(condition, message, error=None):
+    """Checks the boolean scalar `condition` when it can. Returns the run-time assertions to make the
+    result depend on (`after`): none eagerly (it raises `error` or `data_error(message)` now);
+    one TensorFlow assertion in a TensorFlow graph; none in traced JAX code, which cannot assert
+    (callers that must not skip a check test `can_check` first)."""
+    if not is_symbolic(condition):
+        if not bool(ops.convert_to_numpy(condition)):
+            raise error if error is not None else data_error(message)
+        return []
+    if is_tensorflow():
+        return [_tf().debugging.Assert(condition, [message])]
+    return []
+
+
+def can_check(x):
+    """False where a data-dependent check on `x` cannot raise: traced JAX code and TensorFlow graphs
+    compiled by XLA (which drops assertions)."""
+    if backend() == "jax":
+        return not is_symbolic(x)
+    return not in_xla_context()
+
+
+def after(checks, tensors):
+    """`tensors`, made to run after the TensorFlow assertions `checks` (unchanged when there are none)."""
+    if not checks:
+        return tensors
+    tf = _tf()
+    with tf.control_dependencies(checks):
+        return [tf.identity(t) for t in tensors]
+
+
+def ensure_rank(x, rank):
+    """A TensorFlow tensor of unknown rank, checked to have `rank` when the graph runs
+    (tf.ensure_shape's InvalidArgumentError)."""
+    return _tf().ensure_shape(x, [None] * rank)
+
+
+def dims_equal_at_run_time(entries, what):
+    """Run-time assertions that the dims of entries [(label, tensor, axis)] agree, for dims unknown
+    while a TensorFlow graph is built; message `<what> must agree: <label> differs from <ref>`."""
+    shapes = [static_shape(t)[axis] for _, t, axis in entries]
+    if all(d is not None for d in shapes) or not is_tensorflow():
+        return []
+    tf = _tf()
+    ref = next((k for k, d in enumerate(shapes) if d is not None), 0)
+    ref_label, ref_tensor, ref_axis = entries[ref]
+    ref_dim = shapes[ref] if shapes[ref] is not None else tf.shape(ref_tensor)[ref_axis]
+    return [tf.debugging.assert_equal(tf.shape(t)[axis], ref_dim,
+                                      message=f"{what} must agree: {label} differs from {ref_label}")
+            for k, ((label, t, axis), d) in enumerate(zip(entries, shapes)) if k != ref and d is None]
+
+
+def assert_in_range(x, low, high, message):
+    """Run-time assertions that low <= x < high elementwise (TensorFlow graphs; eagerly it raises now)."""
+    ok = ops.logical_and(ops.all(ops.greater_equal(x, low)), ops.all(ops.less(x, high)))
+    return check(ok, message)
+
+
+def random_seed_dtype():
+    """The dtype `keras.random` expects of a seed tensor on this backend."""
+    return {"jax": "uint32", "tensorflow": "int64"}.get(backend(), "int32")
+
+
+def compiled(static_argnames):
+    """Decorator: on JAX, the function compiled with `jax.jit` (cached per shape and static
+    arguments; eager JAX would otherwise re-trace its loops and conditionals on every call);
+    elsewhere the function itself."""
+
+    def decorate(fn):
+        cache = {}
+
+        def run(*args, **kwargs):
+            if backend() != "jax":
+                return fn(*args, **kwargs)
+            if "jit" not in cache:
+                import jax
+
+                cache["jit"] = jax.jit(fn, static_argnames=static_argnames)
+            return cache["jit"](*args, **kwargs)
+
+        run.__doc__, run.__name__, run.__wrapped__ = fn.__doc__, fn.__name__, fn
+        return run
+
+    return decorate

@@ -1,0 +1,253 @@
+"""The one home of keras-yoso's argument checks, limits and defaults.
+
+Every limit and default is defined here once; `keras_yoso.ops` and `keras_yoso.layers` read it
+from here. The kernel-side twins of the limits live in custom_ops/cc/kernels/yoso_common.h
+(`tests/test_validation.py` checks that the two agree).
+
+Two message styles, one per kind of caller (both documented in docs/errors.md):
+
+- ops (`keras_yoso.ops`): ``num_hashes must be an integer >= 1, got 0``;
+- layers (Keras' wording): ``Received an invalid value for argument `num_heads`: expected a
+  positive integer. Received: num_heads=0``.
+
+Tensor checks (dtypes, ranks, dims that must agree, codes in range) are at the end: a check
+whose dims are known runs now (ValueError / TypeError); one whose dims are unknown while a
+TensorFlow graph is built becomes a run-time assertion with the same message
+(`keras_yoso._runtime`, the only module that knows the backends).
+"""
+
+import math
+import numbers
+
+import keras
+import numpy as np
+from keras import ops
+
+from keras_yoso import _runtime
+
+# --- limits (custom_ops/cc/kernels/yoso_common.h) ---------------------------------------------
+# Codes are int32 and non-negative: at most 30 bits per hash (kMaxHashCodeLen).
+MAX_HASH_CODE_LEN = 30
+# Bucket tables hold at most 2**20 buckets (kMaxNumBuckets), so the cumulations, the YOSO
+# attention built on them and the collision estimator take hash_code_len <= 20
+# (kMaxCollisionHashCodeLen).
+MAX_NUM_BUCKETS_LOG2 = 20
+MAX_NUM_BUCKETS = 2 ** MAX_NUM_BUCKETS_LOG2
+MAX_CUMULATION_HASH_CODE_LEN = MAX_NUM_BUCKETS_LOG2
+# Largest per-bucket table of the weighted cumulation's custom op, W * D floats
+# (kMaxBucketTableFloats: the CPU kernel's [W, D] K^T V table of one bucket, 1 GiB).
+MAX_BUCKET_TABLE_FLOATS = 2 ** 28
+
+# --- choices and defaults ------------------------------------------------------------------------
+IMPLEMENTATIONS = ("auto", "custom_op", "composite")
+HASH_METHODS = ("gaussian", "hadamard")
+# The structured Hadamard projection: O(m tau log d) per vector in the kernels; its collision
+# rate is within 0.03 of (1 - theta/pi)^tau at d = 64 (tests/test_hash_statistics.py).
+DEFAULT_HASH_METHOD = "hadamard"
+BACKWARDS = ("lower_bound", "collision")
+EXPECTATION_BACKWARDS = ("lower_bound", "exact")
+# epsilon of the *YOSO pair weight tau p^(tau-1) / (pi sqrt(1 - x^2 + epsilon)) (appendix eq. 2).
+COLLISION_EPSILON = 1e-6
+
+
+def _is_int(value):
+    return isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_))
+
+
+def _layer_error(name, expected, value):
+    return ValueError(f"Received an invalid value for argument `{name}`: expected {expected}. "
+                      f"Received: {name}={value!r}")
+
+
+def integer(value, name, low, high=None, *, allow_none=False, layer=False):
+    """`value` as an int in [low, high] (None passes when `allow_none`); else ValueError naming `name`."""
+    if value is None and allow_none:
+        return None
+    if _is_int(value) and value >= low and (high is None or value <= high):
+        return int(value)
+    if layer:
+        expected = (f"an integer in [{low}, {high}]" if high is not None
+                    else "a positive integer" if low == 1 else f"an integer >= {low}")
+        raise _layer_error(name, expected + (" or None" if allow_none else ""), value)
+    if allow_none:
+        raise ValueError(f"{name} must be None or an integer >= {low}, got {value!r}")
+    bound = f"in [{low}, {high}]" if high is not None else f">= {low}"
+    raise ValueError(f"{name} must be an integer {bound}, got {value!r}")
+
+
+def choice(value, name, choices, *, layer=False):
+    """`value` if it is one of `choices`; else ValueError naming `name` and the choices."""
+    if isinstance(value, str) and value in choices:
+        return value
+    if layer:
+        raise _layer_error(name, f"one of {tuple(choices)}", value)
+    raise ValueError(f"{name} must be one of {tuple(choices)}, got {value!r}")
+
+
+def boolean(value, name, *, layer=False, allow_none=False):
+    """`value` as a Python bool (NumPy bools included); else ValueError naming `name`."""
+    if value is None and allow_none:
+        return None
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    if layer:
+        raise _layer_error(name, "None or a Python bool" if allow_none else "a bool", value)
+    raise ValueError(f"{name} must be a bool, got {value!r}")
+
+
+def positive_float(value, name, *, layer=False, why=""):
+    """`value` as a finite float > 0; else ValueError naming `name` (`why`: a reason for the ops message)."""
+    if isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_)) and (
+            0 < value < math.inf):
+        return float(value)
+    if layer:
+        raise _layer_error(name, "a finite float > 0", value)
+    raise ValueError(f"{name} must be a finite float > 0{why}, got {value!r}")
+
+
+def fraction(value, name):
+    """A float in [0, 1) (dropout rates); else ValueError in Keras' wording."""
+    if isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_)) and 0.0 <= value < 1.0:
+        return float(value)
+    raise _layer_error(name, "a float in [0, 1)", value)
+
+
+def optional_seed(value, name="seed"):
+    """An int seed or None; else ValueError in Keras' wording."""
+    if value is None or _is_int(value):
+        return None if value is None else int(value)
+    raise _layer_error(name, "an integer or None", value)
+
+
+def num_buckets(value):
+    """A power of two in [1, MAX_NUM_BUCKETS]."""
+    value = integer(value, "num_buckets", 1, MAX_NUM_BUCKETS)
+    if value & (value - 1):
+        raise ValueError(f"num_buckets must be a power of two in [1, 2**{MAX_NUM_BUCKETS_LOG2}], got {value}")
+    return value
+
+
+def hash_code_len(value, *, cumulation, layer=False):
+    """tau in [1, 20] for anything that fills bucket tables (`cumulation=True`), else [1, 30] (codes only)."""
+    high = MAX_CUMULATION_HASH_CODE_LEN if cumulation else MAX_HASH_CODE_LEN
+    return integer(value, "hash_code_len", 1, high, layer=layer)
+
+
+def output_shape(value):
+    """None, or a non-empty tuple of positive ints (a single int is a 1-tuple)."""
+    if value is None:
+        return None
+    shape = tuple(value) if isinstance(value, (list, tuple)) else (value,)
+    if not shape or not all(_is_int(d) and d > 0 for d in shape):
+        raise _layer_error("output_shape", "a positive int or a non-empty tuple of positive ints", value)
+    return tuple(int(d) for d in shape)
+
+
+def bucket_table_message(weight_dim, value_dim):
+    """The error text of a per-bucket table over MAX_BUCKET_TABLE_FLOATS (the kernels' text)."""
+    return (f"the per-bucket table of the weighted LSH cumulation, weight_dim * value_dim = {weight_dim} * "
+            f"{value_dim} floats (weight_dim: axis 2 of query_weight and key_weight; value_dim: axis 2 of value), "
+            f"exceeds the limit of 2**28 floats (1 GiB); split weight_dim or value_dim into chunks")
+
+
+def check_bucket_table(weight_dim, value_dim):
+    """ValueError when the known widths make the custom op's per-bucket table W * D exceed
+    MAX_BUCKET_TABLE_FLOATS."""
+    if weight_dim is not None and value_dim is not None and weight_dim * value_dim > MAX_BUCKET_TABLE_FLOATS:
+        raise ValueError(bucket_table_message(weight_dim, value_dim))
+
+
+def dims_agree(dims, what):
+    """ValueError unless the known dims in `dims` [(label, dim or None)] are all equal."""
+    known = [(name, dim) for name, dim in dims if dim is not None]
+    if len({dim for _, dim in known}) > 1:
+        listed = ", ".join(f"{name}={dim}" for name, dim in known)
+        raise ValueError(f"{what} must agree: {listed}")
+
+
+def codes_message(name, num_buckets_):
+    return f"{name} must hold codes in [0, num_buckets) = [0, {num_buckets_})"
+
+
+# --- tensors --------------------------------------------------------------------------------------
+
+FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
+_WIDE_INT_DTYPES = ("int64", "uint32", "uint64")
+
+
+def dtype_name(x):
+    """The standardized dtype name of a tensor or array-like ("float32", "bool", "string", ...)."""
+    dtype = getattr(x, "dtype", None)
+    if dtype is None:
+        dtype = np.asarray(x).dtype
+    if isinstance(dtype, np.dtype) and dtype.kind in "USO":
+        return "string"
+    try:
+        return keras.backend.standardize_dtype(dtype)
+    except (TypeError, ValueError):
+        return str(getattr(dtype, "name", dtype))
+
+
+def _with_rank(x, rank, name, expected):
+    shape = _runtime.static_shape(x)
+    if shape is None:
+        return _runtime.ensure_rank(x, rank)
+    if len(shape) != rank:
+        raise ValueError(f"{name} must have {expected}, got shape {tuple(shape)}")
+    return x
+
+
+def float_tensor(x, name, rank):
+    """`x` as a float tensor of rank `rank` (float64 computed in float32); TypeError / ValueError naming `name`."""
+    dtype = dtype_name(x)
+    if dtype not in FLOAT_DTYPES:
+        raise TypeError(f"{name} must be a floating-point tensor, got dtype {dtype}")
+    if dtype == "float64":
+        x = ops.cast(x, "float32")
+    return _with_rank(ops.convert_to_tensor(x), rank, name, f"rank {rank}")
+
+
+def codes_tensor(codes, name, num_buckets_):
+    """int32 `[B, m, N]` codes. Codes of an integer type wider than int32 are range-checked before
+    the cast, so 2**32 + 3 cannot wrap around to the valid code 3."""
+    dtype = dtype_name(codes)
+    if not dtype.startswith(("int", "uint")):
+        raise TypeError(f"{name} must be an integer tensor of hash codes, got dtype {dtype}")
+    if dtype in _WIDE_INT_DTYPES and isinstance(codes, (np.ndarray, list, tuple)):
+        # Checked on the host first: JAX without x64 would wrap int64 to int32 on conversion.
+        host = np.asarray(codes)
+        if host.size and (host.min() < 0 or host.max() >= num_buckets_):
+            raise _runtime.data_error(codes_message(name, num_buckets_))
+    codes = _with_rank(ops.convert_to_tensor(codes), 3, name, "shape [batch, num_hashes, length]")
+    if dtype in _WIDE_INT_DTYPES:
+        checks = codes_in_range(codes, num_buckets_, name)
+        (codes,) = _runtime.after(checks, [codes])
+    return ops.cast(codes, "int32")
+
+
+def codes_in_range(codes, num_buckets_, name):
+    """Checks 0 <= codes < num_buckets: raises now when the codes are known, else returns the
+    TensorFlow run-time assertions. Traced JAX code cannot raise: there, out-of-range codes are
+    dropped by the composite like masked positions (docs/errors.md)."""
+    if not _runtime.can_check(codes) or _runtime.static_shape(codes) is not None and 0 in _runtime.static_shape(codes):
+        return []
+    return _runtime.assert_in_range(codes, 0, num_buckets_, codes_message(name, num_buckets_))
+
+
+def mask_tensor(mask, name):
+    """`[B, N]` bool mask from bool or numeric input (any nonzero keeps, NaN included)."""
+    dtype = dtype_name(mask)
+    if dtype != "bool" and not dtype.startswith(("int", "uint", "float", "bfloat")):
+        raise TypeError(f"{name} must be a bool or numeric tensor, got dtype {dtype}")
+    mask = _with_rank(ops.convert_to_tensor(mask), 2, name, "shape [batch, length]")
+    return mask if dtype == "bool" else ops.not_equal(mask, ops.zeros((), mask.dtype))
+
+
+def agree(entries, what):
+    """Checks that the dims of entries [(label, tensor, axis)] are all equal: known dims now
+    (ValueError "<what> must agree: label=dim, ..."), unknown ones when a TensorFlow graph runs
+    (InvalidArgumentError "<what> must agree: <label> differs from <label>"). Returns the
+    run-time assertions (none when every dim is known)."""
+    dims = [(label, _runtime.static_shape(t)[axis]) for label, t, axis in entries]
+    dims_agree(dims, what)
+    return _runtime.dims_equal_at_run_time(entries, what)

@@ -1,0 +1,138 @@
+"""LSH hashing: the random hash functions drawn from a seed, and the codes of vectors.
+
+Paper: Zeng et al., "You Only Sample (Almost) Once", ICML 2021, §3.2 and appendix §1.2
+(hyperplane LSH; the fast Hadamard variant).
+"""
+
+import functools
+import math
+import numbers
+
+import keras
+import numpy as np
+from keras import ops
+
+from keras_yoso import _runtime
+from keras_yoso import _validation
+from keras_yoso.ops import _dispatch
+from keras_yoso import _validation as _tensors
+
+
+def _next_power_of_two(n):
+    return 1 if n <= 1 else 2 ** math.ceil(math.log2(n))
+
+
+def hadamard_blocks(dim, num_bits):
+    """(num_blocks, padded_dim) of the Hadamard hash of `dim`-dim vectors with `num_bits` sign bits."""
+    padded = _next_power_of_two(dim)
+    return -(-num_bits // padded), padded
+
+
+@functools.lru_cache(maxsize=64)
+def _numpy_parameters(dim, num_hashes, hash_code_len, seed, method):
+    """The hash functions of an int seed, drawn on the host with NumPy's frozen legacy stream, so
+    they are the same on every backend, every device and every version of TF, JAX and torch."""
+    rng = np.random.RandomState([seed & 0xFFFFFFFF, (seed >> 32) & 0xFFFFFFFF])
+    bits = num_hashes * hash_code_len
+    if method == "gaussian":
+        params = rng.standard_normal((dim, bits)).astype(np.float32)
+    else:
+        blocks, padded = hadamard_blocks(dim, bits)
+        params = (2 * rng.randint(0, 2, size=(blocks, 3, padded)) - 1).astype(np.float32)
+    params.setflags(write=False)
+    return params
+
+
+class _StatelessSeed(keras.random.SeedGenerator):
+    """A `[2]` seed tensor in the form `keras.random` accepts: every draw is a stateless function of it."""
+
+    def __init__(self, seed):  # no state variable: nothing to advance
+        self._seed = ops.cast(seed, _runtime.random_seed_dtype())
+
+    def next(self, ordered=True):
+        return self._seed
+
+
+def _is_int_seed(seed):
+    return isinstance(seed, numbers.Integral) and not isinstance(seed, (bool, np.bool_))
+
+
+def _seed_tensor(seed):
+    """A `[2]` integer seed tensor, or ValueError."""
+    message = f"seed must be an int or an integer tensor of shape [2], got {seed!r}"
+    try:
+        tensor = ops.convert_to_tensor(seed)
+    except (TypeError, ValueError) as error:
+        raise ValueError(message) from error
+    shape = _runtime.static_shape(tensor)
+    if "int" not in str(tensor.dtype) or (shape is not None and tuple(shape) != (2,)):
+        raise ValueError(message)
+    return tensor
+
+
+def hash_parameters(dim, num_hashes, hash_code_len, seed, method=_validation.DEFAULT_HASH_METHOD):
+    """The random hash functions that `hash_codes` draws from `seed`.
+
+    Args:
+      dim: d >= 1, the width of the hashed vectors.
+      num_hashes, hash_code_len: m >= 1 hashes of tau in [1, 30] bits.
+      seed: an int (drawn on the host with NumPy's frozen `RandomState` stream: the same hash
+        functions on every backend and device) or a `[2]` integer tensor (drawn with
+        `keras.random`, statelessly: fresh functions per training step, backend-specific).
+      method: "hadamard" (default) or "gaussian".
+
+    Returns:
+      float32: for "gaussian" the projection `[dim, m * tau]` of N(0, 1) entries; for
+      "hadamard" the diagonal signs `[num_blocks, 3, padded_dim]` (+-1) of H D3 H D2 H D1, with
+      padded_dim the next power of two >= dim and num_blocks = ceil(m tau / padded_dim).
+    """
+    dim = _validation.integer(dim, "dim", 1)
+    num_hashes = _validation.integer(num_hashes, "num_hashes", 1)
+    hash_code_len = _validation.hash_code_len(hash_code_len, cumulation=False)
+    method = _validation.choice(method, "method", _validation.HASH_METHODS)
+    if _is_int_seed(seed):
+        return ops.convert_to_tensor(_numpy_parameters(dim, num_hashes, hash_code_len, int(seed), method))
+    generator = _StatelessSeed(_seed_tensor(seed))
+    bits = num_hashes * hash_code_len
+    if method == "gaussian":
+        return keras.random.normal((dim, bits), dtype="float32", seed=generator)
+    blocks, padded = hadamard_blocks(dim, bits)
+    signs = keras.random.randint((blocks, 3, padded), 0, 2, dtype="int32", seed=generator)
+    return ops.cast(2 * signs - 1, "float32")
+
+
+def hash_codes(x, num_hashes, hash_code_len, seed, method=_validation.DEFAULT_HASH_METHOD, implementation="auto"):
+    """Hyperplane (sign random projection) LSH codes of `x` (YOSO §3.2, appendix §1.2).
+
+    Args:
+      x: `[B, N, d]` float tensor (unit-norm rows for YOSO; any rows work).
+      num_hashes: m >= 1, the number of independent hashes.
+      hash_code_len: tau in [1, 30], sign bits per hash.
+      seed: int or `[2]` int tensor (see `hash_parameters`). The same seed gives the same hash
+        functions, so codes of queries and keys hashed with one seed collide with probability
+        (1 - theta/pi)^tau for vectors at angle theta (exactly for "gaussian", approximately for
+        "hadamard").
+      method: "hadamard" (default: H D3 H D2 H D1 with random sign diagonals, x zero-padded to a
+        power-of-two width, so any d works; O(N m tau log d) in the custom op) or "gaussian"
+        (a dense N(0, 1) projection, O(N m tau d)). The composite computes both as one
+        projection matmul, O(N m tau d).
+      implementation: "auto", "custom_op" or "composite".
+
+    Returns:
+      int32 `[B, num_hashes, N]`, code = sum_i [<x, r_{h,i}> > 0] 2^i, in [0, 2^tau). A NaN
+      row hashes to code 0 in every hash.
+    """
+    num_hashes = _validation.integer(num_hashes, "num_hashes", 1)
+    hash_code_len = _validation.hash_code_len(hash_code_len, cumulation=False)
+    method = _validation.choice(method, "method", _validation.HASH_METHODS)
+    provider = _dispatch.provider(implementation)
+    if not _is_int_seed(seed):
+        _seed_tensor(seed)
+    x = _tensors.float_tensor(x, "x", 3)
+    dim = _runtime.static_shape(x)[2]
+    if dim is None:
+        raise ValueError(f"the last dimension of x must be known statically, got shape {_runtime.static_shape(x)}")
+    if dim == 0:
+        raise ValueError(f"x must have at least one feature (axis 2), got shape {_runtime.static_shape(x)}")
+    params = hash_parameters(dim, num_hashes, hash_code_len, seed, method)
+    return provider.hash_codes(x, params, num_hashes, hash_code_len, method)
