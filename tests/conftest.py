@@ -40,6 +40,10 @@ else:
 collect_ignore_glob = [] if TENSORFLOW else ["test_tf_*.py"]
 
 requires_tensorflow = pytest.mark.skipif(not TENSORFLOW, reason="TensorFlow backend only")
+# Skips only where the custom ops are not expected (other backends, KERAS_YOSO_DISABLE_CUSTOM_OPS=1):
+# where they are expected, a library that failed to load makes these tests fail.
+requires_custom_ops = pytest.mark.skipif(not CUSTOM_OPS_EXPECTED,
+                                         reason="no custom ops expected (backend or KERAS_YOSO_DISABLE_CUSTOM_OPS=1)")
 
 # Hypothesis profiles of the property tests. "default" is bounded and reproducible (the same
 # examples on every run, nothing written to disk), so the default suite stays fast and stable;
@@ -59,8 +63,9 @@ def implementation(request):
 
 def to_numpy(x):
     """A backend tensor (or anything array-like) as a NumPy array; bfloat16/float16 as float32."""
-    array = np.asarray(keras.ops.convert_to_numpy(keras.ops.cast(x, "float32") if _is_half(x) else x))
-    return array
+    if hasattr(x, "detach"):  # a torch tensor that may require grad
+        x = x.detach()
+    return np.asarray(keras.ops.convert_to_numpy(keras.ops.cast(x, "float32") if _is_half(x) else x))
 
 
 def _is_half(x):

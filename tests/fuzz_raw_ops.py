@@ -395,7 +395,7 @@ def main(argv=None):
     parser.add_argument("--count", type=int, default=300)
     parser.add_argument("--verbose", action="store_true")
     args = parser.parse_args(argv)
-    if not _library.custom_ops_available():
+    if _library.library() is None:
         print(f"SKIP custom ops not loaded: {_library.load_error()}")
         return 0
     tally = {}

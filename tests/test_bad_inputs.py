@@ -206,7 +206,7 @@ def test_zero_hashes(implementation, mode):
 @requires_tensorflow
 def test_zero_hashes_unknown_until_run_time_custom_op():
     if "custom_op" not in IMPLEMENTATIONS:
-        pytest.skip("custom ops not built")
+        pytest.skip("no custom ops expected (backend or KERAS_YOSO_DISABLE_CUSTOM_OPS=1)")
     fn, arrays, _ = _lsh("custom_op", qc=np.zeros((2, 0, 5), np.int32), kc=np.zeros((2, 0, 6), np.int32))
     with pytest.raises(tf.errors.InvalidArgumentError, match=r"query_codes must have num_hashes >= 1 \(axis 1\)"):
         _run(fn, arrays, [NONE_KEEP] * 5, "unknown_dims")
@@ -373,7 +373,7 @@ def test_gpu_hadamard_hash_rejects_a_padded_dim_over_8192():
     if not tf.config.list_physical_devices("GPU"):
         pytest.skip("needs a GPU")
     if "custom_op" not in IMPLEMENTATIONS:
-        pytest.skip("custom ops not built")
+        pytest.skip("no custom ops expected (backend or KERAS_YOSO_DISABLE_CUSTOM_OPS=1)")
     with tf.device("GPU:0"), pytest.raises(tf.errors.InvalidArgumentError, match=r"padded_dim = 16384 .* 8192"):
         ops.hash_codes(np.ones((1, 2, 9000), np.float32), 2, 4, 0, "hadamard", implementation="custom_op")
 

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 import numpy_reference as ref
-from conftest import unit_rows
+from conftest import to_numpy, unit_rows
 from keras_yoso import ops
 
 
@@ -22,8 +22,8 @@ def test_collision_rate_matches_one_minus_angle_over_pi_to_the_tau(tau, theta):
     rng = np.random.default_rng(int(theta * 10) + tau)
     a, b = _pairs_at_angle(rng, 400, 16, theta)
     m = 64
-    ca = ops.hash_codes(a[None].astype(np.float32), m, tau, seed=9).numpy()
-    cb = ops.hash_codes(b[None].astype(np.float32), m, tau, seed=9).numpy()
+    ca = to_numpy(ops.hash_codes(a[None].astype(np.float32), m, tau, seed=9, method="gaussian"))
+    cb = to_numpy(ops.hash_codes(b[None].astype(np.float32), m, tau, seed=9, method="gaussian"))
     rate = (ca == cb).mean()
     expected = (1 - theta / np.pi) ** tau
     trials = 400 * m
@@ -34,8 +34,8 @@ def test_collision_rate_matches_one_minus_angle_over_pi_to_the_tau(tau, theta):
 def test_hadamard_hash_approximates_the_collision_rate_at_moderate_dimension():
     rng = np.random.default_rng(1)
     a, b = _pairs_at_angle(rng, 400, 64, 1.0)
-    ca = ops.hash_codes(a[None].astype(np.float32), 64, 2, seed=3, method="hadamard").numpy()
-    cb = ops.hash_codes(b[None].astype(np.float32), 64, 2, seed=3, method="hadamard").numpy()
+    ca = to_numpy(ops.hash_codes(a[None].astype(np.float32), 64, 2, seed=3, method="hadamard"))
+    cb = to_numpy(ops.hash_codes(b[None].astype(np.float32), 64, 2, seed=3, method="hadamard"))
     assert abs((ca == cb).mean() - (1 - 1.0 / np.pi) ** 2) < 0.03
 
 
@@ -52,9 +52,9 @@ def test_lsh_cumulation_converges_to_yoso_expectation_as_hashes_grow():
     expected = ref.yoso_expectation(q, k, v, tau)
     angles = []
     for m in (4, 32, 256):
-        qc = ops.hash_codes(q, m, tau, seed=m).numpy()
-        kc = ops.hash_codes(k, m, tau, seed=m).numpy()
-        angles.append(_mean_angle(ops.lsh_cumulation(qc, kc, v, 2 ** tau).numpy(), expected))
+        qc = to_numpy(ops.hash_codes(q, m, tau, seed=m))
+        kc = to_numpy(ops.hash_codes(k, m, tau, seed=m))
+        angles.append(_mean_angle(to_numpy(ops.lsh_cumulation(qc, kc, v, 2 ** tau)), expected))
     # A Monte-Carlo average over m hashes: the error shrinks like 1/sqrt(m), ~2.8x per 8x more hashes
     # once it is small (a large angle error saturates, so the first step is weaker).
     assert angles[0] > 1.5 * angles[1] and angles[1] > 2.0 * angles[2], angles

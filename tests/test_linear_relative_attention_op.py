@@ -1,16 +1,21 @@
-"""keras_yoso.ops.linear_relative_attention against the dense NumPy oracle of Scaleformer eq. 9-11."""
+"""keras_yoso.ops.linear_relative_attention against the dense NumPy oracle of Scaleformer eq. 9-11, on
+every backend (graph, XLA and memory tests: TensorFlow)."""
 
 import os
 import subprocess
 import sys
 import textwrap
 
+import keras
 import numpy as np
 import pytest
-import tensorflow as tf
 
 import numpy_reference as ref
+from conftest import TENSORFLOW, cast, requires_tensorflow, to_numpy, vjp
 from keras_yoso import ops
+
+if TENSORFLOW:
+    import tensorflow as tf
 
 # name -> (batch, query_length, key_length, depth, value_depth, horizon)
 SHAPES = {
@@ -50,16 +55,11 @@ def _inputs(shape, seed, shared_embeddings=True, scale=1.0):
 
 
 def _run_with_gradients(query, key, value, rel, horizon, out_grad, **kwargs):
-    tensors = [tf.constant(t) for t in (query, key, value)]
-    rel_tensor = None if rel is None else tf.constant(rel)
-    with tf.GradientTape() as tape:
-        tape.watch(tensors)
-        if rel_tensor is not None:
-            tape.watch(rel_tensor)
-        out = ops.linear_relative_attention(*tensors, relative_embeddings=rel_tensor, horizon=horizon, **kwargs)
-        loss = tf.reduce_sum(out * out_grad)
-    grads = tape.gradient(loss, tensors + ([rel_tensor] if rel_tensor is not None else []))
-    return out.numpy(), [g.numpy() for g in grads]
+    if rel is None:
+        return vjp(lambda q, k, v: ops.linear_relative_attention(q, k, v, horizon=horizon, **kwargs),
+                   [query, key, value], out_grad)
+    return vjp(lambda q, k, v, r: ops.linear_relative_attention(q, k, v, r, horizon, **kwargs),
+               [query, key, value, rel], out_grad)
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["bidirectional", "causal"])
@@ -113,12 +113,12 @@ def test_causal_output_ignores_future_keys_and_values(with_relative):
     rng, query, key, value, rel = _inputs(shape, seed=11)
     horizon = 3 if with_relative else None
     rel = rel if with_relative else None
-    base = ops.linear_relative_attention(query, key, value, rel, horizon, causal=True, chunk_size=8).numpy()
+    base = to_numpy(ops.linear_relative_attention(query, key, value, rel, horizon, causal=True, chunk_size=8))
     for i in (0, 7, 8, 23, 39):
         key2, value2 = key.copy(), value.copy()
         key2[:, i + 1:] = rng.normal(size=key2[:, i + 1:].shape) * 5
         value2[:, i + 1:] = rng.normal(size=value2[:, i + 1:].shape) * 5
-        changed = ops.linear_relative_attention(query, key2, value2, rel, horizon, causal=True, chunk_size=8).numpy()
+        changed = to_numpy(ops.linear_relative_attention(query, key2, value2, rel, horizon, causal=True, chunk_size=8))
         np.testing.assert_array_equal(changed[:, :i + 1], base[:, :i + 1])
 
 
@@ -127,10 +127,10 @@ def test_padded_keys_with_nan_do_not_reach_outputs():
     rng, query, key, value, rel = _inputs(shape, seed=3)
     key_mask = np.ones((2, 10), bool)
     key_mask[:, 7:] = False
-    clean = ops.linear_relative_attention(query, key, value, rel, 2, key_mask=key_mask).numpy()
+    clean = to_numpy(ops.linear_relative_attention(query, key, value, rel, 2, key_mask=key_mask))
     key[:, 7:] = np.nan
     value[:, 7:] = np.inf
-    dirty = ops.linear_relative_attention(query, key, value, rel, 2, key_mask=key_mask).numpy()
+    dirty = to_numpy(ops.linear_relative_attention(query, key, value, rel, 2, key_mask=key_mask))
     np.testing.assert_array_equal(dirty, clean)
 
 
@@ -140,32 +140,33 @@ def test_padded_queries_and_rows_without_keys_output_zero():
     query_mask = np.array([[1, 1, 1, 0, 0, 0], [1] * 6], bool)
     key_mask = np.array([[1] * 6, [0] * 6], bool)
     out = ops.linear_relative_attention(query, key, value, rel, 2, query_mask=query_mask, key_mask=key_mask)
-    out = out.numpy()
+    out = to_numpy(out)
     assert np.all(out[0, 3:] == 0)
     assert np.all(out[1] == 0)
     assert np.all(np.isfinite(out))
 
 
-@pytest.mark.parametrize("dtype", [tf.float16, tf.bfloat16])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 @pytest.mark.parametrize("causal", [False, True], ids=["bidirectional", "causal"])
 def test_half_precision_outputs_are_finite_for_large_inputs(dtype, causal):
     shape = (2, 50, 50, 16, 8, 4)
     rng, query, key, value, rel = _inputs(shape, seed=13, scale=20.0)
-    args = [tf.cast(t, dtype) for t in (query, key, value, rel)]
-    with tf.GradientTape() as tape:
-        tape.watch(args)
-        out = ops.linear_relative_attention(*args[:3], args[3], 4, causal=causal, chunk_size=16)
-        loss = tf.reduce_sum(tf.cast(out, tf.float32))
-    grads = tape.gradient(loss, args)
-    assert out.dtype == dtype
-    assert np.all(np.isfinite(tf.cast(out, tf.float32).numpy()))
+    rounded = [to_numpy(cast(t, dtype)) for t in (query, key, value, rel)]
+    out = ops.linear_relative_attention(*(cast(t, dtype) for t in (query, key, value, rel)), horizon=4,
+                                        causal=causal, chunk_size=16)
+    assert keras.backend.standardize_dtype(out.dtype) == dtype
+    half = lambda x: keras.ops.cast(x, dtype)  # noqa: E731
+    _, grads = vjp(lambda q, k, v, r: ops.linear_relative_attention(half(q), half(k), half(v), half(r), 4,
+                                                                    causal=causal, chunk_size=16),
+                   rounded, np.ones((2, 50, 8)))
+    assert np.all(np.isfinite(to_numpy(out)))
     for grad in grads:
-        assert np.all(np.isfinite(tf.cast(grad, tf.float32).numpy()))
-    expected = ref.linear_relative_attention(*(tf.cast(a, tf.float32).numpy() for a in args), horizon=4,
-                                             causal=causal)
-    np.testing.assert_allclose(tf.cast(out, tf.float32).numpy(), expected, rtol=0.05, atol=0.05)
+        assert np.all(np.isfinite(grad))
+    expected = ref.linear_relative_attention(*rounded, horizon=4, causal=causal)
+    np.testing.assert_allclose(to_numpy(out), expected, rtol=0.05, atol=0.05)
 
 
+@requires_tensorflow
 def test_unknown_dims_inside_tf_function_match_eager():
     shape = (2, 13, 17, 4, 3, 2)
     rng, query, key, value, rel = _inputs(shape, seed=17)
@@ -182,6 +183,7 @@ def test_unknown_dims_inside_tf_function_match_eager():
                                atol=1e-7)
 
 
+@requires_tensorflow
 def test_jit_compile_matches_eager():
     shape = (2, 20, 20, 4, 3, 2)
     _, query, key, value, rel = _inputs(shape, seed=19)
@@ -217,6 +219,7 @@ def test_bad_arguments_raise_naming_the_argument(kwargs, message):
         ops.linear_relative_attention(**args)
 
 
+@requires_tensorflow
 def test_mismatched_unknown_lengths_raise_at_run_time():
     spec = [tf.TensorSpec([None, None, 4]), tf.TensorSpec([None, None, 4]), tf.TensorSpec([None, None, 3])]
     fn = tf.function(lambda q, k, v: ops.linear_relative_attention(q, k, v), input_signature=spec)
@@ -254,6 +257,7 @@ def _peak_growth_bytes(length):
     return int(result.stdout.strip().splitlines()[-1])
 
 
+@requires_tensorflow
 def test_causal_peak_memory_grows_linearly_in_length():
     # Forward + backward, d = 64, chunk 64, k = 16: measured ~6.8 KiB/position (inputs, gradients, the
     # per-chunk scores, bands, key windows and states). Algorithm 1's [L, d, d] states alone would be

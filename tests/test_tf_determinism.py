@@ -22,6 +22,7 @@ import pytest
 import tensorflow as tf
 
 import keras_yoso
+from conftest import CUSTOM_OPS_EXPECTED
 
 SCRIPT = os.path.abspath(__file__)
 PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(keras_yoso.__file__)))
@@ -30,7 +31,6 @@ PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(keras_yoso.__file
 def _workloads(implementation):
     """(name, fn) pairs; fn() returns the op's outputs. Sizes let the CPU kernels use several threads."""
     from keras_yoso import ops
-    from keras_yoso.ops import yoso as yoso_ops
 
     rng = np.random.default_rng(0)
     batch, num_hashes, tau, length, dim, value_dim = 4, 8, 6, 1500, 32, 48
@@ -64,7 +64,7 @@ def _workloads(implementation):
         ("lsh_cumulation_float16",
          lambda: [ops.lsh_cumulation(qc, kc, tf.cast(v, tf.float16), 2 ** tau, qm, km, **impl)]),
         ("weighted_lsh_cumulation", lambda: [ops.weighted_lsh_cumulation(qc, dy, kc, v, k, 2 ** tau, qm, km, **impl)]),
-        ("collision_cumulation", lambda: [yoso_ops._collision(qmf, qc, q, dy, kmf, kc, k, v, tau, implementation)]),
+        ("collision_cumulation", lambda: [ops.collision_cumulation(qc, q, dy, kc, k, v, tau, qmf, kmf, **impl)]),
         ("gradients_lower_bound", lambda: gradients("lower_bound")),
         ("gradients_collision", lambda: gradients("collision")),
     ]
@@ -99,7 +99,7 @@ def _run(threads, determinism=False, implementations=("custom_op", "composite"))
 
 def _implementations():
     from keras_yoso import ops
-    return ("custom_op", "composite") if ops.custom_ops_available() else ("composite",)
+    return ("custom_op", "composite") if CUSTOM_OPS_EXPECTED else ("composite",)
 
 
 @pytest.fixture(scope="module")
@@ -114,7 +114,7 @@ def test_every_op_gives_the_same_bits_on_repeated_calls(two_threads):
 
 def test_custom_ops_give_the_same_bits_for_any_cpu_thread_count(two_threads):
     if "custom_op" not in _implementations():
-        pytest.skip("custom ops not built")
+        pytest.skip("no custom ops expected (KERAS_YOSO_DISABLE_CUSTOM_OPS=1)")
     for threads in (1, 3):
         other = _run(threads, implementations=("custom_op",))
         differ = [name for name, digests in other.items() if digests[0] != two_threads[name][0]]
@@ -150,7 +150,7 @@ with tf.device("GPU:0"):
 @pytest.mark.skipif(not tf.config.list_physical_devices("GPU"), reason="needs a GPU")
 def test_gpu_table_cumulations_raise_unimplemented_under_op_determinism():
     if "custom_op" not in _implementations():
-        pytest.skip("custom ops not built")
+        pytest.skip("no custom ops expected (KERAS_YOSO_DISABLE_CUSTOM_OPS=1)")
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3",
                PYTHONPATH=os.pathsep.join([PACKAGE_ROOT, os.environ.get("PYTHONPATH", "")]))
     result = subprocess.run([sys.executable, "-c", GPU_SCRIPT], capture_output=True, text=True, timeout=600, env=env)
@@ -175,9 +175,9 @@ if __name__ == "__main__":
     (False, [], "custom_op"), (True, [], "custom_op"), (False, ["GPU:0"], "custom_op"), (True, ["GPU:0"], "composite"),
 ])
 def test_auto_takes_the_composite_only_where_op_determinism_meets_a_gpu(monkeypatch, determinism, gpus, expected):
-    from keras_yoso.ops import yoso
-    if not keras_yoso.ops.custom_ops_available():
-        pytest.skip("the op library is not loaded: 'auto' is always the composite")
-    monkeypatch.setattr(yoso.tf_config, "is_op_determinism_enabled", lambda: determinism)
-    monkeypatch.setattr(yoso.tf.config, "list_physical_devices", lambda kind=None: list(gpus))
-    assert yoso._resolve("auto") == expected
+    from keras_yoso.ops import _tf_kernels
+    if not CUSTOM_OPS_EXPECTED:
+        pytest.skip("no custom ops expected (KERAS_YOSO_DISABLE_CUSTOM_OPS=1): 'auto' is always the composite")
+    monkeypatch.setattr(_tf_kernels.tf_config, "is_op_determinism_enabled", lambda: determinism)
+    monkeypatch.setattr(_tf_kernels.tf.config, "list_physical_devices", lambda kind=None: list(gpus))
+    assert keras_yoso.ops.implementation_in_use("auto") == expected

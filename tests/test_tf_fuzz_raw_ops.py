@@ -13,11 +13,11 @@ import sys
 
 import pytest
 
-from keras_yoso import ops
+from conftest import requires_custom_ops
 
 DRIVER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fuzz_raw_ops.py")
 
-pytestmark = pytest.mark.skipif(not ops.custom_ops_available(), reason="custom ops not built")
+pytestmark = requires_custom_ops
 
 
 def _fuzz(seed, first, count, timeout):

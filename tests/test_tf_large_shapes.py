@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from keras_yoso import ops
+from conftest import requires_custom_ops
 
 KERNELS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "custom_ops", "cc", "kernels")
 
@@ -69,10 +69,10 @@ static void SizeHelpers() {
   CHECK(SaturatingElementCount(int64_t{1} << 40, int64_t{1} << 40, 0) == 0);
   CHECK(SaturatingElementCount(3, int64_t{1} << 61, 1) == 3 * (int64_t{1} << 61));
   CHECK(SaturatingElementCount(5, int64_t{1} << 61, 1) == INT64_MAX);
-  CHECK(BucketTableFits(int64_t{1} << 20, 256, 1));
-  CHECK(!BucketTableFits(int64_t{1} << 20, 256, 2));
-  CHECK(BucketTableFits(int64_t{1} << 20, int64_t{1} << 62, 0));
-  CHECK(!BucketTableFits(int64_t{1} << 20, int64_t{1} << 40, int64_t{1} << 40));
+  CHECK(BucketTableFits(256, int64_t{1} << 20));
+  CHECK(!BucketTableFits(512, int64_t{1} << 20));
+  CHECK(BucketTableFits(int64_t{1} << 62, 0));
+  CHECK(!BucketTableFits(int64_t{1} << 40, int64_t{1} << 40));
 }
 
 // Keys [0, Nk) with value rows of D floats, Nk * D = 2^31 + D: only the last key (row offset
@@ -158,7 +158,6 @@ def test_cpu_kernels_index_tensors_past_2_pow_31_elements_and_size_helpers_satur
     assert result.returncode == 0 and result.stdout.strip().endswith("OK"), result.stdout + result.stderr
 
 
-requires_custom_ops = pytest.mark.skipif(not ops.custom_ops_available(), reason="custom ops not built")
 
 
 def _library():
@@ -187,10 +186,16 @@ def test_num_hashes_times_hash_code_len_overflowing_int64_raises():
 
 
 @requires_custom_ops
-def test_bucket_table_over_the_limit_raises_before_allocating():
-    # 2**20 buckets * 2**20 weight columns: a 4 TiB table per CPU worker (this segfaulted).
+def test_per_bucket_table_over_the_limit_raises_before_allocating():
+    # W * D = 2**15 * 2**14 = 2**29 floats: a 2 GiB [W, D] table per CPU worker (W * D with
+    # 2**20 * 2**20 floats segfaulted before the limit existed).
     mask, codes = np.ones((1, 1), np.float32), np.zeros((1, 1, 1), np.int32)
-    weight = tf.zeros([1, 1, 2 ** 20])
-    with pytest.raises(tf.errors.InvalidArgumentError, match=r"bucket table .* exceeds the limit of 2\*\*28 floats"):
-        _library().yoso_weighted_lsh_cumulation(mask, codes, weight, mask, codes, weight, tf.zeros([1, 1, 1]),
+    weight = tf.zeros([1, 1, 2 ** 15])
+    with pytest.raises(ValueError,  # the op's shape function, while the graph is built
+                       match=r"per-bucket table .* exceeds the limit of 2\*\*28 floats"):
+        tf.function(lambda: _library().yoso_weighted_lsh_cumulation(
+            mask, codes, weight, mask, codes, weight, tf.zeros([1, 1, 2 ** 14]), num_buckets=2 ** 20))()
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match=r"per-bucket table .* exceeds the limit of 2\*\*28 floats"):
+        _library().yoso_weighted_lsh_cumulation(mask, codes, weight, mask, codes, weight, tf.zeros([1, 1, 2 ** 14]),
                                                 num_buckets=2 ** 20)

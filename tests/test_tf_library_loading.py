@@ -8,6 +8,7 @@ import textwrap
 import pytest
 from tensorflow.python.framework import kernels
 
+from conftest import CUSTOM_OPS_EXPECTED
 from keras_yoso import ops
 
 OP_NAMES = ["YosoGaussianHashCodes", "YosoHadamardHashCodes", "YosoLshCumulation",
@@ -18,8 +19,17 @@ def _devices(op_name):
     return {k.device_type for k in kernels.get_registered_kernels_for_op(op_name).kernel}
 
 
-@pytest.mark.skipif(not ops.custom_ops_available(), reason="custom ops not built")
+def test_custom_ops_load_whenever_they_are_expected():
+    """A broken build fails here, not as skipped tests: with TensorFlow installed and
+    KERAS_YOSO_DISABLE_CUSTOM_OPS unset, the library must load."""
+    if not CUSTOM_OPS_EXPECTED:
+        pytest.skip("KERAS_YOSO_DISABLE_CUSTOM_OPS=1: the custom ops are disabled on purpose")
+    assert ops.custom_ops_available(), ops.custom_ops_load_error()
+
+
 def test_import_registers_cpu_kernels_for_every_op():
+    if not CUSTOM_OPS_EXPECTED:
+        pytest.skip("KERAS_YOSO_DISABLE_CUSTOM_OPS=1: the custom ops are disabled on purpose")
     for name in OP_NAMES:
         assert "CPU" in _devices(name), name
 

@@ -15,7 +15,7 @@ import tensorflow as tf
 
 from conftest import IMPLEMENTATIONS
 from keras_yoso import ops
-from keras_yoso.ops import yoso as yoso_ops
+from keras_yoso import _validation
 
 THREADS = 8
 ROUNDS = 3
@@ -45,9 +45,8 @@ def _all_ops(x, implementation):
     outs = [qc, kc,
             ops.lsh_cumulation(qc, kc, x["v"], 2 ** tau, x["qm"], x["km"], **impl),
             ops.weighted_lsh_cumulation(qc, x["dy"], kc, x["v"], x["k"], 2 ** tau, x["qm"], x["km"], **impl),
-            yoso_ops._collision(x["qm"].astype(np.float32), qc, x["q"], x["dy"], x["km"].astype(np.float32), kc,
-                                x["k"], x["v"], tau, implementation)]
-    for backward in yoso_ops.BACKWARDS:
+            ops.collision_cumulation(qc, x["q"], x["dy"], kc, x["k"], x["v"], tau, x["qm"], x["km"], **impl)]
+    for backward in _validation.BACKWARDS:
         tensors = [tf.constant(x[name]) for name in "qkv"]
         with tf.GradientTape() as tape:
             tape.watch(tensors)

@@ -3,7 +3,8 @@
 import keras
 import numpy as np
 import pytest
-import tensorflow as tf
+
+from conftest import requires_tensorflow, to_numpy
 
 from keras_yoso.layers import LinearRelativeAttention
 from keras_yoso.layers import TransformerEncoderBlock
@@ -42,14 +43,14 @@ def test_linear_relative_block_passes_its_attention_kwargs():
     block = TransformerEncoderBlock(2, 32, attention="linear_relative",
                                     attention_kwargs=dict(horizon=3, causal=True, share_relative_embeddings=True))
     x = np.random.default_rng(3).normal(size=(1, 12, 16)).astype(np.float32)
-    out = block(x).numpy()
+    out = to_numpy(block(x))
     layer = block.attention_layer
     assert (layer.horizon, layer.causal, layer.share_relative_embeddings) == (3, True, True)
     assert tuple(layer.relative_embeddings.shape) == (7, 8)
     x_future = x.copy()
     x_future[:, 6:] += 1.0
     # Causal attention, then position-wise layers: outputs before position 6 ignore later inputs.
-    np.testing.assert_allclose(block(x_future).numpy()[:, :6], out[:, :6], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(to_numpy(block(x_future))[:, :6], out[:, :6], rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("arguments, match", [
@@ -72,8 +73,8 @@ def test_padded_content_does_not_change_unpadded_outputs(attention):
     noisy = np.where(mask[:, :, None], x, 100 * rng.normal(size=x.shape)).astype(np.float32)
     kwargs = dict(YOSO_KWARGS, conv_window=3) if attention == "yoso" else None
     block = TransformerEncoderBlock(2, 32, attention=attention, attention_kwargs=kwargs)
-    np.testing.assert_allclose(block(noisy, padding_mask=mask).numpy()[mask],
-                               block(x, padding_mask=mask).numpy()[mask], rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(to_numpy(block(noisy, padding_mask=mask))[mask],
+                               to_numpy(block(x, padding_mask=mask))[mask], rtol=1e-4, atol=1e-4)
 
 
 def test_keras_masks_are_used_and_propagated():
@@ -84,10 +85,11 @@ def test_keras_masks_are_used_and_propagated():
     model = keras.Model(tokens, x)
     short = np.array([[4, 5, 6, 0], [7, 0, 0, 0]])
     long = np.concatenate([short, np.zeros((2, 7), short.dtype)], axis=1)
-    np.testing.assert_allclose(model(long).numpy()[:, :4][short != 0], model(short).numpy()[short != 0],
+    np.testing.assert_allclose(to_numpy(model(long))[:, :4][short != 0], to_numpy(model(short))[short != 0],
                                rtol=1e-4, atol=1e-5)
-    output = model.layers[-1](model.layers[-2](model.layers[1](tf.constant(short))))
-    np.testing.assert_array_equal(output._keras_mask.numpy(), short != 0)
+    output = model.layers[-1](model.layers[-2](model.layers[1](keras.ops.convert_to_tensor(short))))
+    from keras.src.backend import get_keras_mask
+    np.testing.assert_array_equal(to_numpy(get_keras_mask(output)), short != 0)
 
 
 def test_config_round_trip_and_keras_save_load(tmp_path):
@@ -106,9 +108,9 @@ def test_config_round_trip_and_keras_save_load(tmp_path):
     model = keras.Model(tokens, keras.layers.GlobalAveragePooling1D()(x))
     data = np.random.default_rng(2).integers(1, 20, size=(3, 12))
     data[1, 5:] = 0
-    expected = model(data).numpy()
+    expected = to_numpy(model(data))
     model.save(tmp_path / "encoder.keras")
-    np.testing.assert_array_equal(keras.saving.load_model(tmp_path / "encoder.keras")(data).numpy(), expected)
+    np.testing.assert_array_equal(to_numpy(keras.saving.load_model(tmp_path / "encoder.keras")(data)), expected)
 
 
 # ----------------------------------------------------------------------------
@@ -170,6 +172,21 @@ def _fit_matching_markers(length, max_steps, target, batch_size=16, steps_per_ch
     return best
 
 
+@requires_tensorflow  # the learning itself; the composite's gradients are checked on every backend
 def test_yoso_encoder_learns_a_long_range_matching_task():
     assert _fit_matching_markers(length=512, max_steps=500, target=0.9) >= 0.9
 
+
+
+@pytest.mark.parametrize("arguments, inputs, match", [
+    (dict(num_heads=2, intermediate_dim=8), (2, 6, None), r"last dimension of the inputs must be known"),
+    (dict(num_heads=4, intermediate_dim=8), (2, 6, 2),
+     r"hidden size 2 is smaller than num_heads=4; pass attention_kwargs=\{'key_dim': \.\.\.\}"),
+    (dict(num_heads=2, intermediate_dim=8, attention_kwargs=dict(num_hashes=0)), (2, 6, 8),
+     "num_hashes.*num_hashes=0"),
+    (dict(num_heads=2, intermediate_dim=8, attention="linear_relative", attention_kwargs=dict(horizon=0)),
+     (2, 6, 8), "horizon.*horizon=0"),
+])
+def test_build_errors_name_the_argument(arguments, inputs, match):
+    with pytest.raises(ValueError, match=match):
+        TransformerEncoderBlock(**arguments).build(inputs)

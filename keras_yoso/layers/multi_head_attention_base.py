@@ -253,9 +253,15 @@ class MultiHeadAttentionBase(keras.layers.Layer):
     def _shape_message(self, arg, layout, dims, got, query, value):
         shape = _runtime.static_shape
         sizes = {"batch": shape(query)[0], "target": shape(query)[1], "source": shape(value)[1]}
-        want = tuple("features" if dim is None else sizes[dim] for dim in dims)
-        broadcast = " (a dim of 1 broadcasts)" if arg == "attention_mask" else ""
-        return (f"{type(self).__name__} expects `{arg}` of shape {layout} = {want}{broadcast}, with batch and "
+        names = layout.strip("()").split(", ")
+        want = "(" + ", ".join(name if dim is None or sizes[dim] is None else str(sizes[dim])
+                               for name, dim in zip(names, dims)) + ")"
+        if arg == "attention_mask":
+            head = (f"{type(self).__name__} accepts `attention_mask` only of shape [batch, target_length, "
+                    f"source_length] (a padding mask) = {want} (a dim of 1 broadcasts)")
+        else:
+            head = f"{type(self).__name__} expects `{arg}` of shape {layout} = {want}"
+        return (f"{head}, with batch and "
                 f"target_length from `query` {shape(query)} and source_length from `value` {shape(value)}. "
                 f"Received: `{arg}` of shape {None if got is None else tuple(got)}")
 

@@ -58,7 +58,7 @@ class TransformerEncoderBlock(keras.layers.Layer):
     Call arguments:
         inputs: `(B, T, hidden)` tensor.
         padding_mask: Optional `(B, T)` mask (True or nonzero keeps a position).
-            Defaults to the Keras mask of `inputs`.
+            Defaults to the Keras mask of `inputs` (`mask`, filled in by Keras).
         training: Whether dropout (and YOSO's fresh hashing) is active.
 
     Returns:
@@ -130,9 +130,9 @@ class TransformerEncoderBlock(keras.layers.Layer):
     def attention_layer(self):
         return self._attention_layer
 
-    def call(self, inputs, padding_mask=None, training=None):
+    def call(self, inputs, padding_mask=None, training=None, mask=None):
         if padding_mask is None:
-            padding_mask = getattr(inputs, "_keras_mask", None)
+            padding_mask = mask  # Keras fills `mask` with the implicit mask of `inputs`, on every backend
         x = inputs
         residual = x
         if self.norm_first:

@@ -69,8 +69,10 @@ def _chunk_rows(chunk_size, q_len):
     return ops.clip(q_len, 1, chunk)
 
 
-def _exclusive_cumsum(x, axis):
-    return ops.cumsum(x, axis=axis) - x
+def _exclusive_cumsum(x):
+    """sum_{n' < n} x[:, n'] along axis 1, exactly (a shifted cumsum: cumsum - x would carry the
+    rounding of x[:, n] itself, i.e. of the chunk's future keys, into causal outputs)."""
+    return ops.concatenate([ops.zeros_like(x[:, :1]), ops.cumsum(x, axis=1)[:, :-1]], axis=1)
 
 
 def _causal_kernel_term(q, k, v, chunk):
@@ -92,7 +94,7 @@ def _causal_kernel_term(q, k, v, chunk):
     scores = ops.einsum("bnid,bnjd->bnij", qc, kc) * lower
     intra = ops.einsum("bnij,bnje->bnie", scores, vc)
     states = ops.einsum("bnjd,bnje->bnde", kc, vc)                 # [B, L/C, d, e]
-    before = _exclusive_cumsum(states, axis=1)
+    before = _exclusive_cumsum(states)
     inter = ops.einsum("bnid,bnde->bnie", qc, before)
     return ops.reshape(intra + inter, (batch, padded, e))[:, :q_len]
 
@@ -127,8 +129,8 @@ def _relative_term(w, v, horizon, causal, chunk):
     prefix = ops.concatenate([zero_row, cumulative], axis=1)                  # prefix[t] = sum_{j < t} v_j
     out = w[:, :, :1] * ops.take(prefix, ops.clip(positions - horizon, 0, k_len), axis=1)
     if not causal:
-        total = cumulative[:, -1:]
-        suffix = ops.concatenate([total - prefix[:, :-1], zero_row], axis=1)  # suffix[t] = sum_{j >= t} v_j
+        reverse = ops.flip(ops.cumsum(ops.flip(v, axis=1), axis=1), axis=1)
+        suffix = ops.concatenate([reverse, zero_row], axis=1)                 # suffix[t] = sum_{j >= t} v_j
         out = out + w[:, :, -1:] * ops.take(suffix, ops.clip(positions + horizon + 1, 0, k_len), axis=1)
 
     num_chunks = (q_len + chunk - 1) // chunk

@@ -1,0 +1,288 @@
+"""The contract both attention layers keep with keras.layers.MultiHeadAttention, on every backend.
+
+Shapes, masks, input errors, config round trip, `.keras` save/load, gradient flow and `fit` on a
+tiny model, for YosoAttention and LinearRelativeAttention alike (their specific math is tested in
+test_yoso_attention.py and test_linear_relative_attention.py).
+"""
+
+import keras
+import numpy as np
+import pytest
+
+from conftest import lengths_mask, to_numpy, trainable_gradients
+from keras_yoso.layers import LinearRelativeAttention
+from keras_yoso.layers import YosoAttention
+
+LAYERS = {
+    "yoso": lambda **kw: YosoAttention(**{"num_hashes": 8, "hash_code_len": 4, "seed": 3, **kw}),
+    "yoso_c": lambda **kw: YosoAttention(**{"num_hashes": 8, "hash_code_len": 4, "seed": 3, "conv_window": 3,
+                                            **kw}),
+    "linear_relative": lambda **kw: LinearRelativeAttention(**{"horizon": 3, **kw}),
+}
+
+
+@pytest.fixture(params=sorted(LAYERS))
+def make(request):
+    return LAYERS[request.param]
+
+
+def _inputs(rng, batch, length, dim, scale=1.0):
+    return (scale * rng.normal(size=(batch, length, dim))).astype(np.float32)
+
+
+# ----------------------------------------------------------------------------
+# Shapes and the MultiHeadAttention call convention.
+
+def test_self_and_cross_attention_output_shapes(make):
+    rng = np.random.default_rng(0)
+    query, value, key = _inputs(rng, 2, 7, 16), _inputs(rng, 2, 7, 12), _inputs(rng, 2, 7, 6)
+    assert make(num_heads=2, key_dim=8)(query, query).shape == (2, 7, 16)
+    assert make(num_heads=2, key_dim=8, value_dim=5)(query, value).shape == (2, 7, 16)
+    assert make(num_heads=2, key_dim=8)(query, value, key=key).shape == (2, 7, 16)
+    assert make(num_heads=3, key_dim=4, output_shape=9)(query, value).shape == (2, 7, 9)
+    assert make(num_heads=3, key_dim=4, output_shape=(2, 5))(query, value).shape == (2, 7, 2, 5)
+
+
+def test_functional_model_output_shape_matches_layer(make):
+    query, value = keras.Input((7, 16)), keras.Input((7, 12))
+    output = make(num_heads=2, key_dim=8, output_shape=10)(query, value)
+    assert output.shape == (None, 7, 10)
+    model = keras.Model([query, value], output)
+    rng = np.random.default_rng(1)
+    assert model([_inputs(rng, 3, 7, 16), _inputs(rng, 3, 7, 12)]).shape == (3, 7, 10)
+
+
+def test_key_none_is_key_equal_to_value(make):
+    rng = np.random.default_rng(2)
+    query, value = _inputs(rng, 2, 9, 8), _inputs(rng, 2, 9, 8)
+    layer = make(num_heads=2, key_dim=4)
+    np.testing.assert_array_equal(to_numpy(layer(query, value)), to_numpy(layer(query, value, key=value)))
+
+
+# ----------------------------------------------------------------------------
+# Masks.
+
+def test_padded_key_content_does_not_change_unpadded_outputs(make):
+    rng = np.random.default_rng(3)
+    x = _inputs(rng, 3, 12, 8)
+    mask = lengths_mask([12, 7, 3], 12)
+    noisy = np.where(mask[:, :, None], x, 1e3 * rng.normal(size=x.shape)).astype(np.float32)
+    layer = make(num_heads=2, key_dim=4)
+    clean = to_numpy(layer(x, x, query_mask=mask, value_mask=mask))
+    dirty = to_numpy(layer(noisy, noisy, query_mask=mask, value_mask=mask))
+    np.testing.assert_allclose(dirty[mask], clean[mask], rtol=1e-5, atol=1e-5)
+    # key_mask alone (queries unmasked) also hides the padded keys from every query.
+    x_keys = np.where(mask[:, :, None], x, 0.0).astype(np.float32)
+    np.testing.assert_allclose(to_numpy(layer(x, noisy, key=noisy, key_mask=mask))[mask],
+                               to_numpy(layer(x, x_keys, key=x_keys, key_mask=mask))[mask], rtol=1e-5, atol=1e-5)
+
+
+def test_implicit_embedding_masks_ignore_extra_padding(make):
+    tokens = keras.Input((None,), dtype="int32")
+    embedded = keras.layers.Embedding(20, 8, mask_zero=True)(tokens)
+    model = keras.Model(tokens, make(num_heads=2, key_dim=4)(embedded, embedded))
+    short = np.array([[5, 7, 9, 2, 0, 0], [3, 4, 0, 0, 0, 0]], np.int32)
+    long = np.concatenate([short, np.zeros((2, 10), np.int32)], axis=1)
+    kept = short != 0
+    np.testing.assert_allclose(to_numpy(model(long))[:, :6][kept], to_numpy(model(short))[kept], rtol=1e-5, atol=1e-6)
+
+
+def test_padded_queries_output_only_the_projection_bias(make):
+    rng = np.random.default_rng(4)
+    x = _inputs(rng, 2, 10, 8)
+    mask = lengths_mask([10, 4], 10)
+    layer = make(num_heads=2, key_dim=4, bias_initializer="random_normal")
+    out = to_numpy(layer(x, x, query_mask=mask, value_mask=mask))
+    bias = to_numpy(layer.output_dense.bias)
+    np.testing.assert_allclose(out[~mask], np.broadcast_to(bias, out[~mask].shape), rtol=1e-6, atol=1e-6)
+    # (Plain YOSO may leave a query without any colliding key, so only most rows must differ.)
+    assert np.mean(np.abs(out[mask] - bias).max(axis=-1) > 0) > 0.5
+
+
+def test_padding_attention_mask_equals_query_and_value_masks(make):
+    rng = np.random.default_rng(6)
+    query, value = _inputs(rng, 2, 5, 8), _inputs(rng, 2, 5, 8)
+    query_mask, key_mask = lengths_mask([5, 3], 5), lengths_mask([4, 5], 5)
+    layer = make(num_heads=2, key_dim=4)
+    expected = to_numpy(layer(query, value, query_mask=query_mask, value_mask=key_mask))
+    pair_mask = query_mask[:, :, None] & key_mask[:, None, :]
+    np.testing.assert_allclose(to_numpy(layer(query, value, attention_mask=pair_mask)), expected, atol=1e-6)
+    # A key mask broadcast over every row is a padding mask too.
+    rows = np.broadcast_to(key_mask[:, None, :], (2, 5, 5))
+    np.testing.assert_allclose(to_numpy(layer(query, value, attention_mask=rows)),
+                               to_numpy(layer(query, value, value_mask=key_mask)), atol=1e-6)
+
+
+def test_non_padding_attention_mask_raises(make):
+    x = np.zeros((1, 4, 8), np.float32)
+    with pytest.raises(ValueError, match="not a padding mask.*query_mask"):
+        make(num_heads=2, key_dim=4)(x, x, attention_mask=np.tril(np.ones((1, 4, 4), bool)))
+
+
+def test_fully_padded_sequence_gives_finite_outputs_and_gradients(make):
+    x = _inputs(np.random.default_rng(5), 2, 6, 8)
+    mask = lengths_mask([6, 0], 6)
+    layer = make(num_heads=2, key_dim=4)
+    layer(x, x)
+    loss, grads = trainable_gradients(
+        layer, lambda: keras.ops.sum(layer(x, x, query_mask=mask, value_mask=mask, training=True) ** 2))
+    assert np.isfinite(loss)
+    assert all(g is not None and np.all(np.isfinite(g)) for g in grads.values())
+
+
+def test_nan_in_padded_queries_keys_and_values_reaches_no_output_or_gradient(make):
+    rng = np.random.default_rng(8)
+    x = _inputs(rng, 2, 6, 8)
+    mask = lengths_mask([6, 3], 6)
+    dirty = x.copy()
+    dirty[1, 3:] = np.nan
+    layer = make(num_heads=2, key_dim=4)
+    layer(x, x)
+    clean_loss, clean_grads = trainable_gradients(
+        layer, lambda: keras.ops.sum(layer(x, x, query_mask=mask, value_mask=mask) ** 2))
+    loss, grads = trainable_gradients(
+        layer, lambda: keras.ops.sum(layer(dirty, dirty, query_mask=mask, value_mask=mask) ** 2))
+    assert np.isfinite(loss) and abs(loss - clean_loss) <= 1e-4 * abs(clean_loss)
+    for path, grad in grads.items():
+        np.testing.assert_allclose(grad, clean_grads[path], rtol=1e-4, atol=1e-5, err_msg=path)
+
+
+# ----------------------------------------------------------------------------
+# Input shape errors: ValueError naming the argument, the expected and the received shape.
+
+SHAPE_ERRORS = {
+    "query_mask_too_short": (dict(query_mask=np.ones((2, 9), bool)),
+                             r"`query_mask` of shape \(batch, target_length\) = \(2, 10\).*"
+                             r"Received: `query_mask` of shape \(2, 9\)"),
+    "query_mask_rank_3": (dict(query_mask=np.ones((2, 10, 1), bool)),
+                          r"`query_mask` of shape \(batch, target_length\).*Received: `query_mask` of shape \(2, 10, 1\)"),
+    "value_mask_wrong_length": (dict(value_mask=np.ones((2, 11), bool)),
+                                r"`value_mask` of shape \(batch, source_length\) = \(2, 10\).*\(2, 11\)"),
+    "value_mask_rank_3": (dict(value_mask=np.ones((2, 10, 1), bool)), r"`value_mask` of shape .*\(2, 10, 1\)"),
+    "key_mask_wrong_batch": (dict(key_mask=np.ones((3, 10), bool)),
+                             r"`key_mask` of shape \(batch, source_length\) = \(2, 10\).*\(3, 10\)"),
+    "value_batch": (dict(value=np.ones((3, 10, 16), np.float32)),
+                    r"`value` of shape \(batch, source_length, features\) = \(2, source_length, features\).*"
+                    r"Received: `value` of shape \(3, 10, 16\)"),
+    "key_batch": (dict(key=np.ones((3, 10, 8), np.float32)), r"All dimensions of `value` and `key`"),
+    "attention_mask_extra_column": (dict(attention_mask=np.ones((2, 10, 11), bool)),
+                                    r"accepts `attention_mask` only of shape \[batch, target_length, source_length\] "
+                                    r"\(a padding mask\) = \(2, 10, 10\).*\(2, 10, 11\)"),
+    "attention_mask_rank_2": (dict(attention_mask=np.ones((2, 10), bool)),
+                              r"accepts `attention_mask` only of shape .*Received: `attention_mask` of shape \(2, 10\)"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(SHAPE_ERRORS))
+def test_call_shape_mistakes_raise_value_error_naming_the_argument(make, case):
+    rng = np.random.default_rng(9)
+    args = dict(query=_inputs(rng, 2, 10, 16), value=_inputs(rng, 2, 10, 16))
+    overrides, match = SHAPE_ERRORS[case]
+    args.update(overrides)
+    with pytest.raises(ValueError, match=match):
+        make(num_heads=2, key_dim=4)(**args)
+
+
+def test_query_of_wrong_rank_and_unknown_features_raise(make):
+    with pytest.raises(ValueError, match=r"expects `query` of shape \(batch, length, features\)"):
+        make(num_heads=2, key_dim=4)(np.zeros((2, 8), np.float32), np.zeros((2, 4, 8), np.float32))
+    with pytest.raises(ValueError, match="The last dimension of `query` must be known"):
+        make(num_heads=2, key_dim=4).build((None, 5, None), (None, 5, 8))
+
+
+@pytest.mark.parametrize("arguments, match", [
+    (dict(num_heads=0, key_dim=4), "num_heads.*positive integer.*num_heads=0"),
+    (dict(num_heads=2.0, key_dim=4), "num_heads"),
+    (dict(num_heads=2, key_dim=-1), "key_dim.*positive integer.*key_dim=-1"),
+    (dict(num_heads=2, key_dim=4, value_dim=0), "value_dim"),
+    (dict(num_heads=2, key_dim=4, dropout=1.0), r"dropout.*\[0, 1\)"),
+    (dict(num_heads=2, key_dim=4, seed="x"), "seed.*integer or None"),
+    (dict(num_heads=2, key_dim=4, output_shape=(0,)), "output_shape"),
+])
+def test_invalid_shared_constructor_arguments_raise(make, arguments, match):
+    with pytest.raises(ValueError, match=match):
+        make(**arguments)
+
+
+# ----------------------------------------------------------------------------
+# Config, saving, gradients, training.
+
+def test_config_round_trip_reproduces_the_layer(make):
+    rng = np.random.default_rng(14)
+    x = _inputs(rng, 2, 8, 6)
+    layer = make(num_heads=2, key_dim=4, value_dim=3, dropout=0.1, output_shape=(5,), kernel_regularizer="l2",
+                 bias_constraint="non_neg", name="attention")
+    out = to_numpy(layer(x, x))
+    config = layer.get_config()
+    for argument in ("num_heads", "key_dim", "value_dim", "dropout", "use_bias", "output_shape",
+                     "kernel_initializer", "bias_initializer", "kernel_regularizer", "bias_regularizer",
+                     "activity_regularizer", "kernel_constraint", "bias_constraint", "seed"):
+        assert argument in config
+    clone = type(layer).from_config(config)
+    assert clone.get_config() == config
+    clone.build(x.shape, x.shape)
+    clone.set_weights(layer.get_weights())
+    np.testing.assert_array_equal(to_numpy(clone(x, x)), out)
+
+
+def _small_model(make):
+    tokens = keras.Input((16,), dtype="int32")
+    x = keras.layers.Embedding(32, 8, mask_zero=True)(tokens)
+    x = make(num_heads=2, key_dim=4)(x, x)
+    x = keras.layers.GlobalAveragePooling1D()(x)
+    return keras.Model(tokens, keras.layers.Dense(2)(x))
+
+
+def _tokens(rng, batch=4):
+    tokens = rng.integers(1, 32, size=(batch, 16)).astype(np.int32)
+    tokens[1, 10:] = 0
+    return tokens
+
+
+def test_keras_save_and_load_give_identical_outputs(make, tmp_path):
+    model = _small_model(make)
+    tokens = _tokens(np.random.default_rng(15))
+    expected = to_numpy(model(tokens))
+    model.save(tmp_path / "model.keras")
+    restored = keras.saving.load_model(tmp_path / "model.keras")
+    np.testing.assert_array_equal(to_numpy(restored(tokens)), expected)
+
+
+def test_gradients_reach_every_weight_and_are_finite(make):
+    x = _inputs(np.random.default_rng(13), 2, 10, 8)
+    layer = make(num_heads=2, key_dim=4)
+    layer(x, x)
+    _, grads = trainable_gradients(layer, lambda: keras.ops.sum(layer(x, x, training=True) ** 2))
+    for path, grad in grads.items():
+        assert grad is not None and np.all(np.isfinite(grad)), path
+    assert any(np.abs(g).max() > 0 for p, g in grads.items() if "query" in p), "no gradient reaches the queries"
+
+
+def test_fit_on_a_tiny_model_lowers_the_loss(make):
+    keras.utils.set_random_seed(0)
+    model = _small_model(make)
+    model.compile(optimizer=keras.optimizers.Adam(1e-2),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    rng = np.random.default_rng(18)
+    tokens = _tokens(rng, 32)
+    labels = (tokens[:, 0] > 16).astype(np.int32)  # learnable from the first token
+    history = model.fit(tokens, labels, batch_size=8, epochs=8, verbose=0)
+    losses = history.history["loss"]
+    assert np.all(np.isfinite(losses)) and losses[-1] < losses[0], losses
+
+
+@pytest.mark.parametrize("policy", ["mixed_float16", "mixed_bfloat16"])
+def test_mixed_precision_outputs_are_finite_in_compute_dtype(make, policy):
+    try:
+        keras.mixed_precision.set_global_policy(policy)
+        x = _inputs(np.random.default_rng(19), 2, 12, 8, scale=10.0)
+        mask = lengths_mask([12, 5], 12)
+        layer = make(num_heads=2, key_dim=4)
+        output = layer(x, x, query_mask=mask, value_mask=mask, training=True)
+        assert keras.backend.standardize_dtype(output.dtype) == layer.compute_dtype == policy.split("_")[1]
+        assert np.all(np.isfinite(to_numpy(output)))
+        _, grads = trainable_gradients(layer, lambda: keras.ops.sum(
+            keras.ops.cast(layer(x, x, query_mask=mask, value_mask=mask, training=True), "float32") ** 2))
+        assert all(np.all(np.isfinite(g)) for g in grads.values())
+    finally:
+        keras.mixed_precision.set_global_policy("float32")

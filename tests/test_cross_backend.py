@@ -1,0 +1,114 @@
+"""One package on three backends: a `.keras` file saved under one backend loads and gives the same
+outputs under another, and keras_yoso imports and runs where TensorFlow cannot be imported.
+
+These tests start interpreters on the other backends themselves, so they run once, from the
+TensorFlow run of the suite (CI installs all three backends in one environment).
+"""
+
+import pytest
+
+from conftest import TENSORFLOW, run_python
+
+pytestmark = pytest.mark.skipif(not TENSORFLOW, reason="runs once, from the TensorFlow run (it starts the others)")
+
+# A model with every layer of the package; inference hashing is a fixed function of the seeds.
+_BUILD_AND_SAVE = """
+    import keras
+    import numpy as np
+    import keras_yoso
+
+    keras.utils.set_random_seed(0)
+    tokens = keras.Input((None,), dtype="int32")
+    x = keras.layers.Embedding(50, 32, mask_zero=True)(tokens)
+    x = keras_yoso.TransformerEncoderBlock(2, 64, attention="yoso", attention_kwargs=dict(num_hashes=16,
+                                           hash_code_len=6, conv_window=3, seed=11))(x)
+    x = keras_yoso.TransformerEncoderBlock(2, 64, attention="linear_relative", attention_kwargs=dict(horizon=4))(x)
+    x = x + keras_yoso.YosoAttention(2, 16, num_hashes=8, hash_code_len=4, seed=5)(x, x)
+    model = keras.Model(tokens, keras.layers.Dense(3)(keras.layers.GlobalAveragePooling1D()(x)))
+    data = np.random.default_rng(1).integers(1, 50, size=(4, 40)).astype("int32")
+    data[1, 25:] = 0
+    np.save("tokens.npy", data)
+    np.save("expected.npy", keras.ops.convert_to_numpy(model(data)))
+    model.save("model.keras")
+    print(keras.backend.backend(), keras_yoso.ops.implementation_in_use())
+"""
+
+_LOAD_AND_COMPARE = """
+    import keras
+    import numpy as np
+    import keras_yoso
+
+    model = keras.saving.load_model("model.keras")
+    out = keras.ops.convert_to_numpy(model(np.load("tokens.npy")))
+    expected = np.load("expected.npy")
+    np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-5)
+    print(keras.backend.backend(), keras_yoso.ops.implementation_in_use(), float(np.abs(out - expected).max()))
+"""
+
+
+@pytest.mark.parametrize("saved_on, loaded_on", [("tensorflow", "jax"), ("tensorflow", "torch"),
+                                                 ("jax", "tensorflow"), ("torch", "jax")])
+def test_keras_file_saved_on_one_backend_gives_the_same_outputs_on_another(saved_on, loaded_on, tmp_path):
+    run_python(_BUILD_AND_SAVE, tmp_path, backend=saved_on)
+    run_python(_LOAD_AND_COMPARE, tmp_path, backend=loaded_on)
+
+
+def _hide_tensorflow(folder):
+    """Stub packages in `folder` (first on sys.path of a `python -c` run there) whose import fails as an
+    uninstalled package's would."""
+    for name in ("tensorflow", "tensorflow_text"):
+        (folder / name).mkdir()
+        (folder / name / "__init__.py").write_text(
+            f"raise ModuleNotFoundError(\"No module named '{name}' (hidden by the test)\", name={name!r})\n")
+
+
+@pytest.mark.parametrize("backend", ["jax", "torch"])
+def test_keras_yoso_imports_and_trains_without_tensorflow(backend, tmp_path):
+    _hide_tensorflow(tmp_path)
+    output = run_python("""
+    import sys
+    import keras
+    import numpy as np
+    import keras_yoso
+    from keras_yoso import ops
+
+    assert "tensorflow" not in sys.modules
+    assert not ops.custom_ops_available() and ops.implementation_in_use() == "composite"
+    try:
+        ops.lsh_cumulation(np.zeros((1, 2, 3), "int32"), np.zeros((1, 2, 3), "int32"), np.ones((1, 3, 2), "float32"),
+                           4, implementation="custom_op")
+    except RuntimeError as error:
+        assert "no custom ops for the" in str(error), error
+    else:
+        raise AssertionError("custom_op without custom ops must raise")
+    tokens = keras.Input((None,), dtype="int32")
+    x = keras.layers.Embedding(20, 16, mask_zero=True)(tokens)
+    x = keras_yoso.TransformerEncoderBlock(2, 32, attention_kwargs=dict(num_hashes=4, hash_code_len=4))(x)
+    model = keras.Model(tokens, keras.layers.Dense(2)(keras.layers.GlobalAveragePooling1D()(x)))
+    model.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    data = np.random.default_rng(0).integers(1, 20, size=(8, 12)).astype("int32")
+    history = model.fit(data, np.arange(8) % 2, batch_size=4, epochs=1, verbose=0)
+    assert "tensorflow" not in sys.modules
+    print("ok", keras.backend.backend(), history.history["loss"])
+    """, tmp_path, backend=backend)
+    assert output.startswith(f"ok {backend}")
+
+
+def test_custom_op_and_composite_layers_agree_within_float_tolerance(tmp_path):
+    """The same YosoAttention weights on TensorFlow's custom op and on its composite (what a model
+    exported for portable serving runs)."""
+    output = run_python("""
+        import keras
+        import numpy as np
+        from keras_yoso import YosoAttention
+
+        x = np.random.default_rng(2).normal(size=(2, 64, 32)).astype("float32")
+        custom = YosoAttention(4, 16, num_hashes=16, hash_code_len=6, conv_window=3, seed=3, implementation="custom_op")
+        portable = YosoAttention.from_config({**custom.get_config(), "implementation": "composite"})
+        out = keras.ops.convert_to_numpy(custom(x, x))
+        portable.build(x.shape, x.shape)
+        portable.set_weights(custom.get_weights())
+        np.testing.assert_allclose(keras.ops.convert_to_numpy(portable(x, x)), out, rtol=1e-4, atol=1e-5)
+        print("ok")
+    """, tmp_path)
+    assert output.strip() == "ok"
