@@ -6,7 +6,14 @@ keras_yoso/_yoso_ops*.so, with the compile and link flags TensorFlow reports
 kernels are compiled too (SASS for KERAS_YOSO_CUDA_ARCHS, default
 75;80;86;89;90, plus PTX for the newest) and GPU kernels are registered.
 
+The package itself needs only Keras 3 and NumPy (JAX, PyTorch or TensorFlow as the Keras
+backend); the extras pull in the rest:
+  .[tensorflow]   TensorFlow 2.21 (the custom ops, built at install, run on it)
+  .[jax] / .[torch]   those backends (the keras.ops composite runs on them)
+  .[examples] / .[test]   what the examples / the test suite need
+
 Environment:
+  KERAS_YOSO_BUILD_CUSTOM_OPS=0  build no op library and need no TensorFlow to build (JAX, torch)
   KERAS_YOSO_CUDA=0          build the CPU kernels only, even if nvcc is present
   KERAS_YOSO_CUDA_ARCHS=...  semicolon-separated SM versions, e.g. "80;90"
   CUDA_HOME=/path            CUDA toolkit root (default: from nvcc, else /usr/local/cuda)
@@ -27,6 +34,7 @@ KERNELS = os.path.join("custom_ops", "cc", "kernels")
 CC_SOURCES = [os.path.join(KERNELS, "yoso_kernels.cc"), os.path.join("custom_ops", "cc", "ops", "yoso_ops.cc")]
 CUDA_SOURCES = [os.path.join(KERNELS, "yoso_gpu.cu")]
 DEFAULT_ARCHS = "75;80;86;89;90"
+TENSORFLOW = "tensorflow>=2.21,<2.22"
 
 
 def _find_cuda():
@@ -60,10 +68,26 @@ def _run(cmd):
     subprocess.check_call(cmd, cwd=HERE)
 
 
+def _build_custom_ops():
+    """False when KERAS_YOSO_BUILD_CUSTOM_OPS=0, or when TensorFlow cannot be imported (then say so)."""
+    if os.environ.get("KERAS_YOSO_BUILD_CUSTOM_OPS", "1") == "0":
+        print("keras-yoso: KERAS_YOSO_BUILD_CUSTOM_OPS=0: no op library (keras.ops composite only)", flush=True)
+        return False
+    try:
+        import tensorflow  # noqa: F401
+    except ImportError as error:
+        print(f"keras-yoso: TensorFlow is not importable at build time ({error}): no op library is built; "
+              "every op runs on the keras.ops composite", flush=True)
+        return False
+    return True
+
+
 class BuildTfOps(build_ext):
     """Compiles the op library with TensorFlow's own flags (never hard-coded)."""
 
     def build_extension(self, ext):
+        if not _build_custom_ops():
+            return
         import tensorflow as tf
 
         compile_flags = tf.sysconfig.get_compile_flags()
@@ -104,8 +128,8 @@ class BuildTfOps(build_ext):
 
 setup(
     name="keras-yoso",
-    version="0.1.0",
-    description="Linear-cost attention for long sequences in Keras 3 / TensorFlow: YOSO and Scaleformer",
+    version="0.2.0",
+    description="Linear-cost attention for long sequences in Keras 3 (TensorFlow, JAX, PyTorch): YOSO and Scaleformer",
     long_description=open(os.path.join(HERE, "README.md"), encoding="utf-8").read(),
     long_description_content_type="text/markdown",
     license="Apache-2.0",
@@ -113,10 +137,13 @@ setup(
     packages=find_packages(include=["keras_yoso", "keras_yoso.*"]),
     ext_modules=[Extension("keras_yoso._yoso_ops", sources=[])],
     cmdclass={"build_ext": BuildTfOps},
-    install_requires=["tensorflow>=2.21,<2.22", "keras>=3.6", "numpy"],
+    install_requires=["keras>=3.6", "numpy"],
     extras_require={
-        "test": ["pytest>=8", "hypothesis>=6.100", "tensorflow-text>=2.21,<2.22", "matplotlib"],
-        "examples": ["tensorflow-text>=2.21,<2.22", "matplotlib"],
+        "tensorflow": [TENSORFLOW],
+        "jax": ["jax>=0.4.30"],
+        "torch": ["torch>=2.4"],
+        "examples": [TENSORFLOW, "tensorflow-text>=2.21,<2.22", "matplotlib"],
+        "test": [TENSORFLOW, "tensorflow-text>=2.21,<2.22", "pytest>=8", "hypothesis>=6.100", "matplotlib"],
     },
     zip_safe=False,
 )

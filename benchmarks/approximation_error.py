@@ -66,7 +66,7 @@ import keras
 
 import keras_yoso
 from keras_yoso import ops
-from keras_yoso.ops.yoso import COLLISION_EPSILON
+from keras_yoso._validation import COLLISION_EPSILON
 
 FIG6_TOKENS = 64
 TOP_KEYS = 8

@@ -1,25 +1,27 @@
-"""Long-text classification: IMDB movie reviews as up to 4096 UTF-8 bytes (the LRA "Text" task).
+"""Long-text classification with YOSO attention: a built-in long-range task, or IMDB reviews.
 
-Trains the LRA classifier (token + position embedding -> 2 x TransformerEncoderBlock ->
-masked mean pooling -> classifier) with YOSO, YOSO-E, Scaleformer or softmax attention,
-reports test accuracy, and exports a SavedModel that classifies raw review strings:
+With no data, it trains on a generated task that needs attention over long range (see
+long_range_data.py): documents of 2,048 words on one of two topics, holding one colour tag of each
+topic about a thousand words apart; the label is whether the tag of the document's own topic is warm.
+A pooling-only model (--attention none) stays at chance on it; a one-block YOSO classifier learns it
+in a few minutes on 2 CPU cores (docs/results.md). This needs nothing outside the repository:
 
-    python examples/long_text_classifier.py --data-dir ../shared/data/imdb --tokenizer wordpiece \\
-        --max-train-examples 4000 --max-test-examples 1000 --epochs 2 --batch-size 16 --learning-rate 1e-3
-    python examples/predict.py runs/imdb-wordpiece-yoso/saved_model "A wonderful film." "Dull."
+    python examples/long_text_classifier.py
+    python examples/predict.py runs/tags-yoso/saved_model "the film red ... green ..."
 
-(about 80% test accuracy in 4 minutes on 2 CPU cores). The LRA "Text" setting is the
-default --tokenizer bytes; it learns far more slowly (docs/results.md).
+IMDB movie reviews (the LRA "Text" task: 4,096 UTF-8 bytes per review) are one flag away:
 
-Data, the first that applies:
-  --data-dir DIR with train.jsonl.gz and test.jsonl.gz (one JSON object per line with
-      "text" and "label", 0 = neg, 1 = pos),
-  --data-dir DIR that is, or contains, an extracted aclImdb/ folder (train/pos/*.txt, ...),
-  tensorflow_datasets' imdb_reviews (downloaded when online; `pip install tensorflow-datasets`).
+    python examples/long_text_classifier.py --data-dir /path/to/imdb [--tokenizer wordpiece] [--preset lra]
 
-Tokenization runs inside the TensorFlow graph (tensorflow-text), in the tf.data pipeline and
-in the exported model: --tokenizer bytes (LRA: byte ids, --max-length 4096) or wordpiece (a
-BERT wordpiece vocabulary learned from the training split, cached in --output-dir).
+--data-dir is a folder holding train.jsonl.gz and test.jsonl.gz (one JSON object per line with
+"text" and "label", 0 = negative, 1 = positive), or an extracted aclImdb/ folder (or its parent)
+of the Large Movie Review Dataset (https://ai.stanford.edu/~amaas/data/sentiment/aclImdb_v1.tar.gz,
+Maas et al. 2011: train/pos/*.txt, train/neg/*.txt, test/pos/*.txt, test/neg/*.txt). Nothing is
+downloaded. Wordpiece vocabularies are learned from the training split once and cached next to the
+data (or in runs/cache when that folder is read-only), keyed by a digest of the texts.
+
+Runs on every Keras backend (KERAS_BACKEND=jax / torch: no TensorFlow needed, except for
+--tokenizer wordpiece); the raw-string SavedModel is written on TensorFlow.
 """
 
 import argparse
@@ -30,21 +32,32 @@ import json
 import os
 import sys
 
-import numpy as np
-import tensorflow as tf
+import sequence_classification  # first: it quiets TensorFlow's start-up logs before anything loads it
 
-import sequence_classification
+import long_range_data
 from sequence_classification import Split
 
-CLASS_NAMES = ("neg", "pos")
+IMDB_CLASS_NAMES = ("neg", "pos")
 WORDPIECE_RESERVED_TOKENS = ["[PAD]", "[UNK]"]  # [PAD] gets id 0, the padding id
+IMDB_SOURCE = ("the Large Movie Review Dataset, https://ai.stanford.edu/~amaas/data/sentiment/aclImdb_v1.tar.gz "
+               "(extract it and pass the aclImdb/ folder)")
+# The LRA Text setting: appendix Table 4 (length 4096, 2 layers, 64 dims, 128 FFN, 2 heads, dropout 0.1,
+# batch 32, lr 1e-4, 20K steps, 8K warmup) and Table 3's YOSO-32 run, m = 32 and tau = log2(4096) = 12
+# (the authors' LRA configuration, mlpen/YOSO LRA/models/yoso-v1-32/config.json, "text").
+LRA_TEXT = dict(max_length=4096, num_layers=2, hidden_dim=64, ffn_dim=128, num_heads=2, dropout=0.1, batch_size=32,
+                learning_rate=1e-4, steps=20000, warmup_steps=8000, num_hashes=32, hash_code_len=12)
+# The built-in task: tuned to learn in a few minutes on 2 CPU cores (docs/results.md, "Built-in task").
+# One block, m = 16 hashes of tau = 11 = log2(2048) bits (the paper's tau = log2(n) rule).
+BUILTIN_TASK = dict(max_length=2048, num_layers=1, num_hashes=16, hash_code_len=11, learning_rate=2e-3,
+                    batch_size=16, steps=250, warmup_steps=20, dropout=0.0, eval_every=50)
 
 
 def _no_data(reason):
     sys.exit(f"error: no IMDB data: {reason}.\n"
-             "Pass --data-dir /path/with/train.jsonl.gz (a folder holding train.jsonl.gz and test.jsonl.gz, "
-             "one JSON object with \"text\" and \"label\" per line), or --data-dir /path/to/aclImdb "
-             "(the extracted Large Movie Review Dataset), e.g. --data-dir ../shared/data/imdb")
+             f"IMDB is {IMDB_SOURCE}. Pass --data-dir with either an extracted aclImdb/ folder (or its parent), "
+             "holding train/pos, train/neg, test/pos, test/neg of *.txt reviews, or a folder holding "
+             "train.jsonl.gz and test.jsonl.gz (one JSON object with \"text\" and \"label\" per line, 0 = neg, "
+             "1 = pos). Without --data-dir the script trains on its built-in long-range task.")
 
 
 def read_jsonl(path):
@@ -60,7 +73,7 @@ def read_jsonl(path):
 def read_aclimdb(split_dir):
     """An aclImdb split folder: `<split_dir>/neg/*.txt` (label 0) and `<split_dir>/pos/*.txt` (label 1)."""
     texts, labels = [], []
-    for label, name in enumerate(CLASS_NAMES):
+    for label, name in enumerate(IMDB_CLASS_NAMES):
         for path in sorted(glob.glob(os.path.join(split_dir, name, "*.txt"))):
             with open(path, encoding="utf-8") as f:
                 texts.append(f.read())
@@ -71,34 +84,40 @@ def read_aclimdb(split_dir):
 
 
 def load_imdb(data_dir):
-    """(train, test) Splits from --data-dir or tensorflow_datasets; exits with what to pass when there is none."""
-    if data_dir is not None:
-        if os.path.exists(os.path.join(data_dir, "train.jsonl.gz")):
-            test_path = os.path.join(data_dir, "test.jsonl.gz")
-            if not os.path.exists(test_path):
-                _no_data(f"--data-dir {data_dir} has train.jsonl.gz but no test.jsonl.gz")
-            return read_jsonl(os.path.join(data_dir, "train.jsonl.gz")), read_jsonl(test_path)
-        for root in (data_dir, os.path.join(data_dir, "aclImdb")):
-            if os.path.isdir(os.path.join(root, "train", "pos")):
-                return read_aclimdb(os.path.join(root, "train")), read_aclimdb(os.path.join(root, "test"))
-        _no_data(f"--data-dir {data_dir} holds neither train.jsonl.gz nor an aclImdb/ folder with train/pos")
-    try:
-        import tensorflow_datasets as tfds
-    except ImportError:
-        _no_data("no --data-dir given and tensorflow_datasets is not installed")
-    try:
-        train, test = tfds.load("imdb_reviews", split=["train", "test"], as_supervised=True, batch_size=-1)
-    except Exception as error:  # offline, or a broken download: tfds raises many kinds
-        _no_data(f"no --data-dir given and tensorflow_datasets could not load imdb_reviews "
-                 f"({type(error).__name__}: {error})")
-    return tuple(Split([t.decode("utf-8") for t in texts.numpy()], labels.numpy())
-                 for texts, labels in (train, test))
+    """(train, test) Splits from --data-dir; exits saying what to pass when it holds neither layout."""
+    if not os.path.isdir(data_dir):
+        _no_data(f"--data-dir {data_dir} is not a folder")
+    if os.path.exists(os.path.join(data_dir, "train.jsonl.gz")):
+        test_path = os.path.join(data_dir, "test.jsonl.gz")
+        if not os.path.exists(test_path):
+            _no_data(f"--data-dir {data_dir} has train.jsonl.gz but no test.jsonl.gz")
+        return read_jsonl(os.path.join(data_dir, "train.jsonl.gz")), read_jsonl(test_path)
+    for root in (data_dir, os.path.join(data_dir, "aclImdb")):
+        if os.path.isdir(os.path.join(root, "train", "pos")):
+            return read_aclimdb(os.path.join(root, "train")), read_aclimdb(os.path.join(root, "test"))
+    _no_data(f"--data-dir {data_dir} holds neither train.jsonl.gz nor an aclImdb/ folder with train/pos")
 
 
 def take(split, max_examples, seed):
     """A seeded random subset of at most `max_examples` (aclImdb folders are sorted by class)."""
+    import numpy as np
+
     order = np.random.default_rng(seed).permutation(len(split))
     return split.subset(order[:max_examples] if max_examples is not None else order)
+
+
+def vocabulary_cache_dir(data_dir):
+    """Next to the data when writable, else runs/cache."""
+    cache = os.path.join(data_dir, ".keras_yoso_cache")
+    try:
+        os.makedirs(cache, exist_ok=True)
+        probe = os.path.join(cache, ".write_test")
+        with open(probe, "w"):
+            pass
+        os.remove(probe)
+        return cache
+    except OSError:
+        return os.path.join("runs", "cache")
 
 
 def wordpiece_vocabulary(texts, vocab_size, cache_dir):
@@ -106,11 +125,14 @@ def wordpiece_vocabulary(texts, vocab_size, cache_dir):
     digest = hashlib.sha256("\0".join(texts).encode("utf-8")).hexdigest()[:12]
     path = os.path.join(cache_dir, f"wordpiece_vocab_{vocab_size}_{digest}.txt")
     if os.path.exists(path):
+        print(f"wordpiece vocabulary: {path} (cached)", flush=True)
         with open(path, encoding="utf-8", newline="\n") as f:
             return f.read().split("\n")[:-1]  # one token per line; no other character ends a line
+    import tensorflow as tf
     from tensorflow_text.tools.wordpiece_vocab import bert_vocab_from_dataset
 
-    print(f"learning a {vocab_size}-token wordpiece vocabulary from {len(texts)} reviews", flush=True)
+    print(f"learning a {vocab_size}-token wordpiece vocabulary from {len(texts)} reviews (cached in {path})",
+          flush=True)
     vocabulary = bert_vocab_from_dataset.bert_vocab_from_dataset(
         tf.data.Dataset.from_tensor_slices(tf.constant(texts, tf.string)).batch(1000).prefetch(2),
         vocab_size=vocab_size, reserved_tokens=WORDPIECE_RESERVED_TOKENS,
@@ -125,47 +147,65 @@ def build_parser():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     data = parser.add_argument_group("data")
     data.add_argument("--data-dir", default=None,
-                      help="folder with train.jsonl.gz/test.jsonl.gz, or an extracted aclImdb/ folder. "
-                           "Default: tensorflow_datasets imdb_reviews")
+                      help="IMDB: a folder with train.jsonl.gz/test.jsonl.gz, or an extracted aclImdb/ folder. "
+                           "Default: the built-in long-range task (generated)")
+    data.add_argument("--train-examples", type=int, default=4000,
+                      help="built-in task: documents generated for training, validation included. "
+                           "Default: %(default)s")
+    data.add_argument("--test-examples", type=int, default=1000,
+                      help="built-in task: documents generated for testing. Default: %(default)s")
     data.add_argument("--tokenizer", choices=("bytes", "wordpiece"), default="bytes",
-                      help="bytes: UTF-8 bytes (LRA Text); wordpiece: learned from the training split. "
+                      help="IMDB: bytes: UTF-8 bytes (LRA Text); wordpiece: learned from the training split. "
                            "Default: %(default)s")
     data.add_argument("--vocab-size", type=int, default=8000,
                       help="wordpiece vocabulary size (--tokenizer wordpiece). Default: %(default)s")
     data.add_argument("--max-train-examples", type=int, default=None,
-                      help="use a random subset of the 25,000 training reviews (validation included), "
-                           "for quick runs. Default: all")
+                      help="IMDB: use a random subset of the 25,000 training reviews (validation included). "
+                           "Default: all")
     data.add_argument("--max-test-examples", type=int, default=None,
-                      help="evaluate on a random subset of the 25,000 test reviews. Default: all")
-    # The LRA Text setting: appendix Table 4 (length 4096, 2 layers, 64 dims, 128 FFN, 2 heads) and
-    # Table 3's YOSO-32 run, m = 32 and tau = log2(4096) = 12 (the authors' LRA configuration,
-    # mlpen/YOSO LRA/models/yoso-v1-32/config.json, "text": hash_code_len 12, num_hash 32).
+                      help="IMDB: evaluate on a random subset of the 25,000 test reviews. Default: all")
     sequence_classification.add_model_arguments(parser, lra_task="Text", max_length=4096, hash_code_len=12,
-                                                num_hashes=32)
+                                                num_hashes=32, lra_preset=LRA_TEXT)
     return parser
 
 
 def main(argv=None):
     parser = build_parser()
-    args = sequence_classification.parse_args(parser, argv)
-    for name in ("max_train_examples", "max_test_examples"):
+    argv = sys.argv[1:] if argv is None else list(argv)
+    builtin = "--data-dir" not in " ".join(argv)
+    if builtin:
+        parser.set_defaults(**BUILTIN_TASK)
+    args = sequence_classification.parse_args(parser, argv, LRA_TEXT)
+    for name in ("max_train_examples", "max_test_examples", "train_examples", "test_examples"):
         if getattr(args, name) is not None and getattr(args, name) < 2:
             parser.error(f"--{name.replace('_', '-')} must be >= 2, got {getattr(args, name)}")
     if args.vocab_size < len(WORDPIECE_RESERVED_TOKENS) + 1:
         parser.error(f"--vocab-size must be > {len(WORDPIECE_RESERVED_TOKENS)}, got {args.vocab_size}")
-    task = f"imdb-{args.tokenizer}"
-    args.output_dir = args.output_dir or os.path.join("runs", f"{task}-{args.attention}")
 
-    train, test = load_imdb(args.data_dir)
-    train = take(train, args.max_train_examples, args.seed)
-    test = take(test, args.max_test_examples, args.seed + 1)
-    train, validation = sequence_classification.hold_out(train, args.validation_fraction, args.seed)
-    if args.tokenizer == "bytes":
-        tokenizer = sequence_classification.ByteTokenizer(args.max_length)
+    if builtin:
+        task = "tags"
+        args.output_dir = args.output_dir or os.path.join("runs", f"{task}-{args.attention}")
+        make = dict(length=args.max_length)
+        train = Split(*long_range_data.generate_documents(args.train_examples, [args.seed, 0], **make))
+        test = Split(*long_range_data.generate_documents(args.test_examples, [args.seed, 1], **make))
+        tokenizer = sequence_classification.WhitespaceTokenizer(long_range_data.VOCABULARY, args.max_length)
+        class_names = long_range_data.CLASS_NAMES
+        print(f"built-in task: is the tag of the document's topic warm? {args.train_examples} + {args.test_examples} generated "
+              f"documents of {args.max_length} words (long_range_data.py); IMDB: --data-dir", flush=True)
     else:
-        vocabulary = wordpiece_vocabulary(train.texts, args.vocab_size, args.output_dir)
+        task = f"imdb-{args.tokenizer}"
+        args.output_dir = args.output_dir or os.path.join("runs", f"{task}-{args.attention}")
+        train, test = load_imdb(args.data_dir)
+        train = take(train, args.max_train_examples, args.seed)
+        test = take(test, args.max_test_examples, args.seed + 1)
+        class_names = IMDB_CLASS_NAMES
+    train, validation = sequence_classification.hold_out(train, args.validation_fraction, args.seed)
+    if not builtin and args.tokenizer == "bytes":
+        tokenizer = sequence_classification.ByteTokenizer(args.max_length)
+    elif not builtin:
+        vocabulary = wordpiece_vocabulary(train.texts, args.vocab_size, vocabulary_cache_dir(args.data_dir))
         tokenizer = sequence_classification.WordpieceTokenizer(vocabulary, args.max_length)
-    return sequence_classification.train_and_export(task, args, tokenizer, CLASS_NAMES, train, validation, test)
+    return sequence_classification.train_and_export(task, args, tokenizer, class_names, train, validation, test)
 
 
 if __name__ == "__main__":

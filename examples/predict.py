@@ -1,8 +1,8 @@
 """Classify texts with a SavedModel exported by long_text_classifier.py or listops.py.
 
-Loads the export in this fresh process (TensorFlow, tensorflow-text and keras_yoso only: the
-training scripts are not needed) and prints, for each text, the most probable label and
-its probability:
+Loads the export in this fresh process (TensorFlow and tensorflow-text; keras_yoso only for an
+export made with --export custom_op, whose graph holds the YOSO custom ops: it is then imported
+to register them) and prints, for each text, the most probable label and its probability:
 
     python examples/predict.py runs/imdb-bytes-yoso/saved_model "A wonderful film." "Dull and long."
     python examples/predict.py --json runs/listops-yoso/saved_model "[MAX 2 9 [MIN 4 7 ] 0 ]"
@@ -14,10 +14,22 @@ import argparse
 import json
 import os
 
-import tensorflow as tf
-import tensorflow_text  # noqa: F401  (registers the tokenizer ops the export uses)
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
-import keras_yoso  # noqa: F401  (registers the YOSO ops the export uses)
+import tensorflow as tf  # noqa: E402
+import tensorflow_text  # noqa: E402,F401  (registers the tokenizer ops the export uses)
+
+
+def load(saved_model_dir):
+    """The SavedModel; a custom-op export (ops named Yoso*) gets keras_yoso imported first."""
+    try:
+        return tf.saved_model.load(saved_model_dir)
+    except tf.errors.NotFoundError as error:
+        if "Op type not registered 'Yoso" not in str(error):
+            raise
+        import keras_yoso  # noqa: F401  (registers the YOSO custom ops of a --export custom_op model)
+
+        return tf.saved_model.load(saved_model_dir)
 
 
 def read_labels(saved_model_dir, num_classes):
@@ -40,7 +52,7 @@ def main(argv=None):
     if not os.path.exists(os.path.join(args.saved_model, "saved_model.pb")):
         parser.error(f"{args.saved_model} is not a SavedModel folder (no saved_model.pb)")
 
-    model = tf.saved_model.load(args.saved_model)
+    model = load(args.saved_model)
     probabilities = model.serve(tf.constant(args.texts, tf.string)).numpy()
     labels = read_labels(args.saved_model, probabilities.shape[1])
     for text, row in zip(args.texts, probabilities):

@@ -1,61 +1,96 @@
-"""The LRA sequence classifier shared by long_text_classifier.py (IMDB) and listops.py (ListOps).
+"""The LRA sequence classifier shared by long_text_classifier.py and listops.py, on every Keras backend.
 
-Both examples train the Long Range Arena classifier of YOSO's appendix Table 4
-(Tay et al. 2021, Xiong et al. 2021): token + learned position embedding ->
-`num_layers` pre-LN `keras_yoso.TransformerEncoderBlock`s -> final LayerNorm ->
-masked mean pooling -> Dense(ffn_dim, relu) -> Dense(num_classes, softmax).
-They differ only in their data and tokenizer. This module holds everything
-else: the command-line options of the model and of training, the in-graph
-tokenizers (Keras layers over tensorflow-text), the length-bucketed `tf.data`
-pipeline, `model.fit`, and the outputs written to `--output-dir`:
+Both examples train the Long Range Arena classifier of YOSO's appendix Table 4 (Tay et al. 2021):
+token + learned position embedding -> `num_layers` pre-LN `keras_yoso.TransformerEncoderBlock`s ->
+final LayerNorm -> masked mean pooling -> Dense(ffn_dim, relu) -> Dense(num_classes, softmax).
+They differ only in their data and tokenizer. This module holds everything else:
 
-    metrics.json   test accuracy and loss, examples/s, peak RSS, all arguments
-    history.png    loss and accuracy vs training step, train and validation
-    saved_model/   SavedModel whose `serve` signature maps a batch of raw strings
-                   (tf.string [batch]) to class probabilities [batch, num_classes]
+- the command-line options of the model and of training (`--preset lra`: appendix Table 4);
+- tokenizers to NumPy token ids (bytes, whitespace words; wordpiece needs tensorflow-text);
+- length-bucketed batches (`keras.utils.PyDataset`): the batch of training step s is a fixed
+  function of --seed and s, so training split into pieces (`--checkpoint-dir`,
+  `--stop-after-steps`) is the same training as one run;
+- `model.fit` in intervals of --eval-every steps, with validation after each, checkpoints, and
+  the outputs written to --output-dir:
+
+    metrics.json   test accuracy and loss, examples/s, peak RSS, validation history, all arguments
+    history.png    loss and accuracy vs training step (train: mean per interval; validation)
+    saved_model/   TensorFlow backend only: `serve` maps raw strings to class probabilities
+                   (examples/text_serving.py), by default portable (no keras_yoso needed to serve)
+
+Runs on TensorFlow, JAX and PyTorch (KERAS_BACKEND); TensorFlow's C++ start-up logs are silenced
+unless --verbose.
 """
 
-import dataclasses
-import json
 import os
-import resource
 import sys
-import time
 
-import keras
-import numpy as np
-import tensorflow as tf
-import tensorflow_text as tf_text
+import contextlib  # noqa: E402
+import dataclasses  # noqa: E402
+import hashlib  # noqa: E402
+import json  # noqa: E402
+import resource  # noqa: E402
+import time  # noqa: E402
 
-import keras_yoso
 
-ATTENTIONS = ("yoso", "yoso_e", "linear_relative", "softmax")
+@contextlib.contextmanager
+def _native_stderr_silenced(silence):
+    """Sends file descriptor 2 to /dev/null while TensorFlow loads: its C++ start-up lines ("All log messages
+    before absl::InitializeLog()", "Could not find cuda drivers") are written before TF_CPP_MIN_LOG_LEVEL is
+    read. Python's own errors are unaffected: they print after the descriptor is restored."""
+    if not silence:
+        yield
+        return
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    sys.stderr.flush()
+    saved = os.dup(2)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
+
+
+with _native_stderr_silenced("--verbose" not in sys.argv):  # TensorFlow may be Keras' backend
+    import keras  # noqa: E402
+    import numpy as np  # noqa: E402
+
+    import keras_yoso  # noqa: E402
+
+ATTENTIONS = ("yoso", "yoso_e", "linear_relative", "softmax", "none")
 PAD_ID = 0
 # Shortest bucket of the length bucketing; each next bucket doubles, up to max_length.
 _FIRST_BUCKET_BOUNDARY = 128
-_TOKENIZE_BATCH = 1024
+# The training options a checkpoint must agree with to be continued.
+_RESUME_KEYS = ("attention", "num_hashes", "hash_code_len", "conv_window", "backward", "num_layers", "hidden_dim",
+                "ffn_dim", "num_heads", "dropout", "max_length", "steps", "batch_size", "learning_rate",
+                "warmup_steps", "validation_fraction", "seed", "eval_every")
 
 
 # ----------------------------------------------------------------------------- command line
 
-def add_model_arguments(parser, *, lra_task, max_length, hash_code_len, num_hashes):
-    """Adds the model and training options, with defaults from the LRA setting of `lra_task` ("Text", ...)."""
+def add_model_arguments(parser, *, lra_task, max_length, hash_code_len, num_hashes, lra_preset):
+    """Adds the model, training and run options (defaults: the LRA setting of `lra_task`)."""
     model = parser.add_argument_group("model (defaults: the LRA setting, YOSO appendix Table 4)")
     model.add_argument("--attention", choices=ATTENTIONS, default="yoso",
                        help="self-attention of every encoder block: yoso (YOSO-m, LSH sampling, linear), "
                             "yoso_e (its expectation, O(n^2)), linear_relative (Scaleformer, linear), "
-                            "softmax (keras.layers.MultiHeadAttention, O(n^2)). Default: %(default)s")
+                            "softmax (keras.layers.MultiHeadAttention, O(n^2)), none (no encoder blocks: "
+                            "pooling of per-token features only, a baseline). Default: %(default)s")
     model.add_argument("--num-hashes", type=int, default=num_hashes,
                        help=f"m, the number of hashes of YOSO-m. Default: %(default)s, the paper's LRA {lra_task} "
                             "run YOSO-32 (Table 3)")
     model.add_argument("--hash-code-len", type=int, default=hash_code_len,
-                       help=f"tau, bits per hash code (attention weight (1 - theta/pi)^tau). Default: %(default)s "
-                            f"= log2(LRA {lra_task} length), the authors' LRA configuration (mlpen/YOSO "
-                            "LRA/models/yoso-v1-32/config.json); appendix Table 4 gives no tau")
+                       help="tau, bits per hash code (attention weight (1 - theta/pi)^tau). Default: %(default)s")
     model.add_argument("--conv-window", type=int, default=None,
-                       help="add a depthwise convolution of this window to the YOSO output: YOSO-C "
-                            "(paper §4.2; Table 3's YOSO-C-16 is --num-hashes 16 with a convolution). "
+                       help="add a depthwise convolution of this window to the YOSO output: YOSO-C (paper §4.2). "
                             "Default: none")
+    model.add_argument("--backward", choices=("lower_bound", "collision"), default="lower_bound",
+                       help="YOSO's gradient estimator: lower_bound (eq. 4, YOSO) or collision (*YOSO). "
+                            "Default: %(default)s")
     model.add_argument("--num-layers", type=int, default=2, help="encoder blocks. Default: %(default)s")
     model.add_argument("--hidden-dim", type=int, default=64, help="embedding dim. Default: %(default)s")
     model.add_argument("--ffn-dim", type=int, default=128,
@@ -66,28 +101,55 @@ def add_model_arguments(parser, *, lra_task, max_length, hash_code_len, num_hash
     model.add_argument("--max-length", type=int, default=max_length,
                        help="tokens kept per sequence (longer ones are truncated). Default: %(default)s")
     train = parser.add_argument_group("training")
-    train.add_argument("--epochs", type=int, default=1, help="Default: %(default)s")
+    train.add_argument("--preset", choices=("lra",), default=None,
+                       help="lra: the paper's LRA training of this task, appendix Table 4: "
+                            + ", ".join(f"{key.replace('_', '-')} {value}" for key, value in lra_preset.items())
+                            + ". Explicit options still win.")
+    train.add_argument("--steps", type=int, default=None,
+                       help="optimizer steps in all (batches). Default: --epochs passes over the training split")
+    train.add_argument("--epochs", type=int, default=1, help="passes over the training split when --steps is not "
+                                                             "given. Default: %(default)s")
     train.add_argument("--batch-size", type=int, default=32, help="Default: %(default)s (Table 4)")
     train.add_argument("--learning-rate", type=float, default=1e-4,
                        help="peak Adam learning rate, linear warmup then linear decay to 0. "
                             "Default: %(default)s (Table 4)")
+    train.add_argument("--warmup-steps", type=int, default=None,
+                       help="steps of linear warmup. Default: --warmup-fraction of the steps")
     train.add_argument("--warmup-fraction", type=float, default=0.1,
-                       help="fraction of the training steps spent warming up. Default: %(default)s")
+                       help="fraction of the steps spent warming up when --warmup-steps is not given. "
+                            "Default: %(default)s")
     train.add_argument("--validation-fraction", type=float, default=0.1,
                        help="fraction of the training examples held out for validation. Default: %(default)s")
+    train.add_argument("--eval-every", type=int, default=None,
+                       help="evaluate on the validation split every N steps (and at the end); the history "
+                            "records each. Default: about 10 evaluations per run")
     train.add_argument("--seed", type=int, default=0,
                        help="seeds data order, weights, dropout and hashing. Default: %(default)s")
-    train.add_argument("--output-dir", default=None,
-                       help="where metrics.json, history.png and saved_model/ go. Default: runs/<task>-<attention>")
+    run = parser.add_argument_group("run, resume, outputs")
+    run.add_argument("--checkpoint-dir", default=None,
+                     help="save the training state here (model, optimizer, RNG states, history) at every "
+                          "evaluation and when stopping; a rerun of the same command continues from it")
+    run.add_argument("--stop-after-steps", type=int, default=None,
+                     help="train at most this many more steps in this invocation, save the checkpoint "
+                          "(needs --checkpoint-dir) and exit 0; the outputs are written when --steps is reached")
+    run.add_argument("--output-dir", default=None,
+                     help="where metrics.json, history.png and saved_model/ go. Default: runs/<task>-<attention>")
+    run.add_argument("--export", choices=("portable", "custom_op", "none"), default="portable",
+                     help="TensorFlow backend: the SavedModel of raw strings. portable: YOSO runs on the composite "
+                          "in the graph, so it serves with TensorFlow and tensorflow-text alone (no keras_yoso); "
+                          "custom_op: the C++ kernels, faster, and the serving process must `import keras_yoso` "
+                          "before loading (docs/benchmarks.md measures both). Default: %(default)s")
+    run.add_argument("--verbose", action="store_true", help="keep TensorFlow's C++ start-up logs")
 
 
 def check_model_arguments(parser, args):
     """parser.error() naming the first option with an invalid value."""
-    positive = ("num_hashes", "hash_code_len", "num_layers", "hidden_dim", "ffn_dim", "num_heads",
-                "max_length", "epochs", "batch_size")
-    for name in positive:
-        if getattr(args, name) < 1:
-            parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    positive = ("num_hashes", "hash_code_len", "num_layers", "hidden_dim", "ffn_dim", "num_heads", "max_length",
+                "epochs", "batch_size")
+    for name in positive + ("steps", "eval_every", "stop_after_steps"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            parser.error(f"--{name.replace('_', '-')} must be >= 1, got {value}")
     if args.conv_window is not None and args.conv_window < 1:
         parser.error(f"--conv-window must be >= 1, got {args.conv_window}")
     if args.conv_window is not None and args.attention != "yoso":
@@ -99,13 +161,28 @@ def check_model_arguments(parser, args):
             parser.error(f"--{name.replace('_', '-')} must be in [0, 1), got {getattr(args, name)}")
     if args.learning_rate <= 0:
         parser.error(f"--learning-rate must be > 0, got {args.learning_rate}")
+    if args.warmup_steps is not None and args.warmup_steps < 0:
+        parser.error(f"--warmup-steps must be >= 0, got {args.warmup_steps}")
+    if args.stop_after_steps is not None and args.checkpoint_dir is None:
+        parser.error("--stop-after-steps needs --checkpoint-dir (where the next invocation continues from)")
+
+
+def parse_args(parser, argv, lra_preset):
+    """Parsed arguments, with --preset lra filling the options not given explicitly; parser.error()
+    (exit 2) naming the first invalid option."""
+    args = parser.parse_args(argv)
+    if args.preset == "lra":
+        parser.set_defaults(**lra_preset)
+        args = parser.parse_args(argv)
+    check_model_arguments(parser, args)
+    return args
 
 
 def encoder_attention(args):
     """(attention, attention_kwargs) of `TransformerEncoderBlock` for `--attention`."""
     if args.attention == "yoso":
         return "yoso", {"num_hashes": args.num_hashes, "hash_code_len": args.hash_code_len,
-                        "conv_window": args.conv_window}
+                        "conv_window": args.conv_window, "backward": args.backward}
     if args.attention == "yoso_e":
         return "yoso", {"hash_code_len": args.hash_code_len, "use_expectation": True}
     return args.attention, {}
@@ -113,79 +190,75 @@ def encoder_attention(args):
 
 # ----------------------------------------------------------------------------- tokenizers
 
-class _Tokenizer(keras.layers.Layer):
-    """Maps a batch of strings `[batch]` to token ids `[batch, length]` (int32, 0 = padding) in the graph.
-
-    `token_ids` gives the ragged ids `[batch, (length)]`, truncated to `max_length`: the
-    tf.data pipeline uses them per example, `call` pads them for the serving model.
-    """
-
-    def __init__(self, max_length, **kwargs):
-        super().__init__(trainable=False, **kwargs)
-        self.max_length = max_length
-
-    @property
-    def vocab_size(self):
-        raise NotImplementedError
-
-    def _ragged_ids(self, texts):
-        raise NotImplementedError
-
-    def token_ids(self, texts):
-        return tf.cast(self._ragged_ids(texts)[:, :self.max_length], tf.int32)
-
-    def call(self, texts):
-        return self.token_ids(texts).to_tensor(PAD_ID)
-
-    def compute_output_spec(self, texts):
-        return keras.KerasTensor(tuple(texts.shape) + (None,), dtype="int32")
-
-
-class ByteTokenizer(_Tokenizer):
+class ByteTokenizer:
     """UTF-8 bytes (the LRA Text setting): id = byte + 1, 0 is padding."""
 
-    @property
-    def vocab_size(self):
-        return 257
+    kind = "bytes"
+    vocab_size = 257
 
-    def _ragged_ids(self, texts):
-        return tf.cast(tf_text.ByteSplitter().split(texts), tf.int32) + 1
+    def __init__(self, max_length):
+        self.max_length = max_length
+
+    def encode(self, texts):
+        """A list of int32 id arrays, one per text, truncated to max_length."""
+        return [np.frombuffer(text.encode("utf-8")[:self.max_length], np.uint8).astype(np.int32) + 1
+                for text in texts]
+
+    def serving_config(self):
+        return {"kind": self.kind, "max_length": self.max_length}
 
 
-class WordpieceTokenizer(_Tokenizer):
-    """BERT wordpieces (lower-cased, accents stripped) of `vocabulary`, whose entry 0 is the padding token."""
+class WhitespaceTokenizer:
+    """Whitespace-separated words of a fixed `vocabulary`: id 0 padding, 1 unknown, 2 + i `vocabulary[i]`."""
 
-    def __init__(self, vocabulary, max_length, **kwargs):
-        super().__init__(max_length, **kwargs)
+    kind = "whitespace"
+
+    def __init__(self, vocabulary, max_length):
         self.vocabulary = list(vocabulary)
-        self._bert_tokenizer = tf_text.FastBertTokenizer(
-            vocab=self.vocabulary, token_out_type=tf.int32, unknown_token="[UNK]",
-            lower_case_nfd_strip_accents=True)
-
-    @property
-    def vocab_size(self):
-        return len(self.vocabulary)
-
-    def _ragged_ids(self, texts):
-        return self._bert_tokenizer.tokenize(texts)
-
-
-class WhitespaceTokenizer(_Tokenizer):
-    """Whitespace-separated tokens of a fixed `vocabulary`: id 0 padding, 1 unknown, 2 + i `vocabulary[i]`."""
-
-    def __init__(self, vocabulary, max_length, **kwargs):
-        super().__init__(max_length, **kwargs)
-        self.vocabulary = list(vocabulary)
-        self._lookup = keras.layers.StringLookup(vocabulary=self.vocabulary, mask_token="[PAD]",
-                                                 num_oov_indices=1, output_mode="int")
+        self.max_length = max_length
+        self._ids = {word: index + 2 for index, word in enumerate(self.vocabulary)}
 
     @property
     def vocab_size(self):
         return len(self.vocabulary) + 2
 
-    def _ragged_ids(self, texts):
-        words = tf_text.WhitespaceTokenizer().tokenize(texts)
-        return words.with_flat_values(self._lookup(words.flat_values))
+    def encode(self, texts):
+        return [np.fromiter((self._ids.get(word, 1) for word in text.split()[:self.max_length]), np.int32)
+                for text in texts]
+
+    def serving_config(self):
+        return {"kind": self.kind, "max_length": self.max_length, "vocabulary": self.vocabulary}
+
+
+class WordpieceTokenizer:
+    """BERT wordpieces (lower-cased, accents stripped) of `vocabulary`, whose entry 0 is the padding
+    token. Tokenizes with tensorflow-text, so it needs TensorFlow installed (any Keras backend)."""
+
+    kind = "wordpiece"
+
+    def __init__(self, vocabulary, max_length):
+        import tensorflow as tf
+        import tensorflow_text as tf_text
+
+        self.vocabulary = list(vocabulary)
+        self.max_length = max_length
+        self._tf = tf
+        self._tokenizer = tf_text.FastBertTokenizer(vocab=self.vocabulary, token_out_type=tf.int32,
+                                                    unknown_token="[UNK]", lower_case_nfd_strip_accents=True)
+
+    @property
+    def vocab_size(self):
+        return len(self.vocabulary)
+
+    def encode(self, texts, batch=1024):
+        ids = []
+        for start in range(0, len(texts), batch):
+            ragged = self._tokenizer.tokenize(self._tf.constant(texts[start:start + batch]))[:, :self.max_length]
+            ids += [np.asarray(row, np.int32) for row in ragged.to_list()]
+        return ids
+
+    def serving_config(self):
+        return {"kind": self.kind, "max_length": self.max_length, "vocabulary": self.vocabulary}
 
 
 # ----------------------------------------------------------------------------- model
@@ -249,7 +322,9 @@ def build_classifier(vocab_size, num_classes, args):
     token_ids = keras.Input((None,), dtype="int32", name="token_ids")
     x = TokenAndPositionEmbedding(vocab_size, args.max_length, args.hidden_dim, name="embedding")(token_ids)
     x = keras.layers.Dropout(args.dropout)(x)
-    for i in range(args.num_layers):
+    if attention == "none":  # the pooling-only baseline: per-token features, no token sees another
+        x = keras.layers.Dense(args.ffn_dim, activation="gelu", name="token_features")(x)
+    for i in range(args.num_layers if attention != "none" else 0):
         x = keras_yoso.TransformerEncoderBlock(
             args.num_heads, args.ffn_dim, attention=attention,
             attention_kwargs={**attention_kwargs, "seed": args.seed * 1000 + i + 1},
@@ -259,12 +334,6 @@ def build_classifier(vocab_size, num_classes, args):
     x = keras.layers.Dense(args.ffn_dim, activation="relu", name="classifier_hidden")(x)
     probabilities = keras.layers.Dense(num_classes, activation="softmax", name="probabilities")(x)
     return keras.Model(token_ids, probabilities, name="lra_classifier")
-
-
-def build_serving_model(tokenizer, classifier):
-    """raw strings `[batch]` (tf.string) -> class probabilities, tokenization in the graph."""
-    texts = keras.Input((), dtype="string", name="texts")
-    return keras.Model(texts, classifier(tokenizer(texts)), name="serving_model")
 
 
 @keras.saving.register_keras_serializable(package="keras_yoso_examples")
@@ -317,80 +386,83 @@ def hold_out(train, fraction, seed):
 
 
 def bucket_boundaries(max_length):
-    """Upper length bounds of the buckets: 128, 256, ... below max_length (the last bucket takes the rest)."""
+    """Upper length bounds of the buckets: 128, 256, ... and max_length (the last bucket)."""
     boundaries, boundary = [], _FIRST_BUCKET_BOUNDARY
     while boundary < max_length:
         boundaries.append(boundary)
         boundary *= 2
-    return boundaries
+    return boundaries + [max_length]
 
 
-def _token_dataset(split, tokenizer):
-    """Dataset of (token ids [length], label), tokenized in the graph in batches, cached."""
-    dataset = tf.data.Dataset.from_tensor_slices((tf.constant(split.texts, tf.string),
-                                                  tf.constant(split.labels, tf.int32)))
-    dataset = dataset.batch(_TOKENIZE_BATCH).map(lambda texts, labels: (tokenizer.token_ids(texts), labels))
-    # Unbatched rows of a RaggedTensor are ragged_rank-0 RaggedTensors; an identity map makes them Tensors.
-    return dataset.unbatch().map(lambda ids, label: (ids, label)).cache()
+class Batches(keras.utils.PyDataset):
+    """Length-bucketed batches of token ids, padded to their bucket's upper bound (few distinct shapes,
+    so compiled steps are reused), as (ids [batch, bound] int32, labels [batch] int32).
 
-
-def batched_dataset(split, tokenizer, batch_size, shuffle_seed=None):
-    """(dataset, batches per pass): length-bucketed batches padded to their longest sequence.
-
-    With `shuffle_seed`, the examples are reshuffled on every pass. The number of batches is
-    counted in advance and declared, so Keras knows the epoch length (and the progress bar its end).
+    Training (`seed` given): pass p over the data shuffles each bucket and the order of all batches
+    with NumPy generators seeded by (seed, p); item i is the batch of global step first_step + i, so
+    any range of steps can be taken in any invocation. Evaluation (`seed` None): one pass in a
+    fixed order.
     """
-    tokens = _token_dataset(split, tokenizer)
-    lengths = np.fromiter((len(ids) for ids, _ in tokens.as_numpy_iterator()), np.int64, len(split))
-    boundaries = bucket_boundaries(tokenizer.max_length)
-    counts = np.bincount(np.searchsorted(boundaries, lengths, side="right"), minlength=len(boundaries) + 1)
-    num_batches = int(sum(-(-count // batch_size) for count in counts))
-    if shuffle_seed is not None:
-        tokens = tokens.shuffle(len(split), seed=shuffle_seed, reshuffle_each_iteration=True)
-    batches = tokens.bucket_by_sequence_length(
-        lambda ids, label: tf.shape(ids)[0], boundaries, [batch_size] * (len(boundaries) + 1),
-        padding_values=(PAD_ID, 0))
-    batches = batches.apply(tf.data.experimental.assert_cardinality(num_batches))
-    return batches.prefetch(tf.data.AUTOTUNE), num_batches
+
+    def __init__(self, token_ids, labels, batch_size, max_length, seed=None, first_step=0, num_steps=None):
+        super().__init__(workers=1, use_multiprocessing=False)
+        self.token_ids, self.labels = token_ids, np.asarray(labels, np.int32)
+        self.batch_size, self.seed, self.first_step = batch_size, seed, first_step
+        self.boundaries = bucket_boundaries(max_length)
+        lengths = np.array([max(1, len(ids)) for ids in token_ids])
+        self.bucket_of = np.searchsorted(self.boundaries, lengths, side="left")
+        self._pass = None
+        self.batches_per_pass = len(self._batches_of_pass(0))
+        self.num_steps = self.batches_per_pass if num_steps is None else num_steps
+
+    def _batches_of_pass(self, index):
+        """[(bucket, example indices)] of pass `index`, in the order they are trained."""
+        if self._pass is not None and self._pass[0] == index:
+            return self._pass[1]
+        rng = np.random.default_rng([self.seed, index]) if self.seed is not None else None
+        batches = []
+        for bucket in range(len(self.boundaries)):
+            members = np.flatnonzero(self.bucket_of == bucket)
+            if rng is not None:
+                members = rng.permutation(members)
+            batches += [(bucket, members[i:i + self.batch_size]) for i in range(0, len(members), self.batch_size)]
+        if rng is not None:
+            batches = [batches[i] for i in rng.permutation(len(batches))]
+        self._pass = (index, batches)
+        return batches
+
+    def __len__(self):
+        return self.num_steps
+
+    def __getitem__(self, item):
+        step = self.first_step + item
+        bucket, members = self._batches_of_pass(step // self.batches_per_pass)[step % self.batches_per_pass]
+        ids = np.full((len(members), self.boundaries[bucket]), PAD_ID, np.int32)
+        for row, index in enumerate(members):
+            ids[row, :len(self.token_ids[index])] = self.token_ids[index]
+        return ids, self.labels[members]
 
 
 # ----------------------------------------------------------------------------- training
 
-class _TrainTimer(keras.callbacks.Callback):
-    """Wall and process CPU seconds spent training: from each epoch's start to its validation."""
+class _IntervalMetrics(keras.callbacks.Callback):
+    """Mean training loss and accuracy over one `fit` call, from the per-batch values (Keras logs
+    running means; each batch's value is recovered from two consecutive means)."""
 
     def __init__(self):
         super().__init__()
-        self.seconds = self.cpu_seconds = 0.0
-        self._epoch_start = None
-
-    def on_epoch_begin(self, epoch, logs=None):
-        self._epoch_start = (time.perf_counter(), process_cpu_seconds())
-
-    def on_test_begin(self, logs=None):
-        if self._epoch_start is not None:
-            self.seconds += time.perf_counter() - self._epoch_start[0]
-            self.cpu_seconds += process_cpu_seconds() - self._epoch_start[1]
-            self._epoch_start = None
-
-    def on_epoch_end(self, epoch, logs=None):
-        self.on_test_begin()
-
-
-class _StepHistory(keras.callbacks.Callback):
-    """Training loss and accuracy every `every` steps: Keras' running means over the epoch so far."""
-
-    def __init__(self, every):
-        super().__init__()
-        self.every, self.step = max(1, every), 0
-        self.record = {"step": [], "loss": [], "accuracy": []}
+        self.sums, self.count, self._previous = {}, 0, {}
 
     def on_train_batch_end(self, batch, logs=None):
-        self.step += 1
-        if self.step % self.every == 0 and logs:
-            self.record["step"].append(self.step)
-            self.record["loss"].append(float(logs["loss"]))
-            self.record["accuracy"].append(float(logs["accuracy"]))
+        self.count += 1
+        for name in ("loss", "accuracy"):
+            mean = float(logs[name])
+            value = mean * self.count - self._previous.get(name, 0.0) * (self.count - 1)
+            self.sums[name] = self.sums.get(name, 0.0) + value
+            self._previous[name] = mean
+
+    def means(self):
+        return {name: total / max(self.count, 1) for name, total in self.sums.items()}
 
 
 def process_cpu_seconds():
@@ -403,118 +475,226 @@ def peak_rss_mib():
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
-def plot_history(history, steps, steps_per_epoch, path, title):
-    """Loss and accuracy vs training step: the running training means of `steps` (a
-    _StepHistory record) and the validation values at the end of each epoch."""
+def plot_history(history, path, title):
+    """Loss and accuracy vs training step: training means per evaluation interval and validation values."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    epoch_ends = steps_per_epoch * np.arange(1, len(history["loss"]) + 1)
-    figure, axes = plt.subplots(1, 2, figsize=(10, 4))
+    figure, axes = plt.subplots(1, 2, figsize=(11, 4.6))
     for axis, metric in zip(axes, ("loss", "accuracy")):
-        if steps["step"]:
-            axis.plot(steps["step"], steps[metric], "-", label="train (running mean over the epoch)")
-        axis.plot(epoch_ends, history[metric], "o", color="C0", label="train, end of epoch")
-        if f"val_{metric}" in history:
-            axis.plot(epoch_ends, history[f"val_{metric}"], "s-", color="C1", label="validation")
-        axis.set_xlabel(f"training step ({steps_per_epoch} per epoch)")
+        axis.plot(history["step"], history[f"train_{metric}"], "o-", label="train (mean since the last evaluation)")
+        axis.plot(history["step"], history[f"val_{metric}"], "s-", label="validation")
+        axis.set_xlabel("training step")
         axis.set_ylabel(metric)
         axis.grid(alpha=0.3)
-        axis.legend()
+    handles, labels = axes[0].get_legend_handles_labels()
+    figure.legend(handles, labels, loc="lower center", ncol=2, frameon=False)  # below the plots, not on a curve
     figure.suptitle(title)
-    figure.tight_layout()
+    figure.tight_layout(rect=(0, 0.08, 1, 1))
     figure.savefig(path, dpi=100)
     plt.close(figure)
+
+
+def _fingerprint(args, task, data_digest):
+    return {"task": task, "data": data_digest, **{key: getattr(args, key) for key in _RESUME_KEYS}}
+
+
+def _data_digest(*splits):
+    digest = hashlib.sha256()
+    for split in splits:
+        digest.update(str(len(split)).encode())
+        digest.update(split.labels.tobytes())
+        for text in split.texts[:64]:
+            digest.update(text.encode("utf-8"))
+    return digest.hexdigest()[:16]
+
+
+class _Checkpoint:
+    """The training state in --checkpoint-dir: model.keras (weights, optimizer), rng_states.npz (the
+    SeedGenerator states) and state.json (steps done, history, timings, and the options it was
+    trained with)."""
+
+    def __init__(self, directory, fingerprint):
+        self.directory, self.fingerprint = directory, fingerprint
+
+    @property
+    def _state_path(self):
+        return os.path.join(self.directory, "state.json")
+
+    def load(self):
+        """(model, state) of a saved run, or (None, None); SystemExit when it was trained otherwise."""
+        if self.directory is None or not os.path.exists(self._state_path):
+            return None, None
+        with open(self._state_path, encoding="utf-8") as f:
+            state = json.load(f)
+        differences = [f"{key}: checkpoint {state['fingerprint'].get(key)!r}, now {value!r}"
+                       for key, value in self.fingerprint.items() if state["fingerprint"].get(key) != value]
+        if differences:
+            sys.exit(f"error: --checkpoint-dir {self.directory} holds a run trained with other options "
+                     f"({'; '.join(differences)}). Use another --checkpoint-dir, or the same options.")
+        model = keras.saving.load_model(os.path.join(self.directory, "model.keras"))
+        variables = self._rng_variables(model)
+        with np.load(os.path.join(self.directory, "rng_states.npz")) as saved:
+            states = [saved[f"state_{i}"] for i in range(len(saved.files))]
+        if [s.shape for s in states] != [tuple(v.shape) for v in variables]:
+            sys.exit(f"error: {self.directory}/rng_states.npz does not match the model's {len(variables)} "
+                     "SeedGenerator states")
+        for variable, value in zip(variables, states):  # in model order (their paths are global counters)
+            variable.assign(value)
+        return model, state
+
+    @staticmethod
+    def _rng_variables(model):
+        """The states of the model's SeedGenerators (dropout masks, YOSO's training hash functions):
+        `.keras` files do not restore them, so they are saved next to it."""
+        return [variable for variable in model.variables if "seed_generator" in variable.path]
+
+    def save(self, model, state):
+        if self.directory is None:
+            return
+        os.makedirs(self.directory, exist_ok=True)
+        model.save(os.path.join(self.directory, "model.keras.tmp.keras"))
+        os.replace(os.path.join(self.directory, "model.keras.tmp.keras"), os.path.join(self.directory, "model.keras"))
+        rng = {f"state_{i}": keras.ops.convert_to_numpy(v) for i, v in enumerate(self._rng_variables(model))}
+        np.savez(os.path.join(self.directory, "rng_states.tmp.npz"), **rng)
+        os.replace(os.path.join(self.directory, "rng_states.tmp.npz"), os.path.join(self.directory, "rng_states.npz"))
+        with open(self._state_path + ".tmp", "w", encoding="utf-8") as f:
+            json.dump({**state, "fingerprint": self.fingerprint}, f, indent=1)
+        os.replace(self._state_path + ".tmp", self._state_path)
 
 
 @dataclasses.dataclass
 class RunResult:
     metrics: dict
     classifier: keras.Model
-    serving_model: keras.Model
     output_dir: str
+    finished: bool
 
 
 def train_and_export(task, args, tokenizer, class_names, train, validation, test):
-    """Trains with model.fit, evaluates on `test`, writes the outputs to `args.output_dir`; a RunResult."""
-    os.makedirs(args.output_dir, exist_ok=True)
+    """Trains (resuming from --checkpoint-dir), evaluates on `test` once --steps are done, writes the
+    outputs to `args.output_dir`; a RunResult (finished=False when --stop-after-steps stopped it)."""
     keras.utils.set_random_seed(args.seed)
-    train_batches, train_steps = batched_dataset(train, tokenizer, args.batch_size, shuffle_seed=args.seed)
-    validation_batches, _ = batched_dataset(validation, tokenizer, args.batch_size)
-    test_batches, _ = batched_dataset(test, tokenizer, args.batch_size)
+    os.makedirs(args.output_dir, exist_ok=True)
+    encoded = {name: tokenizer.encode(split.texts) for name, split in
+               (("train", train), ("validation", validation), ("test", test))}
+    probe = Batches(encoded["train"], train.labels, args.batch_size, args.max_length, seed=args.seed)
+    args.steps = args.steps or probe.batches_per_pass * args.epochs
+    args.warmup_steps = args.warmup_steps if args.warmup_steps is not None else round(args.warmup_fraction * args.steps)
+    args.eval_every = args.eval_every or max(1, -(-args.steps // 10))
+    checkpoint = _Checkpoint(args.checkpoint_dir, _fingerprint(args, task, _data_digest(train, validation, test)))
 
-    classifier = build_classifier(tokenizer.vocab_size, len(class_names), args)
-    total_steps = train_steps * args.epochs
-    schedule = LinearWarmupLinearDecay(args.learning_rate, round(args.warmup_fraction * total_steps), total_steps)
-    # No XLA: bucketed batches have many lengths, and the custom ops run outside XLA anyway.
-    classifier.compile(optimizer=keras.optimizers.Adam(schedule), loss="sparse_categorical_crossentropy",
-                       metrics=["accuracy"], jit_compile=False)
-    timer = _TrainTimer()
-    step_history = _StepHistory(every=total_steps // 200)
-    print(f"{task}: {len(train)} train / {len(validation)} validation / {len(test)} test examples, "
-          f"{train_steps} batches per epoch, attention={args.attention}, "
-          f"{classifier.count_params():,} parameters, custom ops: {keras_yoso.ops.custom_ops_available()}",
-          flush=True)
-    fit = classifier.fit(train_batches, validation_data=validation_batches, epochs=args.epochs, shuffle=False,
-                         callbacks=[timer, step_history])
-    history = {name: [float(v) for v in values] for name, values in fit.history.items()}
+    classifier, state = checkpoint.load()
+    if classifier is None:
+        classifier = build_classifier(tokenizer.vocab_size, len(class_names), args)
+        schedule = LinearWarmupLinearDecay(args.learning_rate, args.warmup_steps, args.steps)
+        classifier.compile(optimizer=keras.optimizers.Adam(schedule), loss="sparse_categorical_crossentropy",
+                           metrics=["accuracy"], jit_compile=False)
+        state = {"step": 0, "train_seconds": 0.0, "train_cpu_seconds": 0.0, "invocations": 0,
+                 "history": {key: [] for key in ("step", "train_loss", "train_accuracy", "val_loss", "val_accuracy")}}
+    state["invocations"] += 1
+    validation_batches = Batches(encoded["validation"], validation.labels, args.batch_size, args.max_length)
+    stop = args.steps if args.stop_after_steps is None else min(args.steps, state["step"] + args.stop_after_steps)
+    print(f"{task}: {len(train)} train / {len(validation)} validation / {len(test)} test examples; "
+          f"attention={args.attention}, {classifier.count_params():,} parameters, Keras backend "
+          f"{keras.backend.backend()}, YOSO ops: {keras_yoso.ops.implementation_in_use()}; "
+          f"steps {state['step']} -> {stop} of {args.steps} (batch {args.batch_size}, "
+          f"{probe.batches_per_pass} per pass over the training split)", flush=True)
 
+    while state["step"] < stop:
+        until = min(stop, (state["step"] // args.eval_every + 1) * args.eval_every)
+        batches = Batches(encoded["train"], train.labels, args.batch_size, args.max_length, seed=args.seed,
+                          first_step=state["step"], num_steps=until - state["step"])
+        interval = _IntervalMetrics()
+        start, start_cpu = time.perf_counter(), process_cpu_seconds()
+        # shuffle=False: Keras would reorder the PyDataset batches with Python's random; Batches orders them.
+        classifier.fit(batches, epochs=1, shuffle=False, callbacks=[interval], verbose=1 if sys.stdout.isatty() else 2)
+        state["train_seconds"] += time.perf_counter() - start
+        state["train_cpu_seconds"] += process_cpu_seconds() - start_cpu
+        state["step"] = until
+        if until % args.eval_every == 0 or until == args.steps:
+            val_loss, val_accuracy = classifier.evaluate(validation_batches, verbose=0)
+            means = interval.means()
+            for key, value in (("step", until), ("train_loss", means["loss"]), ("train_accuracy", means["accuracy"]),
+                               ("val_loss", val_loss), ("val_accuracy", val_accuracy)):
+                state["history"][key].append(float(value))
+            print(f"step {until}/{args.steps}: validation accuracy {val_accuracy:.4f}, loss {val_loss:.4f}", flush=True)
+            checkpoint.save(classifier, state)
+    if state["step"] < args.steps:
+        checkpoint.save(classifier, state)
+        print(f"stopped after step {state['step']} of {args.steps}; checkpoint in {args.checkpoint_dir}. Run the same "
+              "command again to continue.", flush=True)
+        return RunResult({}, classifier, args.output_dir, finished=False)
+    checkpoint.save(classifier, state)
+    return _finish(task, args, tokenizer, class_names, classifier, state, encoded, train, validation, test)
+
+
+def _finish(task, args, tokenizer, class_names, classifier, state, encoded, train, validation, test):
+    """Test evaluation, metrics.json, history.png and (TensorFlow) the SavedModel."""
+    test_batches = Batches(encoded["test"], test.labels, args.batch_size, args.max_length)
     start, start_cpu = time.perf_counter(), process_cpu_seconds()
     test_loss, test_accuracy = classifier.evaluate(test_batches, verbose=0)
     test_seconds, test_cpu_seconds = time.perf_counter() - start, process_cpu_seconds() - start_cpu
-
-    serving_model = build_serving_model(tokenizer, classifier)
-    export_dir = os.path.join(args.output_dir, "saved_model")
-    serving_model.export(export_dir, format="tf_saved_model", verbose=False)
-    labels_dir = os.path.join(export_dir, "assets.extra")
-    os.makedirs(labels_dir, exist_ok=True)
-    with open(os.path.join(labels_dir, "labels.txt"), "w", encoding="utf-8") as f:
-        f.write("".join(f"{name}\n" for name in class_names))
-
+    export = _export(args, tokenizer, class_names, classifier)
+    examples = args.steps * args.batch_size
     metrics = {
         "task": task,
         "test_accuracy": float(test_accuracy),
         "test_loss": float(test_loss),
-        "validation_accuracy": history["val_accuracy"][-1],
-        "validation_loss": history["val_loss"][-1],
-        "train_examples_per_second": len(train) * args.epochs / max(timer.seconds, 1e-9),
+        "validation_accuracy": state["history"]["val_accuracy"][-1],
+        "validation_loss": state["history"]["val_loss"][-1],
+        "steps": args.steps,
+        "train_examples_per_second": examples / max(state["train_seconds"], 1e-9),
         "test_examples_per_second": len(test) / max(test_seconds, 1e-9),
-        "train_seconds": timer.seconds,
-        "train_cpu_seconds": timer.cpu_seconds,
+        "train_seconds": state["train_seconds"],
+        "train_cpu_seconds": state["train_cpu_seconds"],
         "test_seconds": test_seconds,
         "test_cpu_seconds": test_cpu_seconds,
+        "invocations": state["invocations"],
         "peak_rss_mib": peak_rss_mib(),
-        "process_cpu_seconds": process_cpu_seconds(),
         "num_train_examples": len(train),
         "num_validation_examples": len(validation),
         "num_test_examples": len(test),
-        "batches_per_epoch": train_steps,
         "num_parameters": int(classifier.count_params()),
-        "custom_ops": keras_yoso.ops.custom_ops_available(),
+        "keras_backend": keras.backend.backend(),
+        "yoso_ops": keras_yoso.ops.implementation_in_use(),
+        "export": export,
         "class_names": list(class_names),
-        "history": history,
-        "step_history": step_history.record,
-        "versions": {"tensorflow": tf.__version__, "keras": keras.__version__,
-                     "tensorflow_text": tf_text.__version__, "keras_yoso": keras_yoso.__version__},
+        "history": state["history"],
+        "versions": {"keras": keras.__version__, "keras_yoso": keras_yoso.__version__,
+                     keras.backend.backend(): _backend_version()},
         "command": [os.path.basename(sys.argv[0])] + sys.argv[1:],
         "args": vars(args),
     }
     with open(os.path.join(args.output_dir, "metrics.json"), "w", encoding="utf-8") as f:
         json.dump(metrics, f, indent=2)
-    plot_history(history, step_history.record, train_steps, os.path.join(args.output_dir, "history.png"),
-                 f"{task}, attention={args.attention}")
+    plot_history(state["history"], os.path.join(args.output_dir, "history.png"), f"{task}, attention={args.attention}")
     print(f"{task} attention={args.attention}: test accuracy {test_accuracy:.4f} (loss {test_loss:.4f}) on "
-          f"{len(test)} examples | train {metrics['train_examples_per_second']:.1f} examples/s, "
-          f"test {metrics['test_examples_per_second']:.1f} examples/s, peak RSS "
-          f"{metrics['peak_rss_mib']:.0f} MiB | {args.output_dir}", flush=True)
-    return RunResult(metrics, classifier, serving_model, args.output_dir)
+          f"{len(test)} examples | train {metrics['train_examples_per_second']:.1f} examples/s over "
+          f"{state['train_seconds']:.0f} s, peak RSS {metrics['peak_rss_mib']:.0f} MiB | {args.output_dir}", flush=True)
+    return RunResult(metrics, classifier, args.output_dir, finished=True)
 
 
-def parse_args(parser, argv):
-    """Parsed arguments; parser.error() (exit 2) naming the first invalid model or training option."""
-    args = parser.parse_args(argv)
-    check_model_arguments(parser, args)
-    return args
+def _backend_version():
+    name = keras.backend.backend()
+    module = {"tensorflow": "tensorflow", "jax": "jax", "torch": "torch"}.get(name)
+    return getattr(__import__(module), "__version__", "?") if module else "?"
 
+
+def _export(args, tokenizer, class_names, classifier):
+    """Exports the raw-string SavedModel (TensorFlow backend); a note of what was (not) written."""
+    if args.export == "none":
+        return "none (--export none)"
+    if keras.backend.backend() != "tensorflow":
+        print(f"note: no saved_model/ written: a SavedModel of raw strings needs the TensorFlow backend "
+              f"(this run used {keras.backend.backend()}); the trained classifier is in the checkpoint or can be "
+              "saved with classifier.save(...)", flush=True)
+        return f"none (Keras backend {keras.backend.backend()})"
+    import text_serving
+
+    export_dir = os.path.join(args.output_dir, "saved_model")
+    text_serving.export(classifier, tokenizer.serving_config(), class_names, export_dir,
+                        portable=args.export == "portable")
+    return f"{args.export}: {export_dir}"

@@ -14,4 +14,13 @@ from keras_yoso.layers import YosoAttention
 
 __version__ = "0.2.0"
 
-__all__ = ["LinearRelativeAttention", "TransformerEncoderBlock", "YosoAttention", "layers", "ops"]
+
+def export_portable(model, filepath, **kwargs):
+    """`model.export(filepath, **kwargs)` with every keras_yoso op on its `keras.ops` composite
+    (`keras_yoso.ops.composite_only`): the SavedModel holds no custom op, so it loads and serves in
+    a process that never imports keras_yoso (TF Serving, a plain TensorFlow app). TensorFlow backend."""
+    with ops.composite_only():
+        return model.export(filepath, **kwargs)
+
+
+__all__ = ["LinearRelativeAttention", "TransformerEncoderBlock", "YosoAttention", "export_portable", "layers", "ops"]

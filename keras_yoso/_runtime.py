@@ -170,3 +170,16 @@ def compiled(static_argnames):
         return run
 
     return decorate
+
+
+def segment_sum(data, segment_ids, num_segments):
+    """Rows of `data` [N, F] summed into `num_segments` rows by `segment_ids` [N] (ids in range).
+
+    `keras.ops.segment_sum`, except on torch, where it replicates the ids over every feature and
+    scatter-reduces (about 10x slower and F times the index memory): there `index_add_`."""
+    if backend() == "torch":
+        import torch
+
+        out = torch.zeros((num_segments,) + tuple(data.shape[1:]), dtype=data.dtype, device=data.device)
+        return out.index_add_(0, segment_ids.long(), data)
+    return ops.segment_sum(data, segment_ids, num_segments=num_segments)

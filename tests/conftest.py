@@ -50,8 +50,10 @@ requires_custom_ops = pytest.mark.skipif(not CUSTOM_OPS_EXPECTED,
 # `pytest --hypothesis-profile=long` searches 40x deeper with fresh random examples (failures
 # are saved in .hypothesis/ and replayed first on the next run).
 _NOT_TOO_SLOW = [HealthCheck.too_slow, HealthCheck.data_too_large]
-settings.register_profile("default", max_examples=25, deadline=None, derandomize=True, database=None,
-                          print_blob=True, suppress_health_check=_NOT_TOO_SLOW)
+# On JAX every drawn shape is a new XLA compilation (~2-3 s for the tile-based cumulations), so the
+# default profile draws 6 examples there; every property still runs on every backend.
+settings.register_profile("default", max_examples=6 if BACKEND == "jax" else 25, deadline=None, derandomize=True,
+                          database=None, print_blob=True, suppress_health_check=_NOT_TOO_SLOW)
 settings.register_profile("long", max_examples=1000, deadline=None, print_blob=True,
                           suppress_health_check=_NOT_TOO_SLOW)
 
@@ -180,3 +182,25 @@ def cast(array, dtype):
 def rounded(array, dtype):
     """`array` rounded to `dtype` and back to float32 NumPy (what an op of that dtype sees)."""
     return to_numpy(cast(array, dtype))
+
+
+# On JAX every new shape is an XLA compilation (seconds each), so each parametrized test keeps at most
+# JAX_CASES_PER_TEST of its cases there, spread evenly over its grid (first and last included); the
+# full grids run on TensorFlow and torch. KERAS_YOSO_FULL_GRIDS=1 runs them all on JAX too.
+JAX_CASES_PER_TEST = 4
+
+
+def pytest_collection_modifyitems(config, items):
+    if BACKEND != "jax" or os.environ.get("KERAS_YOSO_FULL_GRIDS") == "1":
+        return
+    groups = {}
+    for item in items:
+        groups.setdefault((item.module.__name__, getattr(item, "originalname", item.name)), []).append(item)
+    dropped = set()
+    for cases in groups.values():
+        if len(cases) > JAX_CASES_PER_TEST:
+            keep = set(np.linspace(0, len(cases) - 1, JAX_CASES_PER_TEST).round().astype(int).tolist())
+            dropped.update(id(case) for index, case in enumerate(cases) if index not in keep)
+    if dropped:
+        config.hook.pytest_deselected(items=[item for item in items if id(item) in dropped])
+        items[:] = [item for item in items if id(item) not in dropped]

@@ -1,7 +1,8 @@
-"""examples/: the IMDB and ListOps classifiers end to end on tiny settings, their SavedModels
-serving raw strings in a fresh process, predict.py, and where long_text_classifier.py finds data.
+"""examples/: the long-text (built-in task and IMDB) and ListOps classifiers end to end on tiny
+settings, on every backend; resumable training; on TensorFlow, their SavedModels serving raw
+strings in a fresh process (portable ones without keras_yoso) and predict.py.
 
-The corpora are fixtures written here in the layouts the script reads (train.jsonl.gz /
+The IMDB corpora are fixtures written here in the layouts the script reads (train.jsonl.gz /
 test.jsonl.gz, and an extracted aclImdb/ folder); nothing is downloaded.
 """
 
@@ -15,22 +16,20 @@ import sys
 import keras
 import numpy as np
 import pytest
-import tensorflow as tf
 
-import keras_yoso
+from conftest import TENSORFLOW, requires_tensorflow, to_numpy
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLES = os.path.join(ROOT, "examples")
 sys.path.insert(0, EXAMPLES)
 
 import listops  # noqa: E402
+import long_range_data  # noqa: E402
 import long_text_classifier  # noqa: E402
 import sequence_classification  # noqa: E402
 
 TINY_MODEL = ["--num-layers", "1", "--hidden-dim", "16", "--ffn-dim", "16", "--num-heads", "2", "--num-hashes", "4",
-              "--hash-code-len", "4", "--batch-size", "8", "--epochs", "1"]
-ATTENTIONS = ["yoso", "yoso_e", "softmax", pytest.param("linear_relative", marks=pytest.mark.skipif(
-    not hasattr(keras_yoso.layers, "LinearRelativeAttention"), reason="keras_yoso.LinearRelativeAttention missing"))]
+              "--hash-code-len", "4", "--batch-size", "8", "--learning-rate", "1e-3"]
 SAMPLE_REVIEWS = ["A wonderful film, I loved every minute of it.",
                   "Dull and far too long.<br /><br />The plot is awful. " * 12,  # longer than --max-length
                   "Ça, c'est très bien ! \u2603",
@@ -72,7 +71,7 @@ def aclimdb_parent_dir(tmp_path_factory):
     folder = tmp_path_factory.mktemp("imdb_folder")
     for split, rows in CORPUS.items():
         for i, (text, label) in enumerate(rows):
-            class_dir = folder / "aclImdb" / split / long_text_classifier.CLASS_NAMES[label]
+            class_dir = folder / "aclImdb" / split / long_text_classifier.IMDB_CLASS_NAMES[label]
             class_dir.mkdir(parents=True, exist_ok=True)
             (class_dir / f"{i}_{8 if label else 2}.txt").write_text(text, encoding="utf-8")
     return str(folder)
@@ -87,14 +86,16 @@ def trained(tmp_path_factory, imdb_jsonl_dir, aclimdb_parent_dir):
         if name not in runs:
             output_dir = str(tmp_path_factory.mktemp(name))
             kind, attention = name.rsplit("-", 1)
-            common = ["--attention", attention, "--output-dir", output_dir, "--seed", "1"] + TINY_MODEL
+            common = ["--attention", attention, "--output-dir", output_dir, "--seed", "1", "--steps", "4"] + TINY_MODEL
             if kind == "imdb_bytes":
-                runs[name] = long_text_classifier.main(
-                    ["--data-dir", imdb_jsonl_dir, "--max-length", "128"] + common)
+                runs[name] = long_text_classifier.main(["--data-dir", imdb_jsonl_dir, "--max-length", "128"] + common)
             elif kind == "imdb_wordpiece":
                 runs[name] = long_text_classifier.main(
                     ["--data-dir", aclimdb_parent_dir, "--tokenizer", "wordpiece", "--vocab-size", "150",
                      "--max-length", "64"] + common)
+            elif kind == "tags":
+                runs[name] = long_text_classifier.main(
+                    ["--train-examples", "24", "--test-examples", "8", "--max-length", "64"] + common)
             else:
                 runs[name] = listops.main(["--train-examples", "24", "--test-examples", "8", "--min-length", "5",
                                            "--max-length", "60", "--max-depth", "4"] + common)
@@ -103,66 +104,218 @@ def trained(tmp_path_factory, imdb_jsonl_dir, aclimdb_parent_dir):
     return run
 
 
-def _probabilities(result, texts):
-    return result.serving_model(tf.constant(texts, tf.string), training=False).numpy()
-
-
-@pytest.mark.parametrize("attention", ATTENTIONS)
-def test_imdb_run_writes_metrics_history_and_a_raw_string_serving_model(trained, attention):
-    result = trained(f"imdb_bytes-{attention}")
+def _metrics(result):
     with open(os.path.join(result.output_dir, "metrics.json"), encoding="utf-8") as f:
-        metrics = json.load(f)
-    assert 0.0 <= metrics["test_accuracy"] <= 1.0 and np.isfinite(metrics["test_loss"])
+        return json.load(f)
+
+
+@pytest.mark.parametrize("attention", ["yoso", "linear_relative", "softmax", "none"])
+def test_imdb_run_writes_metrics_and_history(trained, attention):
+    result = trained(f"imdb_bytes-{attention}")
+    metrics = _metrics(result)
+    assert result.finished and 0.0 <= metrics["test_accuracy"] <= 1.0 and np.isfinite(metrics["test_loss"])
     assert metrics["num_test_examples"] == 16 and metrics["num_train_examples"] + metrics[
         "num_validation_examples"] == 40
     assert metrics["train_examples_per_second"] > 0 and metrics["peak_rss_mib"] > 0
     assert metrics["args"]["attention"] == attention and metrics["args"]["max_length"] == 128
-    assert len(metrics["history"]["val_accuracy"]) == 1
-    steps = metrics["step_history"]["step"]
-    assert steps and steps == sorted(steps) and steps[-1] <= metrics["batches_per_epoch"]
-    assert all(np.isfinite(metrics["step_history"]["loss"]))
+    assert metrics["keras_backend"] == keras.backend.backend() and metrics["steps"] == 4
+    history = metrics["history"]
+    assert history["step"] == [1, 2, 3, 4]  # --eval-every defaults to ~10 evaluations per run
+    assert all(np.isfinite(history["val_loss"])) and all(np.isfinite(history["train_loss"]))
     with open(os.path.join(result.output_dir, "history.png"), "rb") as f:
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
-    assert os.path.exists(os.path.join(result.output_dir, "saved_model", "saved_model.pb"))
+    assert os.path.exists(os.path.join(result.output_dir, "saved_model", "saved_model.pb")) == TENSORFLOW
 
-    probabilities = _probabilities(result, SAMPLE_REVIEWS)
-    assert probabilities.shape == (len(SAMPLE_REVIEWS), 2)
-    np.testing.assert_allclose(probabilities.sum(axis=1), 1.0, rtol=1e-5)
-    # Padding to the longest string of the batch changes nothing: each review alone scores the same.
-    alone = np.concatenate([_probabilities(result, [text]) for text in SAMPLE_REVIEWS])
-    np.testing.assert_allclose(alone, probabilities, atol=1e-6)
+
+def test_builtin_task_and_listops_runs_train_and_say_what_they_train(trained, capsys):
+    tags = trained("tags-yoso")
+    assert tags.metrics["task"] == "tags" and tags.metrics["class_names"] == ["cool", "warm"]
+    listops_run = trained("listops-yoso")
+    assert listops_run.metrics["task"] == "listops" and listops_run.metrics["class_names"] == [str(d) for d in range(10)]
+    assert listops_run.metrics["num_test_examples"] == 8
 
 
 @pytest.mark.parametrize("attention, layer_class, options", [
-    ("yoso", keras_yoso.YosoAttention, {"use_expectation": False, "num_hashes": 4, "hash_code_len": 4}),
-    ("yoso_e", keras_yoso.YosoAttention, {"use_expectation": True, "hash_code_len": 4}),
-    ("softmax", keras.layers.MultiHeadAttention, {}),
+    ("yoso", "YosoAttention", {"use_expectation": False, "num_hashes": 4, "hash_code_len": 4}),
+    ("softmax", "MultiHeadAttention", {}),
+    ("linear_relative", "LinearRelativeAttention", {}),
 ])
 def test_attention_option_selects_the_encoder_attention(trained, attention, layer_class, options):
-    classifier = trained(f"imdb_bytes-{attention}").classifier
-    layer = classifier.get_layer("encoder_0").attention_layer
-    assert type(layer) is layer_class
+    layer = trained(f"imdb_bytes-{attention}").classifier.get_layer("encoder_0").attention_layer
+    assert type(layer).__name__ == layer_class
     assert {name: getattr(layer, name) for name in options} == options
 
 
-def test_conv_window_builds_yoso_c():
-    args = long_text_classifier.build_parser().parse_args(TINY_MODEL + ["--conv-window", "3", "--max-length", "32"])
+def test_attention_none_is_a_pooling_only_model(trained):
+    classifier = trained("imdb_bytes-none").classifier
+    assert not [layer for layer in classifier.layers if "encoder" in layer.name]
+
+
+def test_conv_window_and_backward_options_build_yoso_c_with_the_collision_estimator():
+    args = long_text_classifier.build_parser().parse_args(TINY_MODEL + ["--conv-window", "3", "--max-length", "32",
+                                                                        "--backward", "collision"])
     classifier = sequence_classification.build_classifier(257, 2, args)
     layer = classifier.get_layer("encoder_0").attention_layer
     assert (layer.conv_window, layer.num_hashes, layer.hash_code_len) == (3, 4, 4)
-    probabilities = classifier(np.array([[5, 6, 7, 0, 0], [9, 0, 0, 0, 0]], np.int32)).numpy()
+    assert layer.get_config()["backward"] == "collision"
+    probabilities = to_numpy(classifier(np.array([[5, 6, 7, 0, 0], [9, 0, 0, 0, 0]], np.int32)))
     np.testing.assert_allclose(probabilities.sum(axis=1), 1.0, rtol=1e-5)
 
 
-def test_wordpiece_run_learns_its_vocabulary_from_the_training_split_and_caches_it(trained, monkeypatch):
+def test_lra_preset_sets_table_4_and_explicit_options_win():
+    parser = long_text_classifier.build_parser()
+    args = sequence_classification.parse_args(parser, ["--data-dir", "x", "--preset", "lra"], long_text_classifier.LRA_TEXT)
+    assert (args.steps, args.warmup_steps, args.batch_size, args.learning_rate, args.max_length) == (
+        20000, 8000, 32, 1e-4, 4096)
+    assert (args.num_hashes, args.hash_code_len, args.hidden_dim, args.ffn_dim, args.num_heads) == (32, 12, 64, 128, 2)
+    parser = listops.build_parser()
+    args = sequence_classification.parse_args(parser, ["--preset", "lra", "--steps", "7"], listops.LRA_LISTOPS)
+    assert (args.steps, args.warmup_steps, args.hash_code_len, args.max_length) == (7, 1000, 11, 2000)
+
+
+# ----------------------------------------------------------------------------
+# Resumable training.
+
+def _tags_command(output_dir, checkpoint_dir=None, stop_after=None):
+    argv = ["--train-examples", "40", "--test-examples", "12", "--max-length", "48", "--steps", "9",
+            "--eval-every", "3", "--dropout", "0.1", "--seed", "3", "--output-dir", output_dir, "--export", "none"]
+    argv += TINY_MODEL
+    if checkpoint_dir:
+        argv += ["--checkpoint-dir", checkpoint_dir]
+    if stop_after:
+        argv += ["--stop-after-steps", str(stop_after)]
+    return argv
+
+
+def test_training_split_into_pieces_equals_the_unsplit_run(tmp_path):
+    whole = long_text_classifier.main(_tags_command(str(tmp_path / "whole")))
+    command = _tags_command(str(tmp_path / "pieces"), str(tmp_path / "checkpoint"), stop_after=4)
+    first = long_text_classifier.main(command)
+    assert not first.finished and not os.path.exists(tmp_path / "pieces" / "metrics.json")
+    with open(tmp_path / "checkpoint" / "state.json", encoding="utf-8") as f:
+        assert json.load(f)["step"] == 4
+    second = long_text_classifier.main(command)
+    assert not second.finished
+    last = long_text_classifier.main(command)
+    assert last.finished and last.metrics["invocations"] == 3
+    # Same data order, learning-rate schedule and dropout draws: the same training.
+    for key in ("test_accuracy", "test_loss"):
+        assert last.metrics[key] == pytest.approx(whole.metrics[key], rel=1e-5, abs=1e-6), key
+    assert last.metrics["history"]["step"] == whole.metrics["history"]["step"] == [3, 6, 9]
+    np.testing.assert_allclose(last.metrics["history"]["val_loss"], whole.metrics["history"]["val_loss"], rtol=1e-5)
+    for a, b in zip(last.classifier.get_weights(), whole.classifier.get_weights()):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_a_checkpoint_of_other_options_is_not_continued(tmp_path):
+    long_text_classifier.main(_tags_command(str(tmp_path / "out"), str(tmp_path / "checkpoint"), stop_after=2))
+    changed = _tags_command(str(tmp_path / "out"), str(tmp_path / "checkpoint")) + ["--learning-rate", "5e-4"]
+    with pytest.raises(SystemExit, match="holds a run trained with other options.*learning_rate"):
+        long_text_classifier.main(changed)
+
+
+# ----------------------------------------------------------------------------
+# Serving (TensorFlow).
+
+_LOAD_EXPORTS = r"""
+import json, sys
+import tensorflow as tf
+import tensorflow_text  # noqa: F401
+if "--with-keras-yoso" in sys.argv:
+    import keras_yoso  # noqa: F401
+requests = json.loads(sys.stdin.read())
+probabilities = {}
+for path, texts in requests.items():
+    model = tf.saved_model.load(path)  # kept referenced while serving: serve() uses its variables
+    probabilities[path] = model.serve(tf.constant(texts)).numpy().tolist()
+loaded = [m for m in ("keras_yoso", "sequence_classification", "long_text_classifier", "listops") if m in sys.modules]
+print(json.dumps({"probabilities": probabilities, "loaded": loaded}))
+"""
+
+
+def _serve_in_fresh_process(requests, cwd, with_keras_yoso):
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    argv = [sys.executable, "-c", _LOAD_EXPORTS] + (["--with-keras-yoso"] if with_keras_yoso else [])
+    process = subprocess.run(argv, input=json.dumps(requests), cwd=cwd, env=env, capture_output=True, text=True,
+                             timeout=300)
+    assert process.returncode == 0, process.stderr[-3000:]
+    return json.loads(process.stdout.strip().splitlines()[-1])
+
+
+@requires_tensorflow
+def test_portable_exports_serve_raw_strings_without_keras_yoso(trained, tmp_path):
+    import tensorflow as tf
+
+    requests, expected = {}, {}
+    for name, texts in (("imdb_bytes-yoso", SAMPLE_REVIEWS), ("imdb_bytes-linear_relative", SAMPLE_REVIEWS),
+                        ("tags-yoso", ["the red film " * 20 + "red", "blue " * 30]),
+                        ("listops-yoso", SAMPLE_EXPRESSIONS)):
+        result = trained(name)
+        path = os.path.join(result.output_dir, "saved_model")
+        loaded = tf.saved_model.load(path)  # referenced while serving: serve() uses its variables
+        in_memory = loaded.serve(tf.constant(texts)).numpy()
+        assert in_memory.shape == (len(texts), len(result.metrics["class_names"]))
+        np.testing.assert_allclose(in_memory.sum(axis=1), 1.0, rtol=1e-5)
+        requests[path], expected[path] = texts, in_memory
+    answer = _serve_in_fresh_process(requests, tmp_path, with_keras_yoso=False)
+    assert answer["loaded"] == []
+    for path, probabilities in expected.items():
+        np.testing.assert_allclose(np.array(answer["probabilities"][path]), probabilities, atol=1e-5, err_msg=path)
+
+
+@requires_tensorflow
+def test_custom_op_export_serves_after_importing_keras_yoso(imdb_jsonl_dir, tmp_path):
+    import tensorflow as tf
+
+    import text_serving
+
+    result = long_text_classifier.main(["--data-dir", imdb_jsonl_dir, "--max-length", "128", "--steps", "2",
+                                        "--output-dir", str(tmp_path / "run"), "--export", "custom_op"] + TINY_MODEL)
+    path = os.path.join(result.output_dir, "saved_model")
+    portable_path = str(tmp_path / "portable")
+    text_serving.export(result.classifier, {"kind": "bytes", "max_length": 128}, ["neg", "pos"], portable_path)
+    portable = tf.saved_model.load(portable_path)
+    expected = portable.serve(tf.constant(SAMPLE_REVIEWS)).numpy()
+    answer = _serve_in_fresh_process({path: SAMPLE_REVIEWS}, tmp_path, with_keras_yoso=True)
+    np.testing.assert_allclose(np.array(answer["probabilities"][path]), expected, atol=1e-4)
+    process = subprocess.run([sys.executable, "-c", "import tensorflow as tf, tensorflow_text, sys; "
+                              f"tf.saved_model.load({path!r})"], cwd=tmp_path, capture_output=True, text=True,
+                             timeout=300, env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
+    assert process.returncode != 0 and "Op type not registered 'Yoso" in process.stderr
+
+
+@requires_tensorflow
+def test_predict_prints_label_and_probability_per_text(trained, tmp_path):
+    import tensorflow as tf
+
+    result = trained("imdb_bytes-yoso")
+    texts = SAMPLE_REVIEWS[:2]
+    path = os.path.join(result.output_dir, "saved_model")
+    process = subprocess.run([sys.executable, os.path.join(EXAMPLES, "predict.py"), path] + texts, cwd=tmp_path,
+                             capture_output=True, text=True, timeout=300)
+    assert process.returncode == 0, process.stderr[-3000:]
+    lines = process.stdout.strip().splitlines()
+    assert len(lines) == 2
+    loaded = tf.saved_model.load(path)
+    expected = loaded.serve(tf.constant(texts)).numpy()
+    for line, text, row in zip(lines, texts, expected):
+        label, probability, shown = line.split("\t")
+        assert label == long_text_classifier.IMDB_CLASS_NAMES[row.argmax()]
+        assert float(probability) == pytest.approx(row.max(), abs=1e-4)
+        assert text.startswith(shown.removesuffix("..."))
+
+
+@requires_tensorflow
+def test_wordpiece_vocabulary_is_learned_from_the_training_split_and_cached_next_to_the_data(trained, monkeypatch):
     result = trained("imdb_wordpiece-softmax")
-    vocab_files = [name for name in os.listdir(result.output_dir) if name.startswith("wordpiece_vocab_150_")]
+    cache = os.path.join(result.metrics["args"]["data_dir"], ".keras_yoso_cache")
+    vocab_files = [name for name in os.listdir(cache) if name.startswith("wordpiece_vocab_150_")]
     assert len(vocab_files) == 1
-    with open(os.path.join(result.output_dir, vocab_files[0]), encoding="utf-8") as f:
+    with open(os.path.join(cache, vocab_files[0]), encoding="utf-8") as f:
         vocabulary = f.read().splitlines()
     assert vocabulary[:2] == ["[PAD]", "[UNK]"] and "awful" in vocabulary and len(vocabulary) <= 150
-    ids = sequence_classification.WordpieceTokenizer(vocabulary, 64)(tf.constant(["Awful PLOT", "a"])).numpy()
-    assert ids.shape == (2, 2) and ids[0, 0] == vocabulary.index("awful") and ids[1, 1] == 0  # padding id 0
+    ids = sequence_classification.WordpieceTokenizer(vocabulary, 64).encode(["Awful PLOT", "a"])
+    assert ids[0][0] == vocabulary.index("awful") and len(ids[1]) == 1
 
     def learn_again(*args, **kwargs):
         raise AssertionError("the cached vocabulary was not reused")
@@ -170,103 +323,38 @@ def test_wordpiece_run_learns_its_vocabulary_from_the_training_split_and_caches_
     from tensorflow_text.tools.wordpiece_vocab import bert_vocab_from_dataset
     monkeypatch.setattr(bert_vocab_from_dataset, "bert_vocab_from_dataset", learn_again)
     train, _ = long_text_classifier.load_imdb(result.metrics["args"]["data_dir"])
-    train = long_text_classifier.take(train, None, 1)
-    train, _ = sequence_classification.hold_out(train, 0.1, 1)
-    assert long_text_classifier.wordpiece_vocabulary(train.texts, 150, result.output_dir) == vocabulary
+    train, _ = sequence_classification.hold_out(long_text_classifier.take(train, None, 1), 0.1, 1)
+    assert long_text_classifier.wordpiece_vocabulary(train.texts, 150, cache) == vocabulary
 
 
-def test_listops_run_trains_ten_classes_and_serves_raw_expressions(trained):
-    result = trained("listops-yoso")
-    assert result.metrics["task"] == "listops" and result.metrics["class_names"] == [str(d) for d in range(10)]
-    assert result.metrics["num_test_examples"] == 8
-    probabilities = _probabilities(result, SAMPLE_EXPRESSIONS)
-    assert probabilities.shape == (len(SAMPLE_EXPRESSIONS), 10)
-    np.testing.assert_allclose(probabilities.sum(axis=1), 1.0, rtol=1e-5)
+# ----------------------------------------------------------------------------
+# Data, tokenizers and options.
+
+def test_builtin_documents_are_long_balanced_and_labelled_by_the_tag_of_their_topic():
+    texts, labels = long_range_data.generate_documents(400, seed=0, length=2048)
+    assert all(len(text.split()) == 2048 for text in texts) and 0.4 < labels.mean() < 0.6
+    tags = long_range_data.TAGS
+    for text, label in zip(texts[:50], labels[:50]):
+        words = text.split()
+        fillers = {word for word in words if word not in tags[0] + tags[1]}
+        topic = [t for t, topic_words in enumerate(long_range_data.TOPICS) if fillers <= set(topic_words)]
+        assert len(topic) == 1  # every filler word comes from one topic
+        found = [(i, word) for i, word in enumerate(words) if word in tags[0] + tags[1]]
+        assert len(found) == 2 and found[1][0] - found[0][0] >= 512
+        assert sorted(word in tags[1] for _, word in found) == [False, True]  # one tag of each topic
+        own_tag = next(word for _, word in found if word in tags[topic[0]])
+        assert label == tags[topic[0]].index(own_tag)
+    assert long_range_data.generate_documents(3, seed=5)[0] == long_range_data.generate_documents(3, seed=5)[0]
+    assert long_range_data.generate_documents(3, seed=5)[0] != long_range_data.generate_documents(3, seed=6)[0]
 
 
-_LOAD_EXPORTS = r"""
-import json, sys
-import tensorflow as tf
-import tensorflow_text  # noqa: F401
-import keras_yoso  # noqa: F401
-requests = json.loads(sys.stdin.read())
-probabilities = {}
-for path, texts in requests.items():
-    model = tf.saved_model.load(path)  # kept referenced while serving: serve() uses its variables
-    probabilities[path] = model.serve(tf.constant(texts)).numpy().tolist()
-examples = [m for m in ("sequence_classification", "long_text_classifier", "listops", "listops_data")
-            if m in sys.modules]
-print(json.dumps({"probabilities": probabilities, "example_modules": examples}))
-"""
-
-
-def test_exports_in_a_fresh_process_return_the_in_memory_probabilities(trained, tmp_path):
-    requests, expected = {}, {}
-    for name, texts in (("imdb_bytes-yoso", SAMPLE_REVIEWS), ("imdb_wordpiece-softmax", SAMPLE_REVIEWS),
-                        ("listops-yoso", SAMPLE_EXPRESSIONS)):
-        result = trained(name)
-        path = os.path.join(result.output_dir, "saved_model")
-        requests[path], expected[path] = texts, _probabilities(result, texts)
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    process = subprocess.run([sys.executable, "-c", _LOAD_EXPORTS], input=json.dumps(requests), cwd=tmp_path,
-                             env=env, capture_output=True, text=True, timeout=300)
-    assert process.returncode == 0, process.stderr[-3000:]
-    answer = json.loads(process.stdout.strip().splitlines()[-1])
-    assert answer["example_modules"] == []
-    for path, probabilities in expected.items():
-        np.testing.assert_allclose(np.array(answer["probabilities"][path]), probabilities, atol=1e-5,
-                                   err_msg=path)
-
-
-def test_predict_prints_label_and_probability_per_text(trained, tmp_path):
-    result = trained("imdb_bytes-yoso")
-    texts = SAMPLE_REVIEWS[:2]
-    process = subprocess.run(
-        [sys.executable, os.path.join(EXAMPLES, "predict.py"), os.path.join(result.output_dir, "saved_model")]
-        + texts, cwd=tmp_path, capture_output=True, text=True, timeout=300)
-    assert process.returncode == 0, process.stderr[-3000:]
-    lines = process.stdout.strip().splitlines()
-    assert len(lines) == 2
-    expected = _probabilities(result, texts)
-    for line, text, row in zip(lines, texts, expected):
-        label, probability, shown = line.split("\t")
-        assert label == long_text_classifier.CLASS_NAMES[row.argmax()]
-        assert float(probability) == pytest.approx(row.max(), abs=1e-4)
-        assert text.startswith(shown.removesuffix("..."))
-
-
-def test_offline_without_data_exits_nonzero_saying_to_pass_data_dir(tmp_path):
-    stub = tmp_path / "stub" / "tensorflow_datasets"
-    stub.mkdir(parents=True)
-    (stub / "__init__.py").write_text("raise ImportError('no tensorflow_datasets in this test')\n")
-    env = {**os.environ, "PYTHONPATH": str(stub.parent)}
-    process = subprocess.run(
-        [sys.executable, os.path.join(EXAMPLES, "long_text_classifier.py"), "--output-dir", str(tmp_path / "out")],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
-    assert process.returncode != 0
-    assert "Pass --data-dir /path/with/train.jsonl.gz" in process.stderr
-    assert not (tmp_path / "out").exists()
-
-
-def test_failed_tensorflow_datasets_download_exits_saying_to_pass_data_dir(monkeypatch):
-    class OfflineTfds:
-        @staticmethod
-        def load(*args, **kwargs):
-            raise ConnectionError("network is unreachable")
-
-    monkeypatch.setitem(sys.modules, "tensorflow_datasets", OfflineTfds)
-    with pytest.raises(SystemExit) as exit_info:
-        long_text_classifier.main(TINY_MODEL)
-    message = str(exit_info.value.code)
-    assert "could not load imdb_reviews (ConnectionError: network is unreachable)" in message
-    assert "Pass --data-dir /path/with/train.jsonl.gz" in message
-
-
-def test_data_dir_without_a_known_layout_exits_saying_what_it_needs(tmp_path):
+def test_no_imdb_data_exits_naming_the_public_download_and_the_layouts(tmp_path):
     with pytest.raises(SystemExit) as exit_info:
         long_text_classifier.load_imdb(str(tmp_path))
-    assert "holds neither train.jsonl.gz nor an aclImdb/ folder" in str(exit_info.value.code)
-    assert "Pass --data-dir /path/with/train.jsonl.gz" in str(exit_info.value.code)
+    message = str(exit_info.value.code)
+    assert "holds neither train.jsonl.gz nor an aclImdb/ folder" in message
+    assert "aclImdb_v1.tar.gz" in message and "train.jsonl.gz and test.jsonl.gz" in message
+    assert "built-in long-range task" in message
 
 
 def test_aclimdb_folder_and_jsonl_files_give_the_same_reviews(imdb_jsonl_dir, aclimdb_parent_dir):
@@ -278,22 +366,42 @@ def test_aclimdb_folder_and_jsonl_files_give_the_same_reviews(imdb_jsonl_dir, ac
                 zip(split_jsonl.texts, split_jsonl.labels.tolist()))
 
 
-def test_bucketed_batches_group_similar_lengths_and_cover_each_example_once():
+def test_tokenizers_match_their_serving_layers():
+    if not TENSORFLOW:
+        pytest.skip("the serving layers are TensorFlow graphs")
+    import tensorflow as tf
+
+    import text_serving
+
+    for tokenizer, texts in ((sequence_classification.ByteTokenizer(40), SAMPLE_REVIEWS),
+                             (sequence_classification.WhitespaceTokenizer(["a", "b"], 5), ["a b c a", "", "b  b"])):
+        layer = text_serving.StringTokenizer(**tokenizer.serving_config())
+        served = layer(tf.constant(texts)).numpy()
+        for row, ids in zip(served, tokenizer.encode(texts)):
+            np.testing.assert_array_equal(row[:len(ids)], ids)
+            assert not row[len(ids):].any()
+
+
+def test_bucketed_batches_group_lengths_pad_to_the_bucket_and_cover_each_example_once_per_pass():
     lengths = [3, 5, 130, 140, 150, 300, 700, 1000, 7, 260, 129, 127]
-    split = sequence_classification.Split(["x" * n for n in lengths], list(range(len(lengths))))
-    tokenizer = sequence_classification.ByteTokenizer(max_length=512)
-    dataset, num_batches = sequence_classification.batched_dataset(split, tokenizer, batch_size=2, shuffle_seed=0)
-    for _ in range(2):  # two passes, reshuffled
-        batches = list(dataset.as_numpy_iterator())
-        assert len(batches) == num_batches == 6  # buckets [0, 128), [128, 256), [256, 512]: 4 examples each
+    ids = sequence_classification.ByteTokenizer(512).encode(["x" * n for n in lengths])
+    batches = sequence_classification.Batches(ids, np.arange(len(lengths)), batch_size=2, max_length=512, seed=0,
+                                              num_steps=12)
+    assert batches.batches_per_pass == 6  # buckets [1, 128], (128, 256], (256, 512]: 4 examples each
+    passes = [[batches[i] for i in range(6)], [batches[i] for i in range(6, 12)]]
+    for one_pass in passes:
         seen = []
-        for token_ids, labels in batches:
+        for token_ids, labels in one_pass:
             true_lengths = (token_ids != 0).sum(axis=1)
-            assert token_ids.shape[1] == true_lengths.max()  # padded to the longest of the batch only
-            assert len({int(np.searchsorted([128, 256], n, side="right")) for n in true_lengths}) == 1
+            bound = token_ids.shape[1]
+            assert bound in (128, 256, 512)  # padded to the bucket's bound: few shapes
+            assert all(true_lengths <= bound) and all(true_lengths > {128: 0, 256: 128, 512: 256}[bound])
             assert all(true_lengths == [min(lengths[i], 512) for i in labels])  # truncated at max_length
             seen += labels.tolist()
         assert sorted(seen) == list(range(len(lengths)))
+    assert [b[1].tolist() for b in passes[0]] != [b[1].tolist() for b in passes[1]]  # reshuffled per pass
+    later = sequence_classification.Batches(ids, np.arange(len(lengths)), 2, 512, seed=0, first_step=7, num_steps=2)
+    np.testing.assert_array_equal(later[0][0], batches[7][0])  # step 7 is the same batch from any start
 
 
 @pytest.mark.parametrize("argv, match", [
@@ -301,6 +409,8 @@ def test_bucketed_batches_group_similar_lengths_and_cover_each_example_once():
     (["--hidden-dim", "10", "--num-heads", "3"], "--hidden-dim 10 must be a multiple of --num-heads 3"),
     (["--max-length", "0"], "--max-length must be >= 1"),
     (["--dropout", "1.5"], r"--dropout must be in \[0, 1\)"),
+    (["--stop-after-steps", "3"], "--stop-after-steps needs --checkpoint-dir"),
+    (["--steps", "0"], "--steps must be >= 1"),
 ])
 def test_invalid_options_are_rejected_naming_the_option(argv, match, capsys):
     with pytest.raises(SystemExit) as exit_info:

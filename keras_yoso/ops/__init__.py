@@ -6,6 +6,7 @@ composite (TensorFlow, JAX, torch). `implementation_in_use` says which one "auto
 """
 
 from keras_yoso import _runtime
+from keras_yoso.ops._dispatch import composite_only
 from keras_yoso.ops._dispatch import custom_ops_available
 from keras_yoso.ops._dispatch import provider as _provider
 from keras_yoso.ops.hashing import hash_codes
@@ -39,6 +40,7 @@ if _runtime.is_tensorflow():
 
 __all__ = [
     "collision_cumulation",
+    "composite_only",
     "custom_ops_available",
     "custom_ops_load_error",
     "hash_codes",

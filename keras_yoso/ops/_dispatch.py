@@ -14,6 +14,8 @@ added by registering one more native provider in `_NATIVE_PROVIDERS`, without to
 math or the layers.
 """
 
+import contextlib
+import contextvars
 import importlib
 
 from keras_yoso import _runtime
@@ -24,6 +26,22 @@ from keras_yoso.ops import composite
 # kernels are usable), `usable_here()` (False where they must not run, e.g. inside XLA) and the
 # primitives.
 _NATIVE_PROVIDERS = {"tensorflow": "keras_yoso.ops._tf_kernels"}
+
+
+# Set by `composite_only()`: every op runs on the composite, whatever implementation it was given.
+_COMPOSITE_ONLY = contextvars.ContextVar("keras_yoso_composite_only", default=False)
+
+
+@contextlib.contextmanager
+def composite_only():
+    """Inside this context every keras_yoso op runs on the `keras.ops` composite, whatever
+    `implementation` the op or layer was given: graphs traced here (e.g. by `model.export`) hold no
+    custom op, so they load and run without keras_yoso."""
+    token = _COMPOSITE_ONLY.set(True)
+    try:
+        yield
+    finally:
+        _COMPOSITE_ONLY.reset(token)
 
 
 def native_provider():
@@ -49,7 +67,7 @@ def provider(implementation):
     XLA, not where determinism needs the composite), else the composite.
     """
     _validation.choice(implementation, "implementation", _validation.IMPLEMENTATIONS)
-    if implementation == "composite":
+    if implementation == "composite" or _COMPOSITE_ONLY.get():
         return composite
     native, error = native_provider()
     if implementation == "custom_op":

@@ -52,6 +52,15 @@ def weighted_lsh_cumulation(query_codes, query_weight, key_codes, key_weight, va
                                                key_codes, key_weight, value, num_buckets=num_buckets)
 
 
+def lower_bound_gradients(query_codes, query, key_codes, key, value, output_gradient, num_buckets, scale,
+                          query_mask, key_mask):
+    """(dQ, dK) of the eq. 4 lower bound: two weighted cumulations (see composite.lower_bound_gradients)."""
+    dq = weighted_lsh_cumulation(query_codes, output_gradient, key_codes, value, key, num_buckets, query_mask, key_mask)
+    dk = weighted_lsh_cumulation(key_codes, value, query_codes, output_gradient, query, num_buckets, key_mask,
+                                 query_mask)
+    return scale * dq, scale * dk
+
+
 def collision_cumulation(query_codes, query, query_weight, key_codes, key, key_weight, hash_code_len, epsilon,
                          query_mask, key_mask):
     return _lib().yoso_collision_cumulation(_mask(query_mask), query_codes, query, query_weight, _mask(key_mask),

@@ -33,9 +33,11 @@ from keras_yoso import _runtime
 
 COMPUTE_DTYPE = "float32"
 # Largest intermediate of one chunked step, in floats (32 MiB of float32).
-WORKING_SET_FLOATS = 2 ** 23
+WORKING_SET_FLOATS = 2 ** 24
 # Sorted queries per tile of the sort-based cumulations.
 TILE_QUERIES = 32
+# Tiles per extra pass, for tiles whose keys need more than one window (the longest first).
+TILE_OVERFLOW = 64
 # A segment sum + gather costs about this many times a GEMM multiply-add on the CPU (measured with
 # benchmarks/ops_timing.py); used to choose bucket tables over tiles for skewed codes.
 TABLE_COST_FACTOR = 4
@@ -158,8 +160,7 @@ def lsh_cumulation(query_codes, key_codes, value, num_buckets, query_mask, key_m
         blocks = ops.reshape(ops.arange(batch * count, dtype="int32") * slots, (batch, count, 1))
         data = ops.reshape(ops.broadcast_to(values[:, None], (batch, count, num_keys, width)),
                            (batch * count * num_keys, width))
-        table = ops.segment_sum(data, ops.reshape(kc[:, h0:h1] + blocks, (-1,)),
-                                num_segments=batch * count * slots)
+        table = _runtime.segment_sum(data, ops.reshape(kc[:, h0:h1] + blocks, (-1,)), batch * count * slots)
         gathered = ops.take(table, ops.reshape(qc[:, h0:h1] + blocks, (-1,)), axis=0)
         part = ops.sum(ops.reshape(gathered, (batch, count, num_queries, width)), axis=1)
         total = part if total is None else total + part
@@ -170,167 +171,221 @@ def lsh_cumulation(query_codes, key_codes, value, num_buckets, query_mask, key_m
 # Sort-by-code tiles: the shared machinery of the weighted and collision cumulations.
 
 def _tile_window(num_queries, num_keys, num_buckets):
-    """(tile rows P, key window Wk), static: Wk covers the keys of a tile's codes with margin for
-    uniformly spread codes; wider tiles (skewed codes) take several windows."""
+    """(tile rows P, key window Wk), static: Wk covers the keys of a tile's codes for uniformly spread
+    codes with some margin; tiles with more keys take extra windows (`_run_tiles`)."""
     rows = TILE_QUERIES
     if not _known(num_queries, num_keys):
         return rows, 2 * rows + 16
     rows = max(1, min(rows, num_queries))
     expected = rows * num_keys / max(1, num_queries) + num_keys / num_buckets + 1
-    window = int(math.ceil((1.5 * expected + 8) / 8) * 8)
+    window = int(math.ceil((1.25 * expected + 8) / 8) * 8)
     return rows, max(1, min(window, int(math.ceil(max(1, num_keys) / 8) * 8)))
 
 
-class _Tiles:
-    """One chunk of hashes of a sort-based cumulation, rows r = b * count + hash.
+def _take_rows(table, rows, shape):
+    """Rows `rows` (any shape) of table [N, F] as [*shape, F]."""
+    gathered = ops.take(table, ops.reshape(rows, (-1,)), axis=0)
+    return ops.reshape(gathered, tuple(shape) + (ops.shape(table)[1],))
 
-    Queries of each row sorted by code and cut into `tiles` tiles of `rows` queries; for each tile
-    the range [start, end) of the row's keys, sorted by code, whose codes the tile's queries have.
+
+class _SortedChunk:
+    """One chunk of hashes of a sort-based cumulation, rows r = b * count + (h - h0).
+
+    The queries of each row, sorted by code, are cut into tiles of `rows` queries; tiles are
+    numbered g = r * tiles + t (G in all). For each tile: the flat rows of its queries in a
+    [B * Nq, F] table (`query_rows`, padding clipped to a real row), their codes (padding:
+    num_buckets + 1, which no key has), their output slots (`query_slots`, padding: B * Nq), and
+    the range [start, start + length) of the row's keys, sorted by code, that share its codes.
     """
 
     def __init__(self, query_ids, key_ids, num_buckets, rows, window):
         # query_ids / key_ids [B, count, N]: codes, dropped queries at num_buckets + 1, dropped keys
         # at num_buckets (so they never meet and sort last).
-        shape_q, shape_k = ops.shape(query_ids), ops.shape(key_ids)
-        self.batch, self.count, self.num_queries = shape_q
-        self.num_keys = shape_k[2]
+        self.query_ids, self.key_ids = query_ids, key_ids
+        self.batch, self.count, self.num_queries = ops.shape(query_ids)
+        self.num_keys = ops.shape(key_ids)[2]
         self.rows, self.window = rows, window
-        self.num_rows = self.batch * self.count
-        qc = ops.reshape(query_ids, (self.num_rows, self.num_queries))
-        kc = ops.reshape(key_ids, (self.num_rows, self.num_keys))
+        num_rows = self.batch * self.count
+        qc = ops.reshape(query_ids, (num_rows, self.num_queries))
+        kc = ops.reshape(key_ids, (num_rows, self.num_keys))
         slots = num_buckets + 2
-        self.tiles = (self.num_queries + rows - 1) // rows
-        padded = self.tiles * rows
+        self.tiles_per_row = (self.num_queries + rows - 1) // rows
+        self.num_tiles = num_rows * self.tiles_per_row
+        padded = self.tiles_per_row * rows
+        row_index = ops.arange(num_rows, dtype="int32")[:, None]
+        batch_of_row = row_index // self.count
 
         key_order = ops.cast(ops.argsort(kc, axis=-1), "int32")
-        self.sorted_key_codes = ops.take_along_axis(kc, key_order, axis=-1)
-        row_base = ops.arange(self.num_rows, dtype="int32")[:, None]
-        batch_of_row = row_base // self.count
-        # Key k of row r sits at flat position b * Nk + k of a [B * Nk, F] feature table.
-        self.key_rows = key_order + batch_of_row * self.num_keys
-        ones = ops.ones((self.num_rows * self.num_keys,), "int32")
-        counts = ops.segment_sum(ones, ops.reshape(kc + row_base * slots, (-1,)),
-                                 num_segments=self.num_rows * slots)
-        counts = ops.reshape(counts, (self.num_rows, slots))
+        # Sorted keys of row r at flat positions r * Nk + k: their rows in a [B * Nk, F] table, their codes.
+        self.key_rows = ops.reshape(key_order + batch_of_row * self.num_keys, (-1,))
+        self.key_codes = ops.reshape(ops.take_along_axis(kc, key_order, axis=-1), (-1,))
+        counts = _runtime.segment_sum(ops.ones((num_rows * self.num_keys,), "int32"),
+                                      ops.reshape(kc + row_index * slots, (-1,)), num_rows * slots)
+        counts = ops.reshape(counts, (num_rows, slots))
         ends = ops.cumsum(counts, axis=-1)
         starts = ends - counts
 
         query_order = ops.cast(ops.argsort(qc, axis=-1), "int32")
         position = ops.arange(padded, dtype="int32")[None, :]
         inside = ops.less(position, self.num_queries)
-        last = ops.maximum(self.num_queries - 1, 0)
-        order = ops.take_along_axis(query_order, ops.broadcast_to(ops.minimum(position, last),
-                                                                  (self.num_rows, padded)), axis=-1)
-        codes = ops.take_along_axis(qc, order, axis=-1)
-        self.query_codes = ops.reshape(ops.where(inside, codes, num_buckets + 1), (self.num_rows, self.tiles, rows))
-        # Query j of tile t: flat position b * Nq + q of a [B * Nq, F] table; padding goes to
-        # the extra segment B * Nq when results are scattered back.
-        self.query_rows = ops.reshape(order + batch_of_row * self.num_queries, (self.num_rows, self.tiles, rows))
-        self.scatter_ids = ops.reshape(ops.where(inside, order + batch_of_row * self.num_queries,
-                                                 self.batch * self.num_queries), (-1,))
-        valid = ops.less(self.query_codes, num_buckets)
-        low = ops.minimum(self.query_codes[..., 0], num_buckets - 1)
-        high = ops.max(ops.where(valid, self.query_codes, -1), axis=-1)
-        self.start = ops.take_along_axis(starts, low, axis=-1)
+        order = ops.take_along_axis(query_order, ops.broadcast_to(
+            ops.minimum(position, ops.maximum(self.num_queries - 1, 0)), (num_rows, padded)), axis=-1)
+        codes = ops.where(inside, ops.take_along_axis(qc, order, axis=-1), num_buckets + 1)
+        flat = order + batch_of_row * self.num_queries
+        tile_shape = (self.num_tiles, rows)
+        self.query_codes = ops.reshape(codes, tile_shape)
+        self.query_rows = ops.reshape(flat, tile_shape)
+        self.query_slots = ops.reshape(ops.where(inside, flat, self.batch * self.num_queries), tile_shape)
+
+        tile_codes = ops.reshape(codes, (num_rows, self.tiles_per_row, rows))
+        valid = ops.less(tile_codes, num_buckets)
+        low = ops.minimum(tile_codes[..., 0], num_buckets - 1)
+        high = ops.max(ops.where(valid, tile_codes, -1), axis=-1)
+        start = ops.take_along_axis(starts, low, axis=-1)
         end = ops.take_along_axis(ends, ops.maximum(high, 0), axis=-1)
-        self.length = ops.where(ops.greater_equal(high, 0), end - self.start, 0)
-        self.iterations = ops.max(ops.concatenate(
-            [ops.reshape((self.length + window - 1) // window, (-1,)), ops.zeros((1,), "int32")]))
+        self.start = ops.reshape(start, (-1,))
+        self.length = ops.reshape(ops.where(ops.greater_equal(high, 0), end - start, 0), (-1,))
+        self.tile_row = ops.arange(self.num_tiles, dtype="int32") // self.tiles_per_row
+        self.key_slot_dump = self.batch * self.num_keys
 
-    def window_keys(self, iteration):
-        """Key window `iteration` of every tile: (flat key rows [R, T, Wk], codes [R, T, Wk],
-        in-window mask [R, T, Wk])."""
-        offset = self.start[..., None] + iteration * self.window + ops.arange(self.window, dtype="int32")
-        inside = ops.logical_and(ops.less(offset, (self.start + self.length)[..., None]),
-                                 ops.less(offset, self.num_keys))
-        index = ops.reshape(ops.minimum(offset, ops.maximum(self.num_keys - 1, 0)),
-                            (self.num_rows, self.tiles * self.window))
-        shape = (self.num_rows, self.tiles, self.window)
-        key_rows = ops.reshape(ops.take_along_axis(self.key_rows, index, axis=-1), shape)
-        codes = ops.reshape(ops.take_along_axis(self.sorted_key_codes, index, axis=-1), shape)
-        return key_rows, codes, inside
-
-    def gather(self, table, flat_rows, tail):
-        """Rows `flat_rows` (any shape) of table [rows, F] as [*flat_rows.shape, F]."""
-        gathered = ops.take(table, ops.reshape(flat_rows, (-1,)), axis=0)
-        return ops.reshape(gathered, tail + (ops.shape(table)[1],))
-
-    def scatter(self, tile_sums):
-        """tile_sums [R, T, P, F] back to [B, Nq, F], summed over the chunk's hashes."""
-        width = ops.shape(tile_sums)[-1]
-        flat = ops.reshape(tile_sums, (self.num_rows * self.tiles * self.rows, width))
-        total = ops.segment_sum(flat, self.scatter_ids, num_segments=self.batch * self.num_queries + 1)
-        return ops.reshape(total[:-1], (self.batch, self.num_queries, width))
+    def windows(self, tiles, offsets):
+        """Key windows [offsets, offsets + Wk) of the ranges of tiles `tiles` [K]: flat key rows
+        [K, Wk], codes [K, Wk], in-range mask [K, Wk], output slots [K, Wk] (out of range: B * Nk)."""
+        local = offsets[:, None] + ops.arange(self.window, dtype="int32")[None, :]
+        inside = ops.less(local, ops.take(self.length, tiles)[:, None])
+        position = ops.minimum(ops.take(self.start, tiles)[:, None] + local, ops.maximum(self.num_keys - 1, 0))
+        flat = ops.take(self.tile_row, tiles)[:, None] * self.num_keys + position
+        rows = ops.take(self.key_rows, flat)
+        codes = ops.take(self.key_codes, flat)
+        return rows, codes, inside, ops.where(inside, rows, self.key_slot_dump)
 
 
-def _pair_sum(weights, pairs, values, exact_nonfinite):
+def _run_tiles(chunk, compute, outputs):
+    """Runs `compute` over every (tile, key window) of `chunk` and sums its contributions.
+
+    compute(tile_data) -> [(data [X, F], slots [X])], one per output; outputs: [(num_slots, F)]
+    (the last slot of each output is a dump for padding). tile_data holds, for K tiles: query rows,
+    codes and slots [K, P]; key rows, codes and slots [K, Wk]; `pairs` [K, P, Wk], the (query, key)
+    pairs with equal codes inside the window; and each tile's row (b * count + hash - h0).
+
+    A first pass gives every tile its first window; tiles whose keys do not fit then get further
+    windows, TILE_OVERFLOW tiles at a time (the longest first), until every range is covered.
+    """
+
+    def run(tiles, offsets):
+        key_rows, key_codes, inside, key_slots = chunk.windows(tiles, offsets)
+        query_codes = ops.take(chunk.query_codes, tiles, axis=0)
+        pairs = ops.logical_and(ops.equal(query_codes[:, :, None], key_codes[:, None, :]), inside[:, None, :])
+        data = dict(query_rows=ops.take(chunk.query_rows, tiles, axis=0),
+                    query_slots=ops.take(chunk.query_slots, tiles, axis=0),
+                    key_rows=key_rows, key_codes=key_codes, key_slots=key_slots, pairs=pairs,
+                    tile_row=ops.take(chunk.tile_row, tiles))
+        return [_runtime.segment_sum(values, ops.reshape(slots, (-1,)), num)
+                for (values, slots), (num, _) in zip(compute(data), outputs)]
+
+    num_tiles = chunk.num_tiles
+    totals = run(ops.arange(num_tiles, dtype="int32"), ops.zeros((num_tiles,), "int32"))
+    extra = TILE_OVERFLOW if not isinstance(num_tiles, int) else max(1, min(num_tiles, TILE_OVERFLOW))
+    # Padded to at least `extra` entries so that top_k always has them (padding: nothing left).
+    remaining = ops.concatenate([ops.maximum(chunk.length - chunk.window, 0), ops.zeros((extra,), "int32")], axis=0)
+
+    def body(remaining, *totals):
+        left, picked = ops.top_k(remaining, extra)
+        picked = ops.cast(picked, "int32")
+        real = ops.less(picked, num_tiles)
+        tiles = ops.where(real, picked, 0)
+        offsets = ops.where(real, ops.take(chunk.length, tiles) - left, ops.take(chunk.length, tiles))
+        parts = run(tiles, offsets)
+        done = _runtime.segment_sum(ops.full((extra,), chunk.window, "int32"), picked, num_tiles + extra)
+        return (ops.maximum(remaining - done, 0), *[t + p for t, p in zip(totals, parts)])
+
+    _, *totals = ops.while_loop(lambda remaining, *totals: ops.greater(ops.max(remaining), 0), body,
+                                (remaining, *totals))
+    return totals
+
+
+def _pair_sum(weights, pairs, values):
     """sum_j weights[..., i, j] values[..., j, :] -> [..., i, F]; weights are 0 off `pairs`.
 
-    With `exact_nonfinite`, non-finite entries of `values` reach an output only through the pairs
-    in `pairs`, as sequential IEEE sums give them (NaN; +-Inf; NaN where +Inf meets -Inf or a zero
-    weight meets Inf): the finite part goes through the product, the rest is counted per pair.
+    Non-finite entries of `values` reach an output only through the pairs in `pairs`, as
+    sequential IEEE sums give them (NaN; +-Inf; NaN where +Inf meets -Inf or a zero weight meets
+    Inf): the finite part goes through the product, and, only when some value is non-finite, the
+    rest is counted per pair (a product would spread 0 * NaN to every query).
     """
-    if not exact_nonfinite:
-        return ops.einsum("...ij,...jf->...if", weights, values)
     finite = ops.isfinite(values)
-    total = ops.einsum("...ij,...jf->...if", weights, ops.where(finite, values, 0.0))
-    pair = ops.cast(pairs, COMPUTE_DTYPE)
-    positive = pair * ops.cast(ops.greater(weights, 0.0), COMPUTE_DTYPE)
-    negative = pair * ops.cast(ops.less(weights, 0.0), COMPUTE_DTYPE)
-    zero = pair * ops.cast(ops.equal(weights, 0.0), COMPUTE_DTYPE)
-    plus_inf = ops.cast(ops.equal(values, math.inf), COMPUTE_DTYPE)
-    minus_inf = ops.cast(ops.equal(values, -math.inf), COMPUTE_DTYPE)
+    total = ops.matmul(weights, ops.where(finite, values, 0.0))
 
-    def count(a, b):
-        return ops.einsum("...ij,...jf->...if", a, b)
+    def correction():
+        pair = ops.cast(pairs, COMPUTE_DTYPE)
+        positive = pair * ops.cast(ops.greater(weights, 0.0), COMPUTE_DTYPE)
+        negative = pair * ops.cast(ops.less(weights, 0.0), COMPUTE_DTYPE)
+        zero = pair * ops.cast(ops.equal(weights, 0.0), COMPUTE_DTYPE)
+        plus_inf = ops.cast(ops.equal(values, math.inf), COMPUTE_DTYPE)
+        minus_inf = ops.cast(ops.equal(values, -math.inf), COMPUTE_DTYPE)
+        plus = ops.matmul(positive, plus_inf) + ops.matmul(negative, minus_inf)
+        minus = ops.matmul(negative, plus_inf) + ops.matmul(positive, minus_inf)
+        nan = ops.matmul(pair, ops.cast(ops.isnan(values), COMPUTE_DTYPE)) + ops.matmul(zero, plus_inf + minus_inf)
+        zeros = ops.zeros_like(total)
+        return (ops.where(ops.greater(plus, 0.0), zeros + math.inf, zeros)
+                - ops.where(ops.greater(minus, 0.0), zeros + math.inf, zeros)
+                + ops.where(ops.greater(nan, 0.0), zeros + math.nan, zeros))
 
-    plus = count(positive, plus_inf) + count(negative, minus_inf)
-    minus = count(negative, plus_inf) + count(positive, minus_inf)
-    nan = count(pair, ops.cast(ops.isnan(values), COMPUTE_DTYPE)) + count(zero, plus_inf + minus_inf)
-    zeros = ops.zeros_like(total)
-    return (total + ops.where(ops.greater(plus, 0.0), zeros + math.inf, zeros)
-            - ops.where(ops.greater(minus, 0.0), zeros + math.inf, zeros)
-            + ops.where(ops.greater(nan, 0.0), zeros + math.nan, zeros))
-
-
-def _all_finite(x):
-    return ops.all(ops.isfinite(x))
-
-
-def _tile_loop(tiles, pair_weights, key_table, value_table, exact_nonfinite):
-    """Runs every key window of `tiles`: sum over colliding pairs of pair_weights(...) times the
-    value rows, `[R, T, P, F]`.
-
-    pair_weights(key_rows, key_codes, pairs) -> ([R, T, P, Wk] weights, the pairs they count),
-    weights 0 off the counted pairs.
-    """
-    width = ops.shape(value_table)[1]
-    shape = (tiles.num_rows, tiles.tiles, tiles.window)
-
-    def body(iteration, total):
-        key_rows, key_codes, inside = tiles.window_keys(iteration)
-        pairs = ops.logical_and(ops.equal(tiles.query_codes[..., :, None], key_codes[..., None, :]),
-                                inside[..., None, :])
-        weights, counted = pair_weights(key_rows, key_codes, pairs)
-        values = tiles.gather(value_table, key_rows, shape)
-        return iteration + 1, total + _pair_sum(weights, counted, values, exact_nonfinite)
-
-    zeros = ops.zeros((tiles.num_rows, tiles.tiles, tiles.rows, width), COMPUTE_DTYPE)
-    _, total = ops.while_loop(lambda iteration, total: ops.less(iteration, tiles.iterations), body,
-                              (ops.zeros((), "int32"), zeros))
-    return total
-
-
-def _tiles_per_chunk(batch, num_queries, window, num_hashes):
-    if not _known(batch, num_queries):
-        return _hash_chunk(num_hashes, None)
-    return _hash_chunk(num_hashes, batch * (num_queries + TILE_QUERIES) * window * 2)
+    return total + ops.cond(ops.all(finite), lambda: ops.zeros_like(total), correction)
 
 
 def _flat(x):
     """[B, N, F] -> [B * N, F]."""
     batch, length, width = ops.shape(x)
     return ops.reshape(x, (batch * length, width))
+
+
+def _chunk_hashes(batch, num_queries, num_keys, window, widths, num_hashes):
+    """Hashes per chunk: one chunk's first pass gathers B * (Nq / P) tiles' key windows of `widths`
+    floats per key and builds [P, Wk] products, for every hash of the chunk."""
+    if not _known(batch, num_queries, num_keys, widths):
+        return _hash_chunk(num_hashes, None)
+    tiles = batch * -(-num_queries // TILE_QUERIES)
+    per_hash = tiles * window * (TILE_QUERIES * 3 + widths) + batch * (num_queries + num_keys) * 2
+    return _hash_chunk(num_hashes, per_hash)
+
+
+def _for_hash_chunks(query_codes, key_codes, query_mask, key_mask, num_buckets, widths, step, init):
+    """Runs step(h0, count, chunk, carry) -> carry over chunks of `count` hashes, chunk a
+    _SortedChunk of hashes [h0, h0 + count), in a loop (the graph does not grow with m, and one
+    chunk's intermediates are alive at a time). Hashes past m, in the last chunk, hold only
+    dropped codes."""
+    num_hashes = query_codes.shape[1]
+    batch, num_queries = ops.shape(query_codes)[0], ops.shape(query_codes)[2]
+    num_keys = ops.shape(key_codes)[2]
+    rows, window = _tile_window(num_queries, num_keys, num_buckets)
+    count = _chunk_hashes(batch, num_queries, num_keys, window, widths, num_hashes)
+    num_chunks = -(-num_hashes // count)
+    query_ids = _bucket_ids(query_codes, query_mask, num_buckets, num_buckets + 1)
+    key_ids = _bucket_ids(key_codes, key_mask, num_buckets, num_buckets)
+    extra = num_chunks * count - num_hashes
+    if extra:
+        query_ids = ops.concatenate([query_ids, ops.full((batch, extra, num_queries), num_buckets + 1, "int32")], 1)
+        key_ids = ops.concatenate([key_ids, ops.full((batch, extra, num_keys), num_buckets, "int32")], 1)
+
+    def body(index, carry):
+        h0 = index * count
+        chunk = _SortedChunk(ops.slice(query_ids, (0, h0, 0), (batch, count, num_queries)),
+                             ops.slice(key_ids, (0, h0, 0), (batch, count, num_keys)), num_buckets, rows, window)
+        return step(h0, count, chunk, carry)
+
+    if num_chunks == 1:
+        return body(0, init)
+    return ops.fori_loop(0, num_chunks, body, init)
+
+
+def _prefers_tables(chunk, weight_dim, value_dim):
+    """True when this chunk's windows cost more multiply-adds than bucket tables would
+    (TABLE_COST_FACTOR-weighted): codes skewed into a few huge buckets."""
+    windows = ops.sum(ops.maximum((chunk.length + chunk.window - 1) // chunk.window, 1))
+    tiles_cost = ops.cast(windows, "float32") * (chunk.rows * chunk.window * (_float(weight_dim) + _float(value_dim)))
+    table_cost = (TABLE_COST_FACTOR * _float(chunk.count) * _float(chunk.batch) * (
+        _float(chunk.num_queries) + _float(chunk.num_keys)) * _float(weight_dim) * _float(value_dim))
+    return ops.greater(tiles_cost, table_cost)
 
 
 @_runtime.compiled(static_argnames=("num_buckets",))
@@ -343,47 +398,98 @@ def weighted_lsh_cumulation(query_codes, query_weight, key_codes, key_weight, va
     batch, num_queries = ops.shape(query_codes)[0], ops.shape(query_codes)[2]
     num_keys = ops.shape(key_codes)[2]
     weight_dim, value_dim = ops.shape(query_weight)[2], ops.shape(value)[2]
+    if _empty(batch, num_queries, num_keys, weight_dim, value_dim):
+        return ops.zeros((batch, num_queries, value_dim), COMPUTE_DTYPE)
     qw = _keep_rows(query_mask, _f32(query_weight))
     kw = _keep_rows(key_mask, _f32(key_weight))
     values = _keep_rows(key_mask, _f32(value))
-    if _empty(batch, num_queries, num_keys, weight_dim, value_dim):
-        return ops.zeros((batch, num_queries, value_dim), COMPUTE_DTYPE)
-    query_ids = _bucket_ids(query_codes, query_mask, num_buckets, num_buckets + 1)
-    key_ids = _bucket_ids(key_codes, key_mask, num_buckets, num_buckets)
-    rows, window = _tile_window(num_queries, num_keys, num_buckets)
-    exact = ops.logical_not(_all_finite(values))
     qw_table, kw_table, value_table = _flat(qw), _flat(kw), _flat(values)
-    # Multiply-adds per row: tiles, per tile and window; tables, TABLE_COST_FACTOR-weighted.
-    tile_cost = rows * window * (_float(weight_dim) + _float(value_dim))
-    table_cost = TABLE_COST_FACTOR * (_float(num_queries) + _float(num_keys)) * _float(weight_dim) * _float(value_dim)
+    outputs = [(batch * num_queries + 1, value_dim)]
 
-    total = None
-    for h0, h1 in _chunks(num_hashes, _tiles_per_chunk(batch, num_queries, window, num_hashes)):
-        tiles = _Tiles(query_ids[:, h0:h1], key_ids[:, h0:h1], num_buckets, rows, window)
-        query_weights = tiles.gather(qw_table, tiles.query_rows, (tiles.num_rows, tiles.tiles, rows))
+    def compute(t):
+        shape = ops.shape(t["pairs"])
+        query_weights = _take_rows(qw_table, t["query_rows"], shape[:2])
+        key_weights = _take_rows(kw_table, t["key_rows"], (shape[0], shape[2]))
+        weights = ops.where(t["pairs"], ops.matmul(query_weights, ops.transpose(key_weights, (0, 2, 1))), 0.0)
+        out = _pair_sum(weights, t["pairs"], _take_rows(value_table, t["key_rows"], (shape[0], shape[2])))
+        return [(ops.reshape(out, (shape[0] * shape[1], value_dim)), t["query_slots"])]
 
-        def pair_weights(key_rows, key_codes, pairs, query_weights=query_weights, tiles=tiles):
-            key_weights = tiles.gather(kw_table, key_rows, (tiles.num_rows, tiles.tiles, tiles.window))
-            return ops.where(pairs, ops.einsum("rtpw,rtkw->rtpk", query_weights, key_weights), 0.0), pairs
+    def step(h0, count, chunk, total):
+        def by_tiles():
+            return ops.reshape(_run_tiles(chunk, compute, outputs)[0][:-1], (batch, num_queries, value_dim))
 
-        def by_tiles(tiles=tiles, pair_weights=pair_weights):
-            sums = ops.cond(exact, lambda: _tile_loop(tiles, pair_weights, kw_table, value_table, True),
-                            lambda: _tile_loop(tiles, pair_weights, kw_table, value_table, False))
-            return tiles.scatter(sums)
+        def by_tables():
+            return _weighted_by_tables(chunk.query_ids, qw, chunk.key_ids, kw, values, num_buckets)
 
-        def by_tables(h0=h0, h1=h1):
-            return _weighted_by_tables(query_ids[:, h0:h1], qw, key_ids[:, h0:h1], kw, values, num_buckets)
+        return total + ops.cond(_prefers_tables(chunk, weight_dim, value_dim), by_tables, by_tiles)
 
-        use_tables = ops.greater(ops.cast(tiles.iterations, "float32") * _float(tiles.tiles) * tile_cost,
-                                 table_cost)
-        part = ops.cond(use_tables, by_tables, by_tiles)
-        total = part if total is None else total + part
+    widths = weight_dim + value_dim if _known(weight_dim, value_dim) else None
+    total = _for_hash_chunks(query_codes, key_codes, query_mask, key_mask, num_buckets, widths, step,
+                             ops.zeros((batch, num_queries, value_dim), COMPUTE_DTYPE))
     return _keep_rows(query_mask, total / num_hashes)
 
 
+@_runtime.compiled(static_argnames=("num_buckets", "scale"))
+def lower_bound_gradients(query_codes, query, key_codes, key, value, output_gradient, num_buckets, scale,
+                          query_mask, key_mask):
+    """(dQ [B, Nq, d], dK [B, Nk, d]) of the eq. 4 lower bound, float32, in one sort-by-code pass:
+    with S_ij = [qc == kc] <dY_i, V_j> over kept pairs,
+    dQ_i = scale (1/m) sum_h sum_j S_ij K_j and dK_j = scale (1/m) sum_h sum_i S_ij Q_i
+    (scale = tau / 2): each pair's weight is computed once for both. Equals
+    `scale * weighted_lsh_cumulation(qc, dY, kc, V, K)` and `scale * weighted_lsh_cumulation(kc, V, qc, dY, Q)`.
+    """
+    num_hashes = query_codes.shape[1]
+    batch, num_queries = ops.shape(query_codes)[0], ops.shape(query_codes)[2]
+    num_keys, dim = ops.shape(key_codes)[2], ops.shape(query)[2]
+    value_dim = ops.shape(value)[2]
+    if _empty(batch, num_queries, num_keys, dim, value_dim):
+        return (ops.zeros((batch, num_queries, dim), COMPUTE_DTYPE), ops.zeros((batch, num_keys, dim), COMPUTE_DTYPE))
+    q = _keep_rows(query_mask, _f32(query))
+    dy = _keep_rows(query_mask, _f32(output_gradient))
+    k = _keep_rows(key_mask, _f32(key))
+    v = _keep_rows(key_mask, _f32(value))
+    q_table, dy_table, k_table, v_table = _flat(q), _flat(dy), _flat(k), _flat(v)
+    outputs = [(batch * num_queries + 1, dim), (batch * num_keys + 1, dim)]
+
+    def compute(t):
+        shape = ops.shape(t["pairs"])
+        queries, keys = (shape[0], shape[1]), (shape[0], shape[2])
+        weights = ops.matmul(_take_rows(dy_table, t["query_rows"], queries),
+                             ops.transpose(_take_rows(v_table, t["key_rows"], keys), (0, 2, 1)))
+        weights = ops.where(t["pairs"], weights, 0.0)
+        dq = _pair_sum(weights, t["pairs"], _take_rows(k_table, t["key_rows"], keys))
+        dk = _pair_sum(ops.transpose(weights, (0, 2, 1)), ops.transpose(t["pairs"], (0, 2, 1)),
+                       _take_rows(q_table, t["query_rows"], queries))
+        return [(ops.reshape(dq, (shape[0] * shape[1], dim)), t["query_slots"]),
+                (ops.reshape(dk, (shape[0] * shape[2], dim)), t["key_slots"])]
+
+    def step(h0, count, chunk, totals):
+        def by_tiles():
+            dq, dk = _run_tiles(chunk, compute, outputs)
+            return (ops.reshape(dq[:-1], (batch, num_queries, dim)), ops.reshape(dk[:-1], (batch, num_keys, dim)))
+
+        def by_tables():
+            # The key side's ids as queries (dropped: num_buckets + 1) and the query side's as keys.
+            keys_as_queries = ops.where(ops.equal(chunk.key_ids, num_buckets), num_buckets + 1, chunk.key_ids)
+            queries_as_keys = ops.where(ops.equal(chunk.query_ids, num_buckets + 1), num_buckets, chunk.query_ids)
+            return (_weighted_by_tables(chunk.query_ids, dy, chunk.key_ids, v, k, num_buckets),
+                    _weighted_by_tables(keys_as_queries, v, queries_as_keys, dy, q, num_buckets))
+
+        dq, dk = ops.cond(_prefers_tables(chunk, value_dim, dim), by_tables, by_tiles)
+        return totals[0] + dq, totals[1] + dk
+
+    widths = 2 * dim + value_dim if _known(dim, value_dim) else None
+    dq_total, dk_total = _for_hash_chunks(
+        query_codes, key_codes, query_mask, key_mask, num_buckets, widths, step,
+        (ops.zeros((batch, num_queries, dim), COMPUTE_DTYPE), ops.zeros((batch, num_keys, dim), COMPUTE_DTYPE)))
+    factor = scale / num_hashes
+    return _keep_rows(query_mask, dq_total * factor), _keep_rows(key_mask, dk_total * factor)
+
+
 def _weighted_by_tables(query_ids, qw, key_ids, kw, values, num_buckets):
-    """sum over the given hashes of the weighted cumulation through bucket tables of
-    key_weight (x) value outer products, `[B, Nq, D]` (value columns in chunks)."""
+    """The weighted cumulation summed over the hashes of query_ids / key_ids [B, count, N] (dropped
+    queries at num_buckets + 1, dropped keys at num_buckets), through bucket tables of
+    key_weight (x) value outer products, `[B, Nq, D]`; a loop over hashes, value columns in chunks."""
     batch, num_queries, weight_dim = ops.shape(qw)
     num_keys, value_dim = ops.shape(values)[1], ops.shape(values)[2]
     slots = num_buckets + 2
@@ -397,14 +503,16 @@ def _weighted_by_tables(query_ids, qw, key_ids, kw, values, num_buckets):
     for c0, c1 in _chunks(value_dim, columns) if isinstance(value_dim, int) else [(0, value_dim)]:
         width = c1 - c0
         outer = ops.reshape(kw[:, :, :, None] * values[:, :, None, c0:c1], (batch * num_keys, weight_dim * width))
-        part = None
-        for h in range(query_ids.shape[1]):
-            table = ops.segment_sum(outer, ops.reshape(key_ids[:, h] + offsets, (-1,)),
-                                    num_segments=batch * slots)
-            gathered = ops.take(table, ops.reshape(query_ids[:, h] + offsets, (-1,)), axis=0)
-            term = ops.einsum("bqw,bqwd->bqd", qw, ops.reshape(gathered, (batch, num_queries, weight_dim, width)))
-            part = term if part is None else part + term
-        parts.append(part)
+
+        def add_hash(h, total, outer=outer, width=width):
+            key_slot = ops.reshape(ops.take(key_ids, h, axis=1) + offsets, (-1,))
+            query_slot = ops.reshape(ops.take(query_ids, h, axis=1) + offsets, (-1,))
+            table = _runtime.segment_sum(outer, key_slot, batch * slots)
+            gathered = ops.reshape(ops.take(table, query_slot, axis=0), (batch, num_queries, weight_dim, width))
+            return total + ops.einsum("bqw,bqwd->bqd", qw, gathered)
+
+        parts.append(ops.fori_loop(0, query_ids.shape[1], add_hash,
+                                   ops.zeros((batch, num_queries, width), COMPUTE_DTYPE)))
     return parts[0] if len(parts) == 1 else ops.concatenate(parts, axis=-1)
 
 
@@ -435,53 +543,49 @@ def collision_cumulation(query_codes, query, query_weight, key_codes, key, key_w
     in every earlier hash are compared in the tile).
     """
     num_buckets = 2 ** hash_code_len
-    num_hashes = query_codes.shape[1]
     batch, num_queries = ops.shape(query_codes)[0], ops.shape(query_codes)[2]
     num_keys, dim = ops.shape(key_codes)[2], ops.shape(query)[2]
-    if _empty(batch, num_queries, num_keys, dim, ops.shape(query_weight)[2]):
+    weight_dim = ops.shape(query_weight)[2]
+    if _empty(batch, num_queries, num_keys, dim, weight_dim):
         return ops.zeros((batch, num_queries, dim), COMPUTE_DTYPE)
     q = _keep_rows(query_mask, _f32(query))
     k = _keep_rows(key_mask, _f32(key))
     query_table = _flat(ops.concatenate([q, _keep_rows(query_mask, _f32(query_weight))], axis=-1))
     key_table = _flat(ops.concatenate([k, _keep_rows(key_mask, _f32(key_weight))], axis=-1))
     value_table = _flat(k)
-    query_ids = _bucket_ids(query_codes, query_mask, num_buckets, num_buckets + 1)
-    key_ids = _bucket_ids(key_codes, key_mask, num_buckets, num_buckets)
     # Codes of every hash per position, [B * N, m], for the first-collision test.
-    query_code_table = _flat(ops.transpose(query_ids, (0, 2, 1)))
-    key_code_table = _flat(ops.transpose(key_ids, (0, 2, 1)))
-    rows, window = _tile_window(num_queries, num_keys, num_buckets)
-    exact = ops.logical_not(_all_finite(k))
+    query_code_table = _flat(ops.transpose(_bucket_ids(query_codes, query_mask, num_buckets, num_buckets + 1),
+                                           (0, 2, 1)))
+    key_code_table = _flat(ops.transpose(_bucket_ids(key_codes, key_mask, num_buckets, num_buckets), (0, 2, 1)))
+    outputs = [(batch * num_queries + 1, dim)]
+    num_hashes = query_codes.shape[1]
 
-    total = None
-    for h0, h1 in _chunks(num_hashes, _tiles_per_chunk(batch, num_queries, window, num_hashes)):
-        tiles = _Tiles(query_ids[:, h0:h1], key_ids[:, h0:h1], num_buckets, rows, window)
-        tile_shape = (tiles.num_rows, tiles.tiles, rows)
-        query_feats = tiles.gather(query_table, tiles.query_rows, tile_shape)
-        query_hash_codes = tiles.gather(query_code_table, tiles.query_rows, tile_shape)
-        # Hash of each row: rows are b * count + (h - h0).
-        row_hash = ops.reshape(ops.arange(tiles.num_rows, dtype="int32") % (h1 - h0) + h0, (-1, 1, 1, 1))
-
-        def pair_weights(key_rows, key_codes, pairs, tiles=tiles, query_feats=query_feats,
-                         query_hash_codes=query_hash_codes, row_hash=row_hash, h1=h1):
-            window_shape = (tiles.num_rows, tiles.tiles, tiles.window)
-            key_feats = tiles.gather(key_table, key_rows, window_shape)
-            key_hash_codes = tiles.gather(key_code_table, key_rows, window_shape)
+    def step(h0, count, chunk, total):
+        def pairs_of(t):
+            shape = ops.shape(t["pairs"])
+            queries, keys = (shape[0], shape[1]), (shape[0], shape[2])
+            query_feats = _take_rows(query_table, t["query_rows"], queries)
+            key_feats = _take_rows(key_table, t["key_rows"], keys)
+            query_hash_codes = _take_rows(query_code_table, t["query_rows"], queries)
+            key_hash_codes = _take_rows(key_code_table, t["key_rows"], keys)
+            # Hash of each tile: its row is b * count + (h - h0).
+            tile_hash = ops.reshape(t["tile_row"] % count + h0, (-1, 1, 1))
             earlier = None
-            for h in range(h1 - 1):
-                same = ops.equal(query_hash_codes[..., :, None, h], key_hash_codes[..., None, :, h])
-                same = ops.logical_and(same, ops.less(h, row_hash))
+            for h in range(num_hashes - 1):
+                same = ops.equal(query_hash_codes[:, :, None, h], key_hash_codes[:, None, :, h])
+                same = ops.logical_and(same, ops.less(h, tile_hash))
                 earlier = same if earlier is None else ops.logical_or(earlier, same)
-            first = pairs if earlier is None else ops.logical_and(pairs, ops.logical_not(earlier))
-            cosine = ops.einsum("rtpd,rtkd->rtpk", query_feats[..., :dim], key_feats[..., :dim])
-            scale = ops.einsum("rtpw,rtkw->rtpk", query_feats[..., dim:], key_feats[..., dim:])
-            weights = scale * collision_derivative(cosine, hash_code_len, epsilon)
-            return ops.where(first, weights, 0.0), first
+            first = t["pairs"] if earlier is None else ops.logical_and(t["pairs"], ops.logical_not(earlier))
+            cosine = ops.matmul(query_feats[..., :dim], ops.transpose(key_feats[..., :dim], (0, 2, 1)))
+            scale = ops.matmul(query_feats[..., dim:], ops.transpose(key_feats[..., dim:], (0, 2, 1)))
+            weights = ops.where(first, scale * collision_derivative(cosine, hash_code_len, epsilon), 0.0)
+            out = _pair_sum(weights, first, _take_rows(value_table, t["key_rows"], keys))
+            return [(ops.reshape(out, (shape[0] * shape[1], dim)), t["query_slots"])]
 
-        def run(exact_nonfinite, tiles=tiles, pair_weights=pair_weights):
-            return _tile_loop(tiles, pair_weights, key_table, value_table, exact_nonfinite)
+        sums = _run_tiles(chunk, pairs_of, outputs)[0]
+        return total + ops.reshape(sums[:-1], (batch, num_queries, dim))
 
-        sums = ops.cond(exact, lambda run=run: run(True), lambda run=run: run(False))
-        part = tiles.scatter(sums)
-        total = part if total is None else total + part
+    widths = 2 * (dim + weight_dim) if _known(dim, weight_dim) else None
+    total = _for_hash_chunks(query_codes, key_codes, query_mask, key_mask, num_buckets, widths, step,
+                             ops.zeros((batch, num_queries, dim), COMPUTE_DTYPE))
     return _keep_rows(query_mask, total)

@@ -182,17 +182,17 @@ def weighted_lsh_cumulation(query_codes, query_weight, key_codes, key_weight, va
     return _weighted(provider, qc, query_weight, kc, key_weight, value, num_buckets, qm, km)
 
 
-def _weighted_in_column_blocks(provider, qc, qw, kc, kw, v, num_buckets, qm, km):
-    """weighted_lsh_cumulation with the columns of `v` split so each call fits the custom op's
-    per-bucket table (the lower-bound backward must not fail on wide heads)."""
-    weight_dim, value_dim = _runtime.static_shape(qw)[2], _runtime.static_shape(v)[2]
-    if _dispatch.is_composite(provider) or weight_dim is None or value_dim is None or (
-            weight_dim * value_dim <= _validation.MAX_BUCKET_TABLE_FLOATS):
-        return provider.weighted_lsh_cumulation(qc, qw, kc, kw, v, num_buckets, qm, km)
-    step = max(1, _validation.MAX_BUCKET_TABLE_FLOATS // max(1, weight_dim))
-    parts = [provider.weighted_lsh_cumulation(qc, qw, kc, kw, v[:, :, c:c + step], num_buckets, qm, km)
-             for c in range(0, value_dim, step)]
-    return ops.concatenate(parts, axis=-1)
+def _lower_bound_gradients(provider, qc, q, kc, k, v, dy, num_buckets, scale, qm, km):
+    """(dQ, dK) of eq. 4. The custom op's per-bucket table holds W * D floats (W: value width, D: key
+    width): wider heads are split into column blocks that fit, so the backward never fails."""
+    dim, value_dim = _runtime.static_shape(q)[2], _runtime.static_shape(v)[2]
+    if _dispatch.is_composite(provider) or dim is None or value_dim is None or (
+            dim * value_dim <= _validation.MAX_BUCKET_TABLE_FLOATS):
+        return provider.lower_bound_gradients(qc, q, kc, k, v, dy, num_buckets, scale, qm, km)
+    step = max(1, _validation.MAX_BUCKET_TABLE_FLOATS // max(1, value_dim))
+    parts = [provider.lower_bound_gradients(qc, q[:, :, c:c + step], kc, k[:, :, c:c + step], v, dy, num_buckets,
+                                            scale, qm, km) for c in range(0, dim, step)]
+    return ops.concatenate([p[0] for p in parts], axis=-1), ops.concatenate([p[1] for p in parts], axis=-1)
 
 
 def yoso_cumulation(query, key, value, query_codes, key_codes, hash_code_len, query_mask=None,
@@ -240,8 +240,7 @@ def yoso_cumulation(query, key, value, query_codes, key_codes, hash_code_len, qu
         def grad(*args, upstream=None):
             dy = ops.cast(_upstream(args, upstream), v.dtype)
             if backward == "lower_bound":
-                dq = half_tau * _weighted_in_column_blocks(provider, qc, dy, kc, v, k, num_buckets, qm, km)
-                dk = half_tau * _weighted_in_column_blocks(provider, kc, v, qc, dy, q, num_buckets, km, qm)
+                dq, dk = _lower_bound_gradients(provider, qc, q, kc, k, v, dy, num_buckets, half_tau, qm, km)
             else:
                 dq = provider.collision_cumulation(qc, q, dy, kc, k, v, hash_code_len, epsilon, qm, km)
                 dk = provider.collision_cumulation(kc, k, v, qc, q, dy, hash_code_len, epsilon, km, qm)
