@@ -11,9 +11,15 @@ the paper's Figure 7.
     python benchmarks/attention_scaling.py --model      # the paper's profile: 6 blocks, 256 wide, FFN 1024
     python benchmarks/attention_scaling.py --quick      # tiny sizes, for the test suite
 
+    python benchmarks/attention_scaling.py --lengths 4096 16384 --methods yoso-32 mha \
+        --backends tensorflow jax torch --implementations auto composite   # every backend, side by side
+
 Methods: yoso-16, yoso-32 (YosoAttention, tau = 8), yoso-e (use_expectation=True),
 linear-relative, linear-relative-causal (LinearRelativeAttention, horizon 16), mha
 (keras.layers.MultiHeadAttention). Batch 1, 4 heads, key_dim 64, model width 256.
+--backends: Keras backends (TensorFlow: tf.function + GradientTape; JAX: jax.jit of
+stateless_call and jax.grad; PyTorch: eager with torch.autograd.grad). The "YOSO ops" column says
+which implementation each YOSO row ran (custom_op or composite).
 """
 
 import argparse
@@ -26,10 +32,12 @@ METHODS = ("yoso-16", "yoso-32", "yoso-e", "linear-relative", "linear-relative-c
 
 _CHILD = r"""
 import json, os, resource, sys, time
+backend, method, implementation = sys.argv[1:4]
+length, repeats, heads, key_dim, num_layers = map(int, sys.argv[4:9])
+os.environ["KERAS_BACKEND"] = backend
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-import numpy as np, tensorflow as tf, keras
+import numpy as np, keras
 import keras_yoso
-method, length, repeats, heads, key_dim, num_layers = sys.argv[1], *map(int, sys.argv[2:7])
 width = heads * key_dim
 if method == "mha":
     attention, kwargs = "softmax", {}
@@ -39,44 +47,72 @@ elif method == "yoso-e":
     attention, kwargs = "yoso", dict(use_expectation=True, seed=1)
 else:
     attention, kwargs = "yoso", dict(num_hashes=int(method.split("-")[1]), hash_code_len=8, seed=1)
+if attention == "yoso":
+    kwargs["implementation"] = implementation
 if num_layers == 0:  # one attention layer
     cls = {"softmax": keras.layers.MultiHeadAttention, "yoso": keras_yoso.YosoAttention,
            "linear_relative": keras_yoso.LinearRelativeAttention}[attention]
-    layer = cls(heads, key_dim, **kwargs)
-    run = lambda x, training: layer(x, x, training=training)
+    model = cls(heads, key_dim, **kwargs)
+    run = lambda x, training: model(x, x, training=training)
 else:  # the paper's profile: a stack of encoder blocks
     blocks = [keras_yoso.TransformerEncoderBlock(heads, 4 * width, attention=attention, attention_kwargs=kwargs,
                                                  dropout=0.0) for _ in range(num_layers)]
-    def run(x, training):
-        for block in blocks:
-            x = block(x, training=training)
-        return x
-x = tf.random.stateless_normal([1, length, width], [1, 2])
+    model = keras.Sequential(blocks)
+    run = lambda x, training: model(x, training=training)
+x_np = np.random.default_rng(1).standard_normal((1, length, width)).astype("float32")
+x = keras.ops.convert_to_tensor(x_np)
 run(x, False)
-variables = [v for v in (layer.trainable_variables if num_layers == 0 else
-                         [w for b in blocks for w in b.trainable_variables])]
-@tf.function
-def forward():
-    return run(x, False)
-@tf.function
-def forward_backward():
-    with tf.GradientTape() as tape:
-        tape.watch(x)
-        y = run(x, True)
-        loss = tf.reduce_sum(y * y)
-    return tape.gradient(loss, [x] + variables)
+# Which YOSO implementation ran: "auto" resolves per call (custom op on TF with the library loaded).
+ran = (implementation if implementation != "auto" else keras_yoso.ops.implementation_in_use()) \
+    if attention == "yoso" and method != "yoso-e" else "-"
+
+if backend == "tensorflow":
+    import tensorflow as tf
+    forward = tf.function(lambda: run(x, False))
+    @tf.function
+    def forward_backward():
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            y = run(x, True)
+            loss = tf.reduce_sum(y * y)
+        return tape.gradient(loss, [x] + model.trainable_variables)
+    finish = lambda out: [t.numpy() for t in tf.nest.flatten(out)]
+elif backend == "jax":
+    import jax
+    trainable = [v.value for v in model.trainable_variables]
+    non_trainable = [v.value for v in model.non_trainable_variables]
+    def apply(trainable, xs, training):
+        if num_layers == 0:
+            return model.stateless_call(trainable, non_trainable, xs, xs, training=training)[0]
+        return model.stateless_call(trainable, non_trainable, xs, training=training)[0]
+    jit_forward = jax.jit(lambda t, xs: apply(t, xs, False))
+    jit_grad = jax.jit(jax.grad(lambda t, xs: (apply(t, xs, True) ** 2).sum(), argnums=(0, 1)))
+    forward = lambda: jit_forward(trainable, x)
+    forward_backward = lambda: jit_grad(trainable, x)
+    finish = lambda out: jax.block_until_ready(out)
+else:  # torch
+    import torch
+    x.requires_grad_(True)
+    def forward():
+        with torch.no_grad():
+            return run(x, False)
+    def forward_backward():
+        loss = (run(x, True) ** 2).sum()
+        return torch.autograd.grad(loss, [x] + [v.value for v in model.trainable_variables])
+    finish = lambda out: out
+
 def median_seconds(fn):
-    fn()
+    finish(fn())  # warm-up (and compilation)
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
-        _ = [t.numpy() for t in tf.nest.flatten(fn())[:1]]
+        finish(fn())
         times.append(time.perf_counter() - start)
     return float(np.median(times))
 forward_s = median_seconds(forward)
 seconds = median_seconds(forward_backward)
 peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
-print(json.dumps({"forward_s": forward_s, "seconds": seconds, "peak_rss_mib": peak}))
+print(json.dumps({"forward_s": forward_s, "seconds": seconds, "peak_rss_mib": peak, "implementation": ran}))
 """
 
 
@@ -103,14 +139,31 @@ def multiply_adds(method, length, heads, key_dim, hash_code_len=8):
     return projections + heads * num_hashes * (4 * length * key_dim + 2 * weighted)
 
 
-def run_one(method, length, repeats, heads, key_dim, num_layers, timeout):
-    return run_isolated(_CHILD, [method, length, repeats, heads, key_dim, num_layers], timeout)
+def run_one(backend, method, implementation, length, repeats, heads, key_dim, num_layers, timeout):
+    return run_isolated(_CHILD, [backend, method, implementation, length, repeats, heads, key_dim, num_layers],
+                        timeout)
+
+
+def _configurations(args):
+    """(backend, method, implementation) rows: YOSO methods once per --implementations, others once."""
+    for backend in args.backends:
+        for method in args.methods:
+            yoso_lsh = method.startswith("yoso-") and method != "yoso-e"
+            implementations = args.implementations if yoso_lsh else ["auto"]
+            if backend != "tensorflow" and yoso_lsh:  # the custom ops are TensorFlow ops: only the composite
+                implementations = ["composite"]
+            for implementation in implementations:
+                yield backend, method, implementation
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--lengths", type=int, nargs="+", default=[512, 1024, 2048, 4096, 8192, 16384, 32768])
     parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
+    parser.add_argument("--backends", nargs="+", default=["tensorflow"], choices=("tensorflow", "jax", "torch"),
+                        help="Keras backends, each in its own processes (default: tensorflow)")
+    parser.add_argument("--implementations", nargs="+", default=["auto"], choices=("auto", "custom_op", "composite"),
+                        help="YosoAttention implementation(s) of the yoso-m methods; the table says which ran")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--heads", type=int, default=4)
     parser.add_argument("--key-dim", type=int, default=64)
@@ -130,28 +183,35 @@ def main():
     name = "scaling_model" if args.model else "scaling"
 
     results = []
-    print(f"{'method':<22} {'length':>7} {'fwd s':>8} {'fwd+bwd s':>10} {'peak MiB':>9}  status", flush=True)
+    print(f"{'backend':<11} {'method':<22} {'YOSO ops':<10} {'length':>7} {'fwd s':>8} {'fwd+bwd s':>10} "
+          f"{'peak MiB':>9}  status", flush=True)
+    configurations = list(_configurations(args))
     for length in args.lengths:
-        for method in args.methods:
-            r = run_one(method, length, args.repeats, args.heads, args.key_dim, num_layers, args.timeout)
-            r.update(method=method, length=length)
+        for backend, method, implementation in configurations:
+            r = run_one(backend, method, implementation, length, args.repeats, args.heads, args.key_dim, num_layers,
+                        args.timeout)
+            r.update(backend=backend, method=method, requested=implementation, length=length)
+            r.setdefault("implementation", implementation if method.startswith("yoso-") else "-")
             results.append(r)
             fwd = f"{r['forward_s']:.3f}" if r["status"] == "ok" else "-"
             secs = f"{r['seconds']:.3f}" if r["status"] == "ok" else "-"
             mem = f"{r['peak_rss_mib']:.0f}" if r["status"] == "ok" else "-"
-            print(f"{method:<22} {length:>7} {fwd:>8} {secs:>10} {mem:>9}  {r['status']}", flush=True)
+            print(f"{backend:<11} {method:<22} {r['implementation']:<10} {length:>7} {fwd:>8} {secs:>10} {mem:>9}  "
+                  f"{r['status']}", flush=True)
 
-    ok = {(r["method"], r["length"]): r for r in results if r["status"] == "ok"}
-    if "mha" in args.methods:
-        for method in [m for m in args.methods if m != "mha"]:
-            for length in args.lengths:
-                if (method, length) in ok and ("mha", length) in ok:
-                    a, b = ok[(method, length)], ok[("mha", length)]
-                    macs = [multiply_adds(m, length, args.heads, args.key_dim) for m in (method, "mha")]
-                    arithmetic = (f", multiply-add ratio {macs[1] / macs[0]:.1f}x"
-                                  if None not in macs and not args.model else "")
-                    print(f"{method} vs mha at {length}: speedup {b['seconds'] / a['seconds']:.1f}x, "
-                          f"{a['peak_rss_mib'] / b['peak_rss_mib']:.2f}x the peak memory{arithmetic}")
+    def label(r):
+        return f"{r['backend']} {r['method']}" + (f" ({r['implementation']})" if r["implementation"] != "-" else "")
+
+    ok = {(label(r), r["length"]): r for r in results if r["status"] == "ok"}
+    for r in results:
+        mha = ok.get((f"{r['backend']} mha", r["length"]))
+        if r["status"] != "ok" or r["method"] == "mha" or mha is None:
+            continue
+        macs = [multiply_adds(m, r["length"], args.heads, args.key_dim) for m in (r["method"], "mha")]
+        arithmetic = f", multiply-add ratio {macs[1] / macs[0]:.1f}x" if None not in macs and not args.model else ""
+        print(f"{label(r)} vs mha at {r['length']}: speedup {mha['seconds'] / r['seconds']:.2f}x, "
+              f"{r['peak_rss_mib'] / mha['peak_rss_mib']:.2f}x the peak memory{arithmetic}")
+    labels = list(dict.fromkeys(label(r) for r in results))
 
     os.makedirs(args.out_dir, exist_ok=True)
     with open(os.path.join(args.out_dir, f"{name}.json"), "w") as f:
@@ -160,16 +220,16 @@ def main():
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
-    for method in args.methods:
-        pts = sorted((L, ok[(method, L)]) for L in args.lengths if (method, L) in ok)
+    for name_ in labels:
+        pts = sorted((L, ok[(name_, L)]) for L in args.lengths if (name_, L) in ok)
         if pts:
-            axes[0].loglog([p[0] for p in pts], [p[1]["seconds"] for p in pts], "o-", label=method)
-            axes[1].loglog([p[0] for p in pts], [p[1]["peak_rss_mib"] for p in pts], "o-", label=method)
+            axes[0].loglog([p[0] for p in pts], [p[1]["seconds"] for p in pts], "o-", label=name_)
+            axes[1].loglog([p[0] for p in pts], [p[1]["peak_rss_mib"] for p in pts], "o-", label=name_)
     axes[0].set(xlabel="sequence length", ylabel="forward+backward time (s)", title="time")
     axes[1].set(xlabel="sequence length", ylabel="peak RSS (MiB)", title="memory")
     for ax in axes:
-        ax.legend()
         ax.grid(True, which="both", alpha=0.3)
+    axes[1].legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), fontsize=8)  # outside the curves
     what = (f"{num_layers} encoder blocks, width {args.heads * args.key_dim}" if args.model
             else "one attention layer")
     fig.suptitle(f"{what}, batch 1, {args.heads} heads, key_dim {args.key_dim}, CPU")

@@ -321,7 +321,7 @@ def build_classifier(vocab_size, num_classes, args):
     attention, attention_kwargs = encoder_attention(args)
     token_ids = keras.Input((None,), dtype="int32", name="token_ids")
     x = TokenAndPositionEmbedding(vocab_size, args.max_length, args.hidden_dim, name="embedding")(token_ids)
-    x = keras.layers.Dropout(args.dropout)(x)
+    x = keras.layers.Dropout(args.dropout, seed=args.seed)(x)  # seeded: on PyTorch, unseeded masks are not resumable
     if attention == "none":  # the pooling-only baseline: per-token features, no token sees another
         x = keras.layers.Dense(args.ffn_dim, activation="gelu", name="token_features")(x)
     for i in range(args.num_layers if attention != "none" else 0):

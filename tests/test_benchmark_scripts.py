@@ -12,6 +12,8 @@ import sys
 
 import pytest
 
+from conftest import requires_tensorflow
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -88,3 +90,12 @@ def test_gpu_kernels_without_gpu_exits_with_a_clear_message(tmp_path):
 def test_gpu_kernels_quick_on_gpu(tmp_path):
     proc = _run("gpu_kernels.py", tmp_path, "--quick", timeout=900)
     _assert_wrote(proc, tmp_path, "gpu_kernels.json", "gpu_kernels.png")
+
+
+@requires_tensorflow
+def test_serving_latency_quick_serves_both_exports_and_writes_json_and_png(tmp_path):
+    proc = _run("serving_latency.py", tmp_path, "--quick")
+    _assert_wrote(proc, tmp_path, "serving_latency.json", "serving_latency.png")
+    with open(tmp_path / "serving_latency.json", encoding="utf-8") as f:
+        rows = {row["export"]: row for row in json.load(f)["rows"]}
+    assert rows["portable"]["keras_yoso_imported"] is False and rows["custom_op"]["keras_yoso_imported"] is True

@@ -112,7 +112,11 @@ class TransformerEncoderBlock(keras.layers.Layer):
         self._attention_layer = self._attention_class(
             num_heads=self.num_heads, dtype=self.dtype_policy, name="self_attention", **attention_kwargs)
         self._attention_layer.build(input_shape, input_shape)
-        self._attention_dropout = keras.layers.Dropout(self.dropout, dtype=self.dtype_policy)
+        # Seeded from the attention seed: the masks then come from the dropouts' SeedGenerator states on
+        # every backend (unseeded, PyTorch draws them from its global generator, which no checkpoint holds).
+        seed = self.attention_kwargs.get("seed")
+        dropout_seeds = (None, None) if seed is None else ((seed + 1) % 2 ** 31, (seed + 2) % 2 ** 31)
+        self._attention_dropout = keras.layers.Dropout(self.dropout, seed=dropout_seeds[0], dtype=self.dtype_policy)
         self._attention_norm = keras.layers.LayerNormalization(
             epsilon=self.layer_norm_epsilon, dtype=self.dtype_policy, name="attention_norm")
         self._attention_norm.build(input_shape)
@@ -121,7 +125,7 @@ class TransformerEncoderBlock(keras.layers.Layer):
         self._intermediate_dense.build(input_shape)
         self._output_dense = keras.layers.Dense(hidden, dtype=self.dtype_policy, name="output")
         self._output_dense.build(tuple(input_shape[:-1]) + (self.intermediate_dim,))
-        self._output_dropout = keras.layers.Dropout(self.dropout, dtype=self.dtype_policy)
+        self._output_dropout = keras.layers.Dropout(self.dropout, seed=dropout_seeds[1], dtype=self.dtype_policy)
         self._output_norm = keras.layers.LayerNormalization(
             epsilon=self.layer_norm_epsilon, dtype=self.dtype_policy, name="output_norm")
         self._output_norm.build(input_shape)
