@@ -1,8 +1,8 @@
 """Serving latency of the examples' raw-string SavedModels: portable (composite ops, no keras_yoso in the
 serving process) vs custom-op exports (C++ kernels; the process must `import keras_yoso` first).
 
-Builds the LRA Text classifier of examples/long_text_classifier.py (bytes tokenizer, 4,096 bytes, 2 blocks,
-64 dims, YOSO m = 32, tau = 12; weights as initialized: latency does not depend on them), exports it both
+Builds the LRA Text classifier of examples/long_text_classifier.py (its LRA_TEXT settings: bytes, 4,096,
+2 blocks, 64 dims, YOSO m = 32, tau = 12; weights as initialized: latency does not depend on them), exports it both
 ways with examples/text_serving.py, then serves one review of --review-bytes bytes in a fresh process per
 export (the portable one never imports keras_yoso): --repeats calls after 3 warm-ups, median and 90th
 percentile in milliseconds. Prints a table, writes serving_latency.json and serving_latency.png.
@@ -45,20 +45,21 @@ print(json.dumps({"median_ms": float(np.median(times)), "p90_ms": float(np.perce
 
 def _export(out_dir, quick):
     sys.path.insert(0, os.path.join(ROOT, "examples"))
+    import long_text_classifier
     import sequence_classification
     import text_serving
 
-    length = 256 if quick else 4096
-    args = argparse.Namespace(attention="yoso", num_hashes=4 if quick else 32, hash_code_len=8 if quick else 12,
-                              conv_window=None, backward="lower_bound", num_layers=1 if quick else 2,
-                              hidden_dim=16 if quick else 64, ffn_dim=16 if quick else 128, num_heads=2, dropout=0.1,
-                              max_length=length, seed=0)
+    model = dict(long_text_classifier.LRA_TEXT)  # the --preset lra model, as the example trains it
+    if quick:
+        model.update(max_length=256, num_hashes=4, hash_code_len=8, num_layers=1, hidden_dim=16, ffn_dim=16)
+    args = argparse.Namespace(attention="yoso", conv_window=None, backward="lower_bound", seed=0, **model)
+    length = args.max_length
     classifier = sequence_classification.build_classifier(sequence_classification.ByteTokenizer.vocab_size, 2, args)
     paths = {}
     for kind in ("portable", "custom_op"):
         paths[kind] = os.path.join(out_dir, f"saved_model_{kind}")
-        text_serving.export(classifier, {"kind": "bytes", "max_length": length}, ["neg", "pos"], paths[kind],
-                            portable=kind == "portable")
+        text_serving.export(classifier, {"kind": "bytes", "max_length": length},
+                            list(long_text_classifier.IMDB_CLASS_NAMES), paths[kind], portable=kind == "portable")
     return paths, length
 
 
