@@ -56,6 +56,10 @@ settings.register_profile("default", max_examples=6 if BACKEND == "jax" else 25,
                           database=None, print_blob=True, suppress_health_check=_NOT_TOO_SLOW)
 settings.register_profile("long", max_examples=1000, deadline=None, print_blob=True,
                           suppress_health_check=_NOT_TOO_SLOW)
+# Hypothesis loads its own "ci" profile (100 examples a test) when the CI variable is set, as it is
+# in CI: the bounded default is loaded here instead, so CI runs what a developer runs.
+# `--hypothesis-profile` is applied after conftest import and still wins.
+settings.load_profile("default")
 
 
 @pytest.fixture(params=IMPLEMENTATIONS)
