@@ -68,6 +68,8 @@ import keras_yoso
 from keras_yoso import ops
 from keras_yoso._validation import COLLISION_EPSILON
 
+from isolated_run import package_banner
+
 FIG6_TOKENS = 64
 TOP_KEYS = 8
 MASK_RATE = 0.15
@@ -516,6 +518,7 @@ def main():
     parser.add_argument("--out-dir", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
     parser.add_argument("--quick", action="store_true", help="tiny run that checks the script works")
     args = parser.parse_args()
+    print(package_banner(os.path.dirname(keras_yoso.__file__), ops.custom_ops_load_error()), flush=True)
     if args.quick:
         args.lengths, args.num_hashes, args.hash_methods, args.trials = [64, 128, 256], [8, 32], ["hadamard"], 1
         args.train_steps, args.train_length, args.batch_size, args.capture_batch = 10, 32, 8, 1

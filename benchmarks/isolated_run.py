@@ -2,14 +2,34 @@
 
 A fresh process per configuration makes its peak RSS its own; a configuration that
 runs out of memory or past the time limit is reported as such instead of crashing
-the benchmark.
+the benchmark. The process starts in an empty directory, so it measures the installed
+keras_yoso (or the one PYTHONPATH names), never the unbuilt ./keras_yoso of a checkout
+that the script happens to be run from.
 """
 
 import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
+
+_PROBE = r"""
+import json, os, sys
+os.environ["KERAS_BACKEND"] = sys.argv[1]
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+import keras_yoso
+print(json.dumps({"path": os.path.dirname(keras_yoso.__file__),
+                  "custom_ops_error": keras_yoso.ops.custom_ops_load_error()}))
+"""
+
+
+def _child(child_code, argv, timeout):
+    """`python -c child_code *argv` in an empty directory; the CompletedProcess."""
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+    with tempfile.TemporaryDirectory() as empty:
+        return subprocess.run([sys.executable, "-c", child_code, *map(str, argv)], capture_output=True, text=True,
+                              timeout=timeout, env=env, cwd=empty)
 
 
 def run_isolated(child_code, argv, timeout):
@@ -18,11 +38,9 @@ def run_isolated(child_code, argv, timeout):
     Returns that object with "status": "ok" and "wall_s", or {"status": "timeout ..." |
     "out of memory" | "failed ..."}.
     """
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
     start = time.perf_counter()
     try:
-        proc = subprocess.run([sys.executable, "-c", child_code, *map(str, argv)], capture_output=True, text=True,
-                              timeout=timeout, env=env)
+        proc = _child(child_code, argv, timeout)
     except subprocess.TimeoutExpired:
         return {"status": f"timeout (> {timeout:g} s)"}
     if proc.returncode != 0:
@@ -33,3 +51,22 @@ def run_isolated(child_code, argv, timeout):
     result["status"] = "ok"
     result["wall_s"] = time.perf_counter() - start
     return result
+
+
+def package_banner(path, custom_ops_error=None):
+    """Which keras_yoso is measured and, when `custom_ops_error` says why the TensorFlow custom ops
+    are not loaded, a loud line saying that the composite is measured instead."""
+    lines = [f"measuring keras_yoso from {path}"]
+    if custom_ops_error:
+        lines.append(f"!! TensorFlow custom ops not loaded ({custom_ops_error}): measuring the composite")
+    return "\n".join(lines)
+
+
+def announce_package(backend, expect_custom_ops):
+    """Prints package_banner for the keras_yoso that run_isolated's processes import on `backend`
+    (a probe process like them); the custom-op line only when `expect_custom_ops`."""
+    proc = _child(_PROBE, [backend], timeout=300)
+    if proc.returncode != 0:
+        sys.exit(f"importing keras_yoso ({backend} backend) in a fresh process failed:\n{proc.stderr[-3000:]}")
+    found = json.loads(proc.stdout.strip().splitlines()[-1])
+    print(package_banner(found["path"], found["custom_ops_error"] if expect_custom_ops else None), flush=True)

@@ -1,4 +1,4 @@
-"""CPU timing of the YOSO ops: custom op vs pure-TF composite, side by side in one process.
+"""CPU timing of the YOSO ops: custom op vs the keras.ops composite, side by side in one process.
 
 Times the forward `lsh_cumulation` and one backward step of `yoso_cumulation`
 (both estimators) at the shapes of the core-ops issue, prints a table, writes
@@ -6,6 +6,9 @@ Times the forward `lsh_cumulation` and one backward step of `yoso_cumulation`
 
     python benchmarks/ops_timing.py [--length 4096 --num-hashes 32 --hash-code-len 8
                                      --value-dim 64 --batch 4 --repeats 5 --out-dir benchmarks/results]
+
+It first prints which keras_yoso it measures and, when the custom ops are not loaded, a line starting
+with "!!": then only the composite is timed.
 """
 
 import argparse
@@ -17,7 +20,10 @@ import time
 import numpy as np
 import tensorflow as tf
 
+import keras_yoso
 from keras_yoso import ops
+
+from isolated_run import package_banner
 
 
 def _timed(fn, repeats):
@@ -40,6 +46,7 @@ def main():
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--out-dir", default=os.path.join(os.path.dirname(__file__), "results"))
     args = parser.parse_args()
+    print(package_banner(os.path.dirname(keras_yoso.__file__), ops.custom_ops_load_error()), flush=True)
 
     n, m, tau, d, b = args.length, args.num_hashes, args.hash_code_len, args.value_dim, args.batch
     rng = np.random.default_rng(0)

@@ -18,6 +18,8 @@ import subprocess
 import sys
 import tempfile
 
+from isolated_run import package_banner
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 _SERVE = r"""
@@ -49,6 +51,8 @@ def _export(out_dir, quick):
     import sequence_classification
     import text_serving
 
+    import keras_yoso  # the one the examples import: its custom ops go into the custom_op export
+    print(package_banner(os.path.dirname(keras_yoso.__file__), keras_yoso.ops.custom_ops_load_error()), flush=True)
     model = dict(long_text_classifier.LRA_TEXT)  # the --preset lra model, as the example trains it
     if quick:
         model.update(max_length=256, num_hashes=4, hash_code_len=8, num_layers=1, hidden_dim=16, ffn_dim=16)

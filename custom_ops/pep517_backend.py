@@ -10,6 +10,8 @@ import os
 from setuptools import build_meta as _setuptools
 from setuptools.build_meta import *  # noqa: F401,F403  (the hooks this module does not override)
 
+# The one home of the TensorFlow requirement: the build's, and that of setup.py's extras (the op
+# library must run on the minor release it was built against).
 TENSORFLOW_REQUIREMENT = "tensorflow>=2.21,<2.22"
 
 

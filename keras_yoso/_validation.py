@@ -18,6 +18,7 @@ TensorFlow graph is built becomes a run-time assertion with the same message
 
 import math
 import numbers
+import random
 
 import keras
 import numpy as np
@@ -117,6 +118,13 @@ def optional_seed(value, name="seed"):
     if value is None or _is_int(value):
         return None if value is None else int(value)
     raise _layer_error(name, "an integer or None", value)
+
+
+def resolve_seed(value, name="seed"):
+    """An int seed: `value`, or for None one drawn now. Layers call it at construction and keep the
+    result in get_config, so a reloaded layer hashes (and drops out) as the original."""
+    value = optional_seed(value, name)
+    return random.randint(1, 2 ** 31 - 1) if value is None else value
 
 
 def num_buckets(value):
@@ -234,11 +242,21 @@ def codes_in_range(codes, num_buckets_, name):
     return _runtime.assert_in_range(codes, 0, num_buckets_, codes_message(name, num_buckets_))
 
 
+def mask_dtype(mask, name, *, layer=False):
+    """The dtype name of a mask when it is bool or numeric; else (strings) TypeError (ops) or, for
+    layers, ValueError in Keras' wording, naming `name`."""
+    dtype = dtype_name(mask)
+    if dtype == "bool" or dtype.startswith(("int", "uint", "float", "bfloat")):
+        return dtype
+    if layer:
+        raise ValueError(f"Received an invalid value for argument `{name}`: expected a bool or numeric mask. "
+                         f"Received: {name} of dtype {dtype}")
+    raise TypeError(f"{name} must be a bool or numeric tensor, got dtype {dtype}")
+
+
 def mask_tensor(mask, name):
     """`[B, N]` bool mask from bool or numeric input (any nonzero keeps, NaN included)."""
-    dtype = dtype_name(mask)
-    if dtype != "bool" and not dtype.startswith(("int", "uint", "float", "bfloat")):
-        raise TypeError(f"{name} must be a bool or numeric tensor, got dtype {dtype}")
+    dtype = mask_dtype(mask, name)
     mask = _with_rank(ops.convert_to_tensor(mask), 2, name, "shape [batch, length]")
     return mask if dtype == "bool" else ops.not_equal(mask, ops.zeros((), mask.dtype))
 

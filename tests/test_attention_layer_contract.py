@@ -183,6 +183,15 @@ def test_call_shape_mistakes_raise_value_error_naming_the_argument(make, case):
         make(num_heads=2, key_dim=4)(**args)
 
 
+@pytest.mark.parametrize("argument, shape", [("query_mask", (2, 10)), ("value_mask", (2, 10)),
+                                             ("key_mask", (2, 10)), ("attention_mask", (2, 10, 10))])
+def test_string_masks_are_rejected_naming_the_argument(make, argument, shape):
+    x = _inputs(np.random.default_rng(9), 2, 10, 16)
+    with pytest.raises(ValueError, match=rf"argument `{argument}`: expected a bool or numeric mask\. "
+                                         rf"Received: {argument} of dtype string"):
+        make(num_heads=2, key_dim=4)(x, x, **{argument: np.full(shape, "yes")})
+
+
 def test_query_of_wrong_rank_and_unknown_features_raise(make):
     with pytest.raises(ValueError, match=r"expects `query` of shape \(batch, length, features\)"):
         make(num_heads=2, key_dim=4)(np.zeros((2, 8), np.float32), np.zeros((2, 4, 8), np.float32))

@@ -59,6 +59,8 @@ def test_linear_relative_block_passes_its_attention_kwargs():
     (dict(num_heads=2, intermediate_dim=8, attention="performer"), "attention.*yoso.*'performer'"),
     (dict(num_heads=2, intermediate_dim=8, dropout=1.5), "dropout"),
     (dict(num_heads=2, intermediate_dim=8, attention_kwargs=[1]), "attention_kwargs"),
+    (dict(num_heads=2, intermediate_dim=8, attention_kwargs=dict(seed="x")),
+     r"argument `attention_kwargs\['seed'\]`: expected an integer or None"),
 ])
 def test_invalid_arguments_raise(arguments, match):
     with pytest.raises(ValueError, match=match):
@@ -181,7 +183,7 @@ def test_yoso_encoder_learns_a_long_range_matching_task():
 @pytest.mark.parametrize("arguments, inputs, match", [
     (dict(num_heads=2, intermediate_dim=8), (2, 6, None), r"last dimension of the inputs must be known"),
     (dict(num_heads=4, intermediate_dim=8), (2, 6, 2),
-     r"hidden size 2 is smaller than num_heads=4; pass attention_kwargs=\{'key_dim': \.\.\.\}"),
+     r"argument `num_heads`: expected a divisor of the input width 2 .*Received: num_heads=4"),
     (dict(num_heads=2, intermediate_dim=8, attention_kwargs=dict(num_hashes=0)), (2, 6, 8),
      "num_hashes.*num_hashes=0"),
     (dict(num_heads=2, intermediate_dim=8, attention="linear_relative", attention_kwargs=dict(horizon=0)),
@@ -190,3 +192,21 @@ def test_yoso_encoder_learns_a_long_range_matching_task():
 def test_build_errors_name_the_argument(arguments, inputs, match):
     with pytest.raises(ValueError, match=match):
         TransformerEncoderBlock(**arguments).build(inputs)
+
+
+@pytest.mark.parametrize("attention", list(ATTENTION_CLASSES))
+def test_num_heads_that_do_not_divide_the_width_raise_unless_key_dim_is_given(attention):
+    kwargs = YOSO_KWARGS if attention == "yoso" else {}
+    with pytest.raises(ValueError, match=r"argument `num_heads`: expected a divisor of the input width 32 "
+                                         r".*attention_kwargs=\{'key_dim': \.\.\.\}\. Received: num_heads=3"):
+        TransformerEncoderBlock(3, 16, attention=attention, attention_kwargs=kwargs).build((2, 6, 32))
+    block = TransformerEncoderBlock(3, 16, attention=attention, attention_kwargs=dict(kwargs, key_dim=10))
+    assert block(np.zeros((2, 6, 32), np.float32)).shape == (2, 6, 32)
+    assert block.attention_layer.key_dim == 10
+
+
+def test_string_padding_masks_are_rejected_naming_the_argument():
+    with pytest.raises(ValueError, match=r"argument `padding_mask`: expected a bool or numeric mask\. "
+                                         r"Received: padding_mask of dtype string"):
+        TransformerEncoderBlock(2, 16, attention_kwargs=YOSO_KWARGS)(np.zeros((2, 6, 8), np.float32),
+                                                                       padding_mask=np.full((2, 6), "yes"))

@@ -16,6 +16,9 @@ from keras_yoso import _runtime
 from keras_yoso import _validation
 
 _OUTPUT_LETTERS = "opqrsuvwxyz"
+# The arguments of `call`, in order, up to its masks.
+_CALL_ARGUMENTS = ("query", "value", "key", "query_mask", "value_mask", "key_mask", "attention_mask")
+_MASK_ARGUMENTS = _CALL_ARGUMENTS[3:]
 
 
 def _bool_mask(mask):
@@ -320,6 +323,15 @@ class MultiHeadAttentionBase(keras.layers.Layer):
     def _attention_scores(self, query_heads, key_heads, query_mask, key_mask):
         """`[B, heads, T, S]` float32 attention weights, for subclasses that allow return_attention_scores."""
         raise NotImplementedError
+
+    def __call__(self, *args, **kwargs):
+        # Mask dtypes are checked before Keras converts the call's arrays to tensors: on JAX and PyTorch
+        # a string mask would fail there with a message that names no argument.
+        arguments = {**dict(zip(_CALL_ARGUMENTS, args)), **kwargs}
+        for name in _MASK_ARGUMENTS:
+            if arguments.get(name) is not None:
+                _validation.mask_dtype(arguments[name], name, layer=True)
+        return super().__call__(*args, **kwargs)
 
     def call(
         self,

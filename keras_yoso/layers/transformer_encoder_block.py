@@ -1,8 +1,5 @@
 """A Transformer encoder block whose self-attention is YOSO, softmax or another keras_yoso attention."""
 
-import inspect
-import random
-
 import keras
 
 from keras_yoso import _validation
@@ -46,7 +43,8 @@ class TransformerEncoderBlock(keras.layers.Layer):
             attention_kwargs sets `causal=True`).
         attention_kwargs: Extra constructor arguments of the attention layer
             (e.g. `num_hashes`, `hash_code_len`, `conv_window`, `key_dim`).
-            `key_dim` defaults to hidden // num_heads. A missing `seed` is
+            `key_dim` defaults to hidden // num_heads (then num_heads must
+            divide the input width). A missing `seed` is
             drawn at construction and stored here, so a reloaded block hashes
             (YOSO) exactly as the original.
         dropout: Dropout rate after the attention and after the feed-forward
@@ -90,10 +88,10 @@ class TransformerEncoderBlock(keras.layers.Layer):
         self.intermediate_dim = intermediate_dim
         self.attention = attention
         self.attention_kwargs = dict(attention_kwargs or {})
-        if self.attention_kwargs.get("seed") is None and "seed" in inspect.signature(
-                self._attention_class.__init__).parameters:
-            # Resolved now and kept in get_config: a reloaded YOSO block hashes as the original.
-            self.attention_kwargs["seed"] = random.randint(1, 2 ** 31 - 1)
+        # Every attention class takes `seed`; resolved now and kept in get_config, so a reloaded
+        # block hashes (YOSO) and drops out as the original.
+        self.attention_kwargs["seed"] = _validation.resolve_seed(self.attention_kwargs.get("seed"),
+                                                                 "attention_kwargs['seed']")
         self.dropout = float(dropout)
         self.norm_first = norm_first
         self.activation = keras.activations.get(activation)
@@ -105,9 +103,11 @@ class TransformerEncoderBlock(keras.layers.Layer):
             raise ValueError(f"The last dimension of the inputs must be known, got shape {tuple(input_shape)}")
         attention_kwargs = dict(self.attention_kwargs)
         if "key_dim" not in attention_kwargs:
-            if hidden // self.num_heads < 1:
-                raise ValueError(f"hidden size {hidden} is smaller than num_heads={self.num_heads}; pass "
-                                 "attention_kwargs={'key_dim': ...}")
+            if hidden % self.num_heads:
+                raise ValueError(f"Received an invalid value for argument `num_heads`: expected a divisor of the "
+                                 f"input width {hidden} (each head gets width // num_heads features), or pass "
+                                 "attention_kwargs={'key_dim': ...}. Received: "
+                                 f"num_heads={self.num_heads}")
             attention_kwargs["key_dim"] = hidden // self.num_heads
         self._attention_layer = self._attention_class(
             num_heads=self.num_heads, dtype=self.dtype_policy, name="self_attention", **attention_kwargs)
@@ -133,6 +133,14 @@ class TransformerEncoderBlock(keras.layers.Layer):
     @property
     def attention_layer(self):
         return self._attention_layer
+
+    def __call__(self, *args, **kwargs):
+        # Checked before Keras converts the arrays: on JAX and PyTorch a string mask would fail there
+        # with a message that names no argument.
+        padding_mask = kwargs.get("padding_mask", args[1] if len(args) > 1 else None)
+        if padding_mask is not None:
+            _validation.mask_dtype(padding_mask, "padding_mask", layer=True)
+        return super().__call__(*args, **kwargs)
 
     def call(self, inputs, padding_mask=None, training=None, mask=None):
         if padding_mask is None:

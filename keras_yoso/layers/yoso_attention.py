@@ -4,8 +4,6 @@ Paper: Zeng et al., "You Only Sample (Almost) Once: Linear Cost Self-Attention V
 Sampling", ICML 2021.
 """
 
-import random
-
 import keras
 from keras import ops
 
@@ -62,6 +60,12 @@ class YosoAttention(MultiHeadAttentionBase):
     of `MultiHeadAttention` under mixed precision; projections run in the
     compute dtype and the output has the compute dtype.
 
+    Export. `model.export` of a model whose YOSO layers use the TensorFlow
+    custom ops keeps those ops in the SavedModel, which then needs
+    `import keras_yoso` before `tf.saved_model.load`;
+    `keras_yoso.export_portable(model, path)` exports the composite instead
+    (the SavedModel loads with TensorFlow alone).
+
     Args:
         num_heads: Number of attention heads.
         key_dim: Size of each attention head for query and key.
@@ -95,9 +99,12 @@ class YosoAttention(MultiHeadAttentionBase):
         bias_constraint: Constraint for projection biases.
         seed: Optional int seeding the hash functions and dropout (see above).
         implementation: "auto", "custom_op" or "composite", passed to
-            `keras_yoso.ops`. "composite" is pure TensorFlow: it supports
-            `jit_compile=True` and exports SavedModels that load without
-            keras_yoso. `supports_jit` is False when the custom op is used.
+            `keras_yoso.ops`. "composite" is written in `keras.ops` and runs
+            on every backend: it compiles with XLA (`jit_compile=True`,
+            `jax.jit`) and exports SavedModels that load without keras_yoso.
+            "custom_op" is the compiled TensorFlow kernels; "auto" takes them
+            when they are loaded (TensorFlow backend), else the composite.
+            `supports_jit` is False when the custom op is used.
 
     Call arguments:
         query: Query tensor of shape `(B, T, dim)`.
@@ -158,9 +165,7 @@ class YosoAttention(MultiHeadAttentionBase):
         self._hash_method = _validation.choice(hash_method, "hash_method", _validation.HASH_METHODS, layer=True)
         self._implementation = _validation.choice(implementation, "implementation", _validation.IMPLEMENTATIONS,
                                                   layer=True)
-        if seed is None:
-            # Resolved now and stored in get_config, so reloads hash identically.
-            seed = random.randint(1, 2 ** 31 - 1)
+        seed = _validation.resolve_seed(seed)
         super().__init__(
             num_heads, key_dim, value_dim=value_dim, dropout=dropout, use_bias=use_bias, output_shape=output_shape,
             kernel_initializer=kernel_initializer, bias_initializer=bias_initializer,
