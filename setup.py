@@ -8,9 +8,10 @@ kernels are compiled too (SASS for KERAS_YOSO_CUDA_ARCHS, default
 
 The package itself needs only Keras 3 and NumPy (JAX, PyTorch or TensorFlow as the Keras
 backend); the extras pull in the rest:
-  .[tensorflow]   TensorFlow 2.21 (the custom ops, built at install, run on it)
+  .[tensorflow]   TensorFlow 2.21 and tensorflow-text (the custom ops, built at install, run on it)
   .[jax] / .[torch]   those backends (the keras.ops composite runs on them)
-  .[examples] / .[test]   what the examples / the test suite need
+  .[examples]     what the examples add on every backend (matplotlib); combine: .[jax,examples]
+  .[test]         what the test suite needs (TensorFlow backend)
 
 Environment:
   KERAS_YOSO_BUILD_CUSTOM_OPS=0  build no op library and need no TensorFlow to build (JAX, torch)
@@ -186,10 +187,12 @@ setup(
     cmdclass={"build_ext": BuildTfOps},
     install_requires=["keras>=3.6", "numpy"],
     extras_require={
-        "tensorflow": [TENSORFLOW_REQUIREMENT],
+        # tensorflow-text: the examples' raw-string SavedModels tokenize in the graph with it.
+        "tensorflow": [TENSORFLOW_REQUIREMENT, TENSORFLOW_TEXT],
         "jax": ["jax>=0.4.30"],
         "torch": ["torch>=2.4"],
-        "examples": [TENSORFLOW_REQUIREMENT, TENSORFLOW_TEXT, "matplotlib"],
+        # What the examples need on every backend (history.png); combine with a backend's extra.
+        "examples": ["matplotlib"],
         "test": [TENSORFLOW_REQUIREMENT, TENSORFLOW_TEXT, "pytest>=8", "hypothesis>=6.100", "matplotlib"],
     },
     zip_safe=False,

@@ -54,7 +54,7 @@ def main(argv=None):
     if args.train_examples < 2 or args.test_examples < 1:
         parser.error(f"need --train-examples >= 2 and --test-examples >= 1, got {args.train_examples} and "
                      f"{args.test_examples}")
-    args.output_dir = args.output_dir or os.path.join("runs", f"listops-{args.attention}")
+    args.output_dir = args.output_dir or sequence_classification.default_output_dir("listops", args.attention)
     generate = dict(min_length=args.min_length, max_length=args.max_length, max_depth=args.max_depth,
                     max_args=args.max_args, operator_probability=args.operator_probability)
     try:
