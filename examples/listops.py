@@ -6,7 +6,7 @@ of --min-length to --max-length tokens (500-2000; listops_data.py, deterministic
 SavedModel that takes raw expression strings:
 
     python examples/listops.py --train-examples 2000 --test-examples 500 --steps 60
-    python examples/predict.py runs/listops-yoso/saved_model "[MAX 2 9 [MIN 4 7 ] 0 ]"
+    python examples/predict.py runs/listops-yoso-tensorflow/saved_model "[MAX 2 9 [MIN 4 7 ] 0 ]"
 
 What to expect: ListOps is hard to learn. Short budgets (the command above, or one pass over
 9,000 expressions: docs/results.md) leave every attention at the majority class, about 12% test

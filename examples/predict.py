@@ -4,8 +4,8 @@ Loads the export in this fresh process (TensorFlow and tensorflow-text; keras_yo
 export made with --export custom_op, whose graph holds the YOSO custom ops: it is then imported
 to register them) and prints, for each text, the most probable label and its probability:
 
-    python examples/predict.py runs/imdb-bytes-yoso/saved_model "A wonderful film." "Dull and long."
-    python examples/predict.py --json runs/listops-yoso/saved_model "[MAX 2 9 [MIN 4 7 ] 0 ]"
+    python examples/predict.py runs/imdb-bytes-yoso-tensorflow/saved_model "A wonderful film." "Dull and long."
+    python examples/predict.py --json runs/listops-yoso-tensorflow/saved_model "[MAX 2 9 [MIN 4 7 ] 0 ]"
 
 With --json, one JSON object per text: label, probability and all class probabilities.
 """
