@@ -53,10 +53,12 @@ def _export(out_dir, quick):
 
     import keras_yoso  # the one the examples import: its custom ops go into the custom_op export
     print(package_banner(os.path.dirname(keras_yoso.__file__), keras_yoso.ops.custom_ops_load_error()), flush=True)
-    model = dict(long_text_classifier.LRA_TEXT)  # the --preset lra model, as the example trains it
+    # The --preset lra model of IMDB bytes, with every other option at the example's own default.
+    argv = ["--data-dir", "unused", "--preset", "lra"]
     if quick:
-        model.update(max_length=256, num_hashes=4, hash_code_len=8, num_layers=1, hidden_dim=16, ffn_dim=16)
-    args = argparse.Namespace(attention="yoso", conv_window=None, backward="lower_bound", seed=0, **model)
+        argv += ["--max-length", "256", "--num-hashes", "4", "--hash-code-len", "8", "--num-layers", "1",
+                 "--hidden-dim", "16", "--ffn-dim", "16"]
+    args = sequence_classification.parse_args(long_text_classifier.build_parser(), argv, long_text_classifier.LRA_TEXT)
     length = args.max_length
     classifier = sequence_classification.build_classifier(sequence_classification.ByteTokenizer.vocab_size, 2, args)
     paths = {}
