@@ -239,6 +239,26 @@ def test_training_split_into_pieces_equals_the_unsplit_run(tmp_path):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
 
+def test_a_plot_that_cannot_be_drawn_only_warns_after_the_model_and_metrics_are_saved(tmp_path, monkeypatch,
+                                                                                         capsys):
+    def no_matplotlib(*args):
+        raise ImportError("No module named 'matplotlib'")
+
+    monkeypatch.setattr(sequence_classification, "_plot_history", no_matplotlib)
+    result = long_text_classifier.main(_tags_command(str(tmp_path / "out")))
+    assert result.finished and result.metrics["model"] == str(tmp_path / "out" / "model.keras")
+    assert os.path.exists(tmp_path / "out" / "metrics.json") and not os.path.exists(tmp_path / "out" / "history.png")
+    reloaded = keras.saving.load_model(result.metrics["model"])
+    ids = np.array([[3, 4, 5, 0]], np.int32)
+    np.testing.assert_allclose(to_numpy(reloaded(ids)), to_numpy(result.classifier(ids)), rtol=1e-5, atol=1e-6)
+    assert "warning: no " in capsys.readouterr().err
+
+
+def test_default_output_folder_names_the_backend():
+    assert sequence_classification.default_output_dir("tags", "yoso") == os.path.join(
+        "runs", f"tags-yoso-{keras.backend.backend()}")
+
+
 def test_a_checkpoint_of_other_options_is_not_continued(tmp_path):
     long_text_classifier.main(_tags_command(str(tmp_path / "out"), str(tmp_path / "checkpoint"), stop_after=2))
     changed = _tags_command(str(tmp_path / "out"), str(tmp_path / "checkpoint")) + ["--learning-rate", "5e-4"]
