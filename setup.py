@@ -1,10 +1,18 @@
 """Build and install keras-yoso.
 
-`pip install .` compiles custom_ops/ into one TensorFlow op library,
-keras_yoso/_yoso_ops*.so, with the compile and link flags TensorFlow reports
-(tf.sysconfig). When nvcc is found and KERAS_YOSO_CUDA is not "0", the CUDA
-kernels are compiled too (SASS for KERAS_YOSO_CUDA_ARCHS, default
-75;80;86;89;90, plus PTX for the newest) and GPU kernels are registered.
+`pip install .` compiles custom_ops/ into two libraries:
+
+- keras_yoso/_yoso_native*.so, the framework-neutral native library: the C ABI of the CPU
+  kernels (custom_ops/cc/c_api) and the XLA FFI handlers (custom_ops/cc/jax), built with only a
+  C++ compiler. The handlers need the header-only XLA FFI API, which the build takes from the
+  pinned jaxlib that custom_ops/pep517_backend.py adds to the build requirements; the library
+  does not link to jaxlib, torch or TensorFlow, so JAX (through XLA FFI) and PyTorch (through
+  ctypes and torch.library) use it whichever of them is installed, before or after keras-yoso.
+- keras_yoso/_yoso_ops*.so, the TensorFlow op library, when TensorFlow is importable at build
+  time, with the compile and link flags TensorFlow reports (tf.sysconfig). When nvcc is found
+  and KERAS_YOSO_CUDA is not "0", the CUDA kernels are compiled too (SASS for
+  KERAS_YOSO_CUDA_ARCHS, default 75;80;86;89;90, plus PTX for the newest) and GPU kernels are
+  registered.
 
 The package itself needs only Keras 3 and NumPy (JAX, PyTorch or TensorFlow as the Keras
 backend); the extras pull in the rest:
@@ -14,7 +22,8 @@ backend); the extras pull in the rest:
   .[test]         what the test suite needs (TensorFlow backend)
 
 Environment:
-  KERAS_YOSO_BUILD_CUSTOM_OPS=0  build no op library and need no TensorFlow to build (JAX, torch)
+  KERAS_YOSO_BUILD_CUSTOM_OPS=0  build no library at all: a pure-Python install (the composite)
+  KERAS_YOSO_BUILD_TF_OPS=0  build the native library only: no TensorFlow at build time (JAX, torch)
   KERAS_YOSO_CUDA=0          build the CPU kernels only, even if nvcc is present
   KERAS_YOSO_CUDA_ARCHS=...  semicolon-separated SM versions, e.g. "80;90"
   CUDA_HOME=/path            CUDA toolkit root (default: from nvcc, else /usr/local/cuda)
@@ -40,6 +49,8 @@ from setuptools.command.build_ext import build_ext
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 KERNELS = os.path.join("custom_ops", "cc", "kernels")
+NATIVE_SOURCES = [os.path.join("custom_ops", "cc", "c_api", "yoso_c_api.cc")]
+XLA_FFI_SOURCES = [os.path.join("custom_ops", "cc", "jax", "yoso_xla_ffi.cc")]
 CC_SOURCES = [os.path.join(KERNELS, "yoso_kernels.cc"), os.path.join("custom_ops", "cc", "ops", "yoso_ops.cc")]
 CUDA_SOURCES = [os.path.join(KERNELS, "yoso_gpu.cu")]
 DEFAULT_ARCHS = "75;80;86;89;90"
@@ -47,7 +58,7 @@ DEFAULT_ARCHS = "75;80;86;89;90"
 HEARTBEAT_SECONDS = 15
 
 sys.path.insert(0, os.path.join(HERE, "custom_ops"))
-from pep517_backend import TENSORFLOW_REQUIREMENT  # noqa: E402  (its one home: build and extras)
+from pep517_backend import OLDEST_JAX, TENSORFLOW_REQUIREMENT  # noqa: E402  (their one home: build and extras)
 
 TENSORFLOW_TEXT = "tensorflow-text>=2.21,<2.22"
 
@@ -96,7 +107,7 @@ def _compile_all(jobs, workers):
     start = time.perf_counter()
     with ThreadPoolExecutor(max_workers=workers) as pool:
         running = {pool.submit(_run, cmd): source for source, cmd in jobs.items()}
-        _say(f"compiling {', '.join(jobs)} ({workers} parallel job(s); 2 to 4 minutes on 2 cores)")
+        _say(f"compiling {', '.join(jobs)} ({workers} parallel job(s); up to 4 minutes on 2 cores)")
         while running:
             done, _ = wait(running, timeout=HEARTBEAT_SECONDS, return_when=FIRST_COMPLETED)
             for future in done:
@@ -114,64 +125,116 @@ def _remove_earlier_libraries(name, directories):
             os.remove(path)
 
 
-def _build_custom_ops():
-    """False when KERAS_YOSO_BUILD_CUSTOM_OPS=0, or when TensorFlow cannot be imported (then say so)."""
+def _building_libraries():
+    """False when KERAS_YOSO_BUILD_CUSTOM_OPS=0 (a pure-Python install)."""
     if os.environ.get("KERAS_YOSO_BUILD_CUSTOM_OPS", "1") == "0":
-        print("keras-yoso: KERAS_YOSO_BUILD_CUSTOM_OPS=0: no op library (keras.ops composite only)", flush=True)
-        return False
-    try:
-        import tensorflow  # noqa: F401
-    except ImportError as error:
-        print(f"keras-yoso: TensorFlow is not importable at build time ({error}): no op library is built; "
-              "every op runs on the keras.ops composite", flush=True)
+        _say("KERAS_YOSO_BUILD_CUSTOM_OPS=0: no native library and no op library (keras.ops composite only)")
         return False
     return True
 
 
-class BuildTfOps(build_ext):
-    """Compiles the op library with TensorFlow's own flags (never hard-coded)."""
+def _tensorflow_importable():
+    if os.environ.get("KERAS_YOSO_BUILD_TF_OPS", "1") == "0":
+        _say("KERAS_YOSO_BUILD_TF_OPS=0: no TensorFlow op library (on TensorFlow every op runs on the composite)")
+        return False
+    try:
+        import tensorflow  # noqa: F401
+    except ImportError as error:
+        _say(f"TensorFlow is not importable at build time ({error}): no TensorFlow op library is built "
+             "(the native library serves JAX and PyTorch; on TensorFlow every op runs on the composite)")
+        return False
+    return True
+
+
+def _xla_ffi_include_dir():
+    """The include folder of the installed jaxlib's header-only XLA FFI API (None: not installed).
+
+    Found without importing jax: the build environment holds jaxlib only for its headers.
+    """
+    import importlib.util
+
+    spec = importlib.util.find_spec("jaxlib")
+    for root in (spec.submodule_search_locations or []) if spec else []:
+        include = os.path.join(root, "include")
+        if os.path.exists(os.path.join(include, "xla", "ffi", "api", "ffi.h")):
+            return include
+    return None
+
+
+def _cxx():
+    return os.environ.get("CXX", "g++")
+
+
+class BuildLibraries(build_ext):
+    """Builds the native library (C++ compiler only) and the TensorFlow op library (TF's own flags)."""
 
     def build_extension(self, ext):
         out_path = self.get_ext_fullpath(ext.name)
         *package, name = ext.name.split(".")
         _remove_earlier_libraries(name, {os.path.dirname(out_path), os.path.join(self.build_lib, *package)})
-        build_dir = os.path.join(os.path.abspath(self.build_temp), "keras_yoso_ops")
+        build_dir = os.path.join(os.path.abspath(self.build_temp), name)
         shutil.rmtree(build_dir, ignore_errors=True)  # objects of an earlier build are never linked
-        if not _build_custom_ops():
+        if not _building_libraries():
             return
+        if name == "_yoso_native":
+            self._build_native(out_path, build_dir)
+        elif _tensorflow_importable():
+            self._build_tf_ops(out_path, build_dir)
+
+    def _build_native(self, out_path, build_dir):
+        start = time.perf_counter()
+        include = _xla_ffi_include_dir()
+        sources = NATIVE_SOURCES + (XLA_FFI_SOURCES if include else [])
+        if include is None:
+            _say("no jaxlib headers at build time: the native library holds no XLA FFI handlers "
+                 "(JAX then runs the composite; PyTorch is unaffected)")
+        flags = ["-O3", "-fPIC", "-std=c++17", "-fvisibility=hidden", "-pthread",
+                 "-I" + os.path.join(HERE, KERNELS), "-I" + os.path.join(HERE, "custom_ops", "cc", "c_api")]
+        if include:
+            flags.append("-I" + include)
+        self._compile_and_link(sources, flags, ["-pthread"], out_path, build_dir)
+        _say(f"built {out_path} (C ABI{' + XLA FFI handlers' if include else ''}) in "
+             f"{time.perf_counter() - start:.0f} s")
+
+    def _build_tf_ops(self, out_path, build_dir):
         import tensorflow as tf
 
         start = time.perf_counter()
         compile_flags = tf.sysconfig.get_compile_flags()
-        link_flags = tf.sysconfig.get_link_flags()
         nvcc, cuda_home = _find_cuda()
-        os.makedirs(build_dir)
-        os.makedirs(os.path.dirname(out_path), exist_ok=True)
-
-        cxx = os.environ.get("CXX", "g++")
         common = ["-O3", "-fPIC", "-Wno-deprecated-declarations", "-I" + os.path.join(HERE, KERNELS)] + compile_flags
         if cuda_home:
             common += ["-DGOOGLE_CUDA=1", "-I" + os.path.join(cuda_home, "include")]
-        jobs = {}
-        objects = []
-        for src in CC_SOURCES:
-            obj = os.path.join(build_dir, os.path.basename(src) + ".o")
-            jobs[src] = [cxx, "-c", src, "-o", obj] + common
-            objects.append(obj)
+        extra_jobs = {}
         if cuda_home:
             std = next((f for f in compile_flags if f.startswith(("--std=", "-std="))), "-std=c++17")
             for src in CUDA_SOURCES:
                 obj = os.path.join(build_dir, os.path.basename(src) + ".o")
-                jobs[src] = [nvcc, "-c", src, "-o", obj, "-O3", std.replace("--std", "-std"),
-                             "-Xcompiler", "-fPIC", "-I" + os.path.join(HERE, KERNELS)] + _gencode_flags()
-                objects.append(obj)
-        _compile_all(jobs, max(1, int(os.environ.get("KERAS_YOSO_JOBS", os.cpu_count() or 1))))
-
-        link = [cxx, "-shared", "-o", out_path] + objects + link_flags
+                extra_jobs[src] = ([nvcc, "-c", src, "-o", obj, "-O3", std.replace("--std", "-std"),
+                                    "-Xcompiler", "-fPIC", "-I" + os.path.join(HERE, KERNELS)] + _gencode_flags(), obj)
+        link = tf.sysconfig.get_link_flags()
         if cuda_home:
             link += ["-L" + os.path.join(cuda_home, "lib64"), "-l:libcudart_static.a", "-lrt", "-ldl", "-lpthread"]
-        _say(f"linked {os.path.basename(out_path)} in {_run(link):.0f} s")
+        self._compile_and_link(CC_SOURCES, common, link, out_path, build_dir, extra_jobs)
         _say(f"built {out_path} ({'CPU + CUDA' if cuda_home else 'CPU only'}) in {time.perf_counter() - start:.0f} s")
+
+    @staticmethod
+    def _compile_and_link(sources, flags, link_flags, out_path, build_dir, extra_jobs=None):
+        """Compiles `sources` with `flags` (plus extra_jobs {source: (cmd, object)}) in parallel, then
+        links them into the shared library `out_path`."""
+        os.makedirs(build_dir)
+        os.makedirs(os.path.dirname(out_path), exist_ok=True)
+        jobs, objects = {}, []
+        for src in sources:
+            obj = os.path.join(build_dir, os.path.basename(src) + ".o")
+            jobs[src] = [_cxx(), "-c", src, "-o", obj] + flags
+            objects.append(obj)
+        for src, (cmd, obj) in (extra_jobs or {}).items():
+            jobs[src] = cmd
+            objects.append(obj)
+        _compile_all(jobs, max(1, int(os.environ.get("KERAS_YOSO_JOBS", os.cpu_count() or 1))))
+        link = [_cxx(), "-shared", "-o", out_path] + objects + link_flags
+        _say(f"linked {os.path.basename(out_path)} in {_run(link):.0f} s")
 
 
 setup(
@@ -183,13 +246,13 @@ setup(
     license="Apache-2.0",
     python_requires=">=3.10",
     packages=find_packages(include=["keras_yoso", "keras_yoso.*"]),
-    ext_modules=[Extension("keras_yoso._yoso_ops", sources=[])],
-    cmdclass={"build_ext": BuildTfOps},
+    ext_modules=[Extension("keras_yoso._yoso_native", sources=[]), Extension("keras_yoso._yoso_ops", sources=[])],
+    cmdclass={"build_ext": BuildLibraries},
     install_requires=["keras>=3.6", "numpy"],
     extras_require={
         # tensorflow-text: the examples' raw-string SavedModels tokenize in the graph with it.
         "tensorflow": [TENSORFLOW_REQUIREMENT, TENSORFLOW_TEXT],
-        "jax": ["jax>=0.4.30"],
+        "jax": [OLDEST_JAX],
         "torch": ["torch>=2.4"],
         # What the examples need on every backend (history.png); combine with a backend's extra.
         "examples": ["matplotlib"],

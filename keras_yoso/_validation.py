@@ -51,7 +51,7 @@ EXPECTATION_BACKWARDS = ("lower_bound", "exact")
 COLLISION_EPSILON = 1e-6
 
 
-def _is_int(value):
+def is_integer(value):
     return isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_))
 
 
@@ -64,7 +64,7 @@ def integer(value, name, low, high=None, *, allow_none=False, layer=False):
     """`value` as an int in [low, high] (None passes when `allow_none`); else ValueError naming `name`."""
     if value is None and allow_none:
         return None
-    if _is_int(value) and value >= low and (high is None or value <= high):
+    if is_integer(value) and value >= low and (high is None or value <= high):
         return int(value)
     if layer:
         expected = (f"an integer in [{low}, {high}]" if high is not None
@@ -115,7 +115,7 @@ def fraction(value, name):
 
 def optional_seed(value, name="seed"):
     """An int seed or None; else ValueError in Keras' wording."""
-    if value is None or _is_int(value):
+    if value is None or is_integer(value):
         return None if value is None else int(value)
     raise _layer_error(name, "an integer or None", value)
 
@@ -146,7 +146,7 @@ def output_shape(value):
     if value is None:
         return None
     shape = tuple(value) if isinstance(value, (list, tuple)) else (value,)
-    if not shape or not all(_is_int(d) and d > 0 for d in shape):
+    if not shape or not all(is_integer(d) and d > 0 for d in shape):
         raise _layer_error("output_shape", "a positive int or a non-empty tuple of positive ints", value)
     return tuple(int(d) for d in shape)
 

@@ -361,8 +361,6 @@ class MultiHeadAttentionBase(keras.layers.Layer):
         batch = ops.shape(query)[0]
         query_length, key_length = ops.shape(query)[1], ops.shape(value)[1]
         if attention_mask is not None:
-            # Keras then does not pick XLA for `jit_compile="auto"` (see _padding_masks_from_attention_mask).
-            self.supports_jit = False
             query_pad, key_pad = self._padding_masks_from_attention_mask(
                 attention_mask, batch, query_length, key_length)
             query_mask = _merge_masks(query_mask, query_pad)

@@ -102,9 +102,12 @@ class YosoAttention(MultiHeadAttentionBase):
             `keras_yoso.ops`. "composite" is written in `keras.ops` and runs
             on every backend: it compiles with XLA (`jit_compile=True`,
             `jax.jit`) and exports SavedModels that load without keras_yoso.
-            "custom_op" is the compiled TensorFlow kernels; "auto" takes them
-            when they are loaded (TensorFlow backend), else the composite.
-            `supports_jit` is False when the custom op is used.
+            "custom_op" is the compiled native kernels: TensorFlow's op
+            library (CPU and GPU), the native library's CPU kernels on JAX
+            (XLA FFI) and PyTorch (torch.library); "auto" takes them when
+            they are loaded and can take the inputs, else the composite.
+            `supports_jit` is `keras_yoso.ops.supports_jit(implementation)`:
+            False only for TensorFlow's op library (no XLA kernels).
 
     Call arguments:
         query: Query tensor of shape `(B, T, dim)`.
@@ -172,9 +175,7 @@ class YosoAttention(MultiHeadAttentionBase):
             kernel_regularizer=kernel_regularizer, bias_regularizer=bias_regularizer,
             activity_regularizer=activity_regularizer, kernel_constraint=kernel_constraint,
             bias_constraint=bias_constraint, seed=seed, **kwargs)
-        self.supports_jit = self._use_expectation or not (
-            self._implementation == "custom_op"
-            or (self._implementation == "auto" and yoso_ops.custom_ops_available()))
+        self.supports_jit = self._use_expectation or yoso_ops.supports_jit(self._implementation)
         self._training_seeds = keras.random.SeedGenerator(self.seed)
 
     @property

@@ -1,14 +1,18 @@
 """keras_yoso.ops: the functional API of keras-yoso, on every Keras backend.
 
 Every YOSO function takes `implementation="auto" | "custom_op" | "composite"`: the compiled
-custom ops (TensorFlow backend, loaded when keras_yoso is imported) or the `keras.ops`
-composite (TensorFlow, JAX, torch). `implementation_in_use` says which one "auto" picks.
+native kernels ("custom_op": TensorFlow's op library, loaded when keras_yoso is imported; the
+native library's CPU kernels through XLA FFI on JAX and torch.library on PyTorch) or the
+`keras.ops` composite (TensorFlow, JAX, torch). `implementation_in_use` says which one "auto"
+picks; `supports_jit` whether it runs inside compiled functions.
 """
 
 from keras_yoso import _runtime
 from keras_yoso.ops._dispatch import composite_only
 from keras_yoso.ops._dispatch import custom_ops_available
+from keras_yoso.ops._dispatch import native_provider as _native_provider
 from keras_yoso.ops._dispatch import provider as _provider
+from keras_yoso.ops._dispatch import supports_jit
 from keras_yoso.ops.hashing import hash_codes
 from keras_yoso.ops.hashing import hash_parameters
 from keras_yoso.ops.linear_relative import linear_relative_attention
@@ -21,17 +25,14 @@ from keras_yoso.ops.yoso import yoso_expectation_weights
 
 
 def implementation_in_use(implementation="auto"):
-    """"custom_op" or "composite": what an op called now with `implementation` runs."""
-    from keras_yoso.ops import composite
-
-    return "composite" if _provider(implementation) is composite else "custom_op"
+    """"custom_op" or "composite": what an op called now with `implementation` runs (on every
+    backend)."""
+    return _provider(implementation).name
 
 
 def custom_ops_load_error():
-    """Why the custom ops are not available here (None when they are)."""
-    from keras_yoso.ops._dispatch import native_provider
-
-    return native_provider()[1]
+    """Why the native kernels are not available here (None when they are)."""
+    return _native_provider()[1]
 
 
 if _runtime.is_tensorflow():
@@ -48,6 +49,7 @@ __all__ = [
     "implementation_in_use",
     "linear_relative_attention",
     "lsh_cumulation",
+    "supports_jit",
     "weighted_lsh_cumulation",
     "yoso_cumulation",
     "yoso_expectation",

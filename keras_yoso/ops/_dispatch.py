@@ -1,17 +1,12 @@
 """The one place that decides how each op call runs.
 
-A *provider* is a module with the forward primitives of every op, all with the same signatures
-(see `composite`): `hash_codes`, `lsh_cumulation`, `weighted_lsh_cumulation`,
-`collision_cumulation`. Two exist:
-
-- `composite`: `keras.ops`, every backend, portable (XLA, SavedModels that load without
-  keras_yoso, JAX, torch);
-- the running backend's custom ops, today TensorFlow's (`_tf_kernels`: the C++/CUDA kernels).
-
-The public functions of `keras_yoso.ops` ask `provider(implementation)` per call and wrap the
-primitives with gradients (`keras.ops.custom_gradient`), so a JAX (XLA FFI) or torch kernel is
-added by registering one more native provider in `_NATIVE_PROVIDERS`, without touching the ops'
-math or the layers.
+A *provider* (`_provider.Provider`) runs the primitives of every op and declares what it can do.
+There is the composite (`composite.PROVIDER`: `keras.ops`, every backend) and one native provider
+per backend (`_NATIVE_PROVIDERS`): TensorFlow's op library, and the native library's CPU kernels
+on JAX (XLA FFI) and PyTorch (torch.library). The public functions of `keras_yoso.ops` ask
+`provider(implementation, tensors)` per call, wrap the primitives with gradients
+(`keras.ops.custom_gradient`) and read the provider's declarations; the layers ask
+`supports_jit(implementation)`.
 """
 
 import contextlib
@@ -22,10 +17,12 @@ from keras_yoso import _runtime
 from keras_yoso import _validation
 from keras_yoso.ops import composite
 
-# backend name -> module of its custom-op provider. The module has `load_error()` (None when its
-# kernels are usable), `usable_here()` (False where they must not run, e.g. inside XLA) and the
-# primitives.
-_NATIVE_PROVIDERS = {"tensorflow": "keras_yoso.ops._tf_kernels"}
+# backend name -> module whose PROVIDER holds that backend's native kernels.
+_NATIVE_PROVIDERS = {
+    "tensorflow": "keras_yoso.ops._tf_kernels",
+    "jax": "keras_yoso.ops._jax_kernels",
+    "torch": "keras_yoso.ops._torch_kernels",
+}
 
 
 # Set by `composite_only()`: every op runs on the composite, whatever implementation it was given.
@@ -45,37 +42,51 @@ def composite_only():
 
 
 def native_provider():
-    """(module, None) of the running backend's custom ops, or (None, why they are unavailable)."""
+    """(provider, None) of the running backend's native kernels, or (None, why they are unavailable)."""
     name = _NATIVE_PROVIDERS.get(_runtime.backend())
     if name is None:
-        return None, f"keras_yoso has no custom ops for the {_runtime.backend()} backend (only for tensorflow)"
-    module = importlib.import_module(name)
-    error = module.load_error()
-    return (None, error) if error else (module, None)
+        return None, f"keras_yoso has no native kernels for the {_runtime.backend()} backend"
+    native = importlib.import_module(name).PROVIDER
+    error = native.load_error()
+    return (None, error) if error else (native, None)
 
 
 def custom_ops_available():
-    """True when the running backend's custom ops are loaded."""
+    """True when the running backend's native kernels are loaded."""
     return native_provider()[0] is not None
 
 
-def provider(implementation):
-    """The provider that runs an op called with `implementation`.
+def provider(implementation, tensors=()):
+    """The provider that runs an op called with `implementation` on `tensors`.
 
-    "custom_op": the backend's custom ops (RuntimeError when they are not loaded); "composite":
-    `keras.ops`; "auto": the custom ops when loaded and usable in the current context (not under
-    XLA, not where determinism needs the composite), else the composite.
+    "custom_op": the backend's native kernels (RuntimeError when they are not loaded, ValueError
+    naming the device when they cannot take `tensors`, e.g. CPU kernels and CUDA tensors);
+    "composite": `keras.ops`; "auto": the native kernels when loaded, usable in the current
+    context (not inside a TensorFlow XLA graph, not where determinism needs the composite) and
+    able to take `tensors`, else the composite.
     """
     _validation.choice(implementation, "implementation", _validation.IMPLEMENTATIONS)
     if implementation == "composite" or _COMPOSITE_ONLY.get():
-        return composite
+        return composite.PROVIDER
     native, error = native_provider()
     if implementation == "custom_op":
         if native is None:
-            raise RuntimeError(f"implementation='custom_op' but the keras_yoso op library is not loaded: {error}")
+            raise RuntimeError(f"implementation='custom_op' but the keras_yoso native kernels are not loaded: {error}")
+        device_error = native.device_error(tensors)
+        if device_error:
+            raise ValueError(f"implementation='custom_op' cannot run here: {device_error}")
         return native
-    return native if native is not None and native.usable_here() else composite
+    if native is None or not native.usable_here() or native.device_error(tensors):
+        return composite.PROVIDER
+    return native
 
 
-def is_composite(module):
-    return module is composite
+def supports_jit(implementation="auto"):
+    """True when ops called with `implementation` run inside compiled functions (XLA on TensorFlow
+    and JAX, torch.compile): the composite and the JAX and PyTorch native kernels do; TensorFlow's
+    op library does not (it has no XLA kernels). Layers set their `supports_jit` from this; where
+    "custom_op" cannot run at all, the call raises the reason, and this says False."""
+    try:
+        return provider(implementation).supports_jit
+    except (RuntimeError, ValueError):
+        return False

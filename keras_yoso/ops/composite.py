@@ -1,7 +1,7 @@
 """The portable composite of every YOSO op, written once in `keras.ops` (TensorFlow, JAX, torch).
 
 Forward-only primitives with the argument order of the public functions of `keras_yoso.ops`
-(which add validation and gradients) and of the custom-op provider `_tf_kernels`. Masks are
+(which add validation and gradients) and of the native providers (`_provider.Provider`). Masks are
 bool `[B, N]`; codes int32 `[B, m, N]`, already validated (codes outside [0, num_buckets) are
 dropped like masked positions, so nothing is ever read out of bounds). Everything is computed
 in float32 and returned in float32.
@@ -30,6 +30,7 @@ import numpy as np
 from keras import ops
 
 from keras_yoso import _runtime
+from keras_yoso.ops import _provider
 
 COMPUTE_DTYPE = "float32"
 # Largest intermediate of one chunked step, in floats (32 MiB of float32).
@@ -589,3 +590,23 @@ def collision_cumulation(query_codes, query, query_weight, key_codes, key, key_w
     total = _for_hash_chunks(query_codes, key_codes, query_mask, key_mask, num_buckets, widths, step,
                              ops.zeros((batch, num_queries, dim), COMPUTE_DTYPE))
     return _keep_rows(query_mask, total)
+
+
+class _CompositeProvider(_provider.Provider):
+    """The composite as a provider: every backend, inside any compiled function; it cannot check
+    codes in traced code (ops/yoso.py checks them where it can), and it chunks by num_hashes, which
+    must therefore be known while tracing."""
+
+    name = "composite"
+    checks_codes = False
+    needs_static_num_hashes = True
+    supports_jit = True
+
+    hash_codes = staticmethod(hash_codes)
+    lsh_cumulation = staticmethod(lsh_cumulation)
+    weighted_lsh_cumulation = staticmethod(weighted_lsh_cumulation)
+    lower_bound_gradients = staticmethod(lower_bound_gradients)
+    collision_cumulation = staticmethod(collision_cumulation)
+
+
+PROVIDER = _CompositeProvider()

@@ -6,7 +6,6 @@ Paper: Zeng et al., "You Only Sample (Almost) Once", ICML 2021, §3.2 and append
 
 import functools
 import math
-import numbers
 
 import keras
 import numpy as np
@@ -15,7 +14,6 @@ from keras import ops
 from keras_yoso import _runtime
 from keras_yoso import _validation
 from keras_yoso.ops import _dispatch
-from keras_yoso import _validation as _tensors
 
 
 def _next_power_of_two(n):
@@ -53,10 +51,6 @@ class _StatelessSeed(keras.random.SeedGenerator):
         return self._seed
 
 
-def _is_int_seed(seed):
-    return isinstance(seed, numbers.Integral) and not isinstance(seed, (bool, np.bool_))
-
-
 def _seed_tensor(seed):
     """A `[2]` integer seed tensor, or ValueError."""
     message = f"seed must be an int or an integer tensor of shape [2], got {seed!r}"
@@ -90,7 +84,7 @@ def hash_parameters(dim, num_hashes, hash_code_len, seed, method=_validation.DEF
     num_hashes = _validation.integer(num_hashes, "num_hashes", 1)
     hash_code_len = _validation.hash_code_len(hash_code_len, cumulation=False)
     method = _validation.choice(method, "method", _validation.HASH_METHODS)
-    if _is_int_seed(seed):
+    if _validation.is_integer(seed):
         return ops.convert_to_tensor(_numpy_parameters(dim, num_hashes, hash_code_len, int(seed), method))
     generator = _StatelessSeed(_seed_tensor(seed))
     bits = num_hashes * hash_code_len
@@ -125,10 +119,10 @@ def hash_codes(x, num_hashes, hash_code_len, seed, method=_validation.DEFAULT_HA
     num_hashes = _validation.integer(num_hashes, "num_hashes", 1)
     hash_code_len = _validation.hash_code_len(hash_code_len, cumulation=False)
     method = _validation.choice(method, "method", _validation.HASH_METHODS)
-    provider = _dispatch.provider(implementation)
-    if not _is_int_seed(seed):
+    if not _validation.is_integer(seed):
         _seed_tensor(seed)
-    x = _tensors.float_tensor(x, "x", 3)
+    x = _validation.float_tensor(x, "x", 3)
+    provider = _dispatch.provider(implementation, (x,))
     dim = _runtime.static_shape(x)[2]
     if dim is None:
         raise ValueError(f"the last dimension of x must be known statically, got shape {_runtime.static_shape(x)}")

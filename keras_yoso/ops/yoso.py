@@ -2,10 +2,12 @@
 and YOSO-E.
 
 Every function takes `implementation="auto" | "custom_op" | "composite"` (see
-`keras_yoso.ops._dispatch.provider`): "custom_op" runs the compiled C++/CUDA kernels (TensorFlow
-backend), "composite" the `keras.ops` composite (every backend; same numbers to float32
-rounding; XLA- and serving-friendly), "auto" the custom op where it is loaded and usable, else the
-composite. Gradients are the same `keras.ops.custom_gradient`s for both.
+`keras_yoso.ops._dispatch.provider`): "custom_op" runs the backend's native kernels (TensorFlow's
+C++/CUDA op library; the native library's CPU kernels on JAX and PyTorch), "composite" the
+`keras.ops` composite (every backend; same numbers to float32 rounding; XLA- and
+serving-friendly), "auto" the native kernels where they are loaded and usable, else the
+composite. Gradients are the same `keras.ops.custom_gradient`s for both; what differs between
+providers is read from their declarations (`_provider.Provider`).
 
 `B` is any flattened batch (batch x heads). Codes are int `[B, m, N]`. Masks are `[B, N]`, bool or
 numeric (any nonzero keeps the position). float16, bfloat16 and float32 inputs are accumulated in
@@ -49,7 +51,7 @@ def _prepare_sides(query_codes, key_codes, query_mask, key_mask, query_side, key
     if num_hashes == 0:
         raise ValueError(f"query_codes must have num_hashes >= 1 (axis 1), got shape {_runtime.static_shape(qc)}")
     if num_hashes is None:
-        if _dispatch.is_composite(provider):
+        if provider.needs_static_num_hashes:
             raise ValueError("num_hashes (axis 1 of query_codes) must be known when the graph is built for the "
                              f"composite path; got shape {_runtime.static_shape(qc)}")
         checks += _runtime.check(ops.greater(ops.shape(qc)[1], 0), "query_codes must have num_hashes >= 1 (axis 1)")
@@ -66,7 +68,7 @@ def _prepare_sides(query_codes, key_codes, query_mask, key_mask, query_side, key
                                 "batch sizes (axis 0) of queries and keys")
     for entries, what in widths:
         checks += _validation.agree(entries, what)
-    if _dispatch.is_composite(provider):
+    if not provider.checks_codes:
         checks += _validation.codes_in_range(qc, num_buckets, "query_codes")
         checks += _validation.codes_in_range(kc, num_buckets, "key_codes")
     named.update(query_side)
@@ -113,16 +115,16 @@ def lsh_cumulation(query_codes, key_codes, value, num_buckets, query_mask=None, 
       `[B, Nq, D]` in value's dtype. Differentiable in `value`.
     """
     num_buckets = _validation.num_buckets(num_buckets)
-    provider = _dispatch.provider(implementation)
     value = _validation.float_tensor(value, "value", 3)
+    provider = _dispatch.provider(implementation, (value,))
     qc, kc, qm, km, _, (value,) = _prepare_sides(query_codes, key_codes, query_mask, key_mask, [],
                                                  [("value", value)], num_buckets, provider)
     return _lsh(provider, qc, kc, value, num_buckets, qm, km)
 
 
 def _check_pair_table(provider, weight, value):
-    """The custom op's per-bucket [W, D] table limit (kMaxBucketTableFloats), checked before the call."""
-    if not _dispatch.is_composite(provider):
+    """The provider's per-bucket [W, D] table limit (kMaxBucketTableFloats), checked before the call."""
+    if provider.max_bucket_table_floats is not None:
         _validation.check_bucket_table(_runtime.static_shape(weight)[2], _runtime.static_shape(value)[2])
 
 
@@ -168,10 +170,10 @@ def weighted_lsh_cumulation(query_codes, query_weight, key_codes, key_weight, va
       `[B, Nq, D]`. Differentiable in query_weight, key_weight and value.
     """
     num_buckets = _validation.num_buckets(num_buckets)
-    provider = _dispatch.provider(implementation)
     query_weight = _validation.float_tensor(query_weight, "query_weight", 3)
     key_weight = _validation.float_tensor(key_weight, "key_weight", 3)
     value = _validation.float_tensor(value, "value", 3)
+    provider = _dispatch.provider(implementation, (query_weight, key_weight, value))
     widths = [([("query_weight", query_weight, 2), ("key_weight", key_weight, 2)],
                "weight widths (axis 2 of query_weight and key_weight)")]
     qc, kc, qm, km, (query_weight,), (key_weight, value) = _prepare_sides(
@@ -183,13 +185,14 @@ def weighted_lsh_cumulation(query_codes, query_weight, key_codes, key_weight, va
 
 
 def _lower_bound_gradients(provider, qc, q, kc, k, v, dy, num_buckets, scale, qm, km):
-    """(dQ, dK) of eq. 4. The custom op's per-bucket table holds W * D floats (W: value width, D: key
-    width): wider heads are split into column blocks that fit, so the backward never fails."""
+    """(dQ, dK) of eq. 4. A provider's per-bucket table holds W * D floats (W: value width, D: key
+    width) up to its `max_bucket_table_floats`: wider heads are split into column blocks that fit,
+    so the backward never fails."""
     dim, value_dim = _runtime.static_shape(q)[2], _runtime.static_shape(v)[2]
-    if _dispatch.is_composite(provider) or dim is None or value_dim is None or (
-            dim * value_dim <= _validation.MAX_BUCKET_TABLE_FLOATS):
+    limit = provider.max_bucket_table_floats
+    if limit is None or dim is None or value_dim is None or dim * value_dim <= limit:
         return provider.lower_bound_gradients(qc, q, kc, k, v, dy, num_buckets, scale, qm, km)
-    step = max(1, _validation.MAX_BUCKET_TABLE_FLOATS // max(1, value_dim))
+    step = max(1, limit // max(1, value_dim))
     parts = [provider.lower_bound_gradients(qc, q[:, :, c:c + step], kc, k[:, :, c:c + step], v, dy, num_buckets,
                                             scale, qm, km) for c in range(0, dim, step)]
     return ops.concatenate([p[0] for p in parts], axis=-1), ops.concatenate([p[1] for p in parts], axis=-1)
@@ -223,11 +226,11 @@ def yoso_cumulation(query, key, value, query_codes, key_codes, hash_code_len, qu
     """
     hash_code_len = _validation.hash_code_len(hash_code_len, cumulation=True)
     backward = _validation.choice(backward, "backward", _validation.BACKWARDS)
-    provider = _dispatch.provider(implementation)
     num_buckets = 2 ** hash_code_len
     value = _validation.float_tensor(value, "value", 3)
     query = ops.cast(_validation.float_tensor(query, "query", 3), value.dtype)
     key = ops.cast(_validation.float_tensor(key, "key", 3), value.dtype)
+    provider = _dispatch.provider(implementation, (query, key, value))
     widths = [([("query", query, 2), ("key", key, 2)], "query and key widths (axis 2)")]
     qc, kc, qm, km, (query,), (key, value) = _prepare_sides(
         query_codes, key_codes, query_mask, key_mask, [("query", query)], [("key", key), ("value", value)],
@@ -261,13 +264,13 @@ def collision_cumulation(query_codes, query, query_weight, key_codes, key, key_w
     this with query_weight = dY and key_weight = V. Not differentiable (a gradient, not a layer op).
     """
     hash_code_len = _validation.hash_code_len(hash_code_len, cumulation=True)
-    provider = _dispatch.provider(implementation)
     num_buckets = 2 ** hash_code_len
     query_weight = _validation.float_tensor(query_weight, "query_weight", 3)
     dtype = query_weight.dtype
     query = ops.cast(_validation.float_tensor(query, "query", 3), dtype)
     key = ops.cast(_validation.float_tensor(key, "key", 3), dtype)
     key_weight = ops.cast(_validation.float_tensor(key_weight, "key_weight", 3), dtype)
+    provider = _dispatch.provider(implementation, (query, query_weight, key, key_weight))
     widths = [([("query", query, 2), ("key", key, 2)], "query and key widths (axis 2)"),
               ([("query_weight", query_weight, 2), ("key_weight", key_weight, 2)],
                "weight widths (axis 2 of query_weight and key_weight)")]

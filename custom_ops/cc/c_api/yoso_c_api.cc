@@ -1,0 +1,273 @@
+// The C ABI of yoso_c_api.h: converts KyTensor views, runs the framework-neutral checks of
+// yoso_checks.h, then the algorithms of yoso_cpu.h on the library's thread pool. No math here.
+#include "yoso_c_api.h"
+
+#include <cstdio>
+#include <cstring>
+#include <exception>
+#include <string>
+#include <vector>
+
+#include "half_types.h"
+#include "thread_pool.h"
+#include "yoso_checks.h"
+#include "yoso_cpu.h"
+
+namespace keras_yoso {
+namespace {
+
+const char* DtypeName(int32_t dtype) {
+  switch (dtype) {
+    case KY_FLOAT32: return "float32";
+    case KY_FLOAT16: return "float16";
+    case KY_BFLOAT16: return "bfloat16";
+    case KY_INT32: return "int32";
+    default: return "an unknown dtype";
+  }
+}
+
+bool IsFloat(int32_t dtype) {
+  return dtype == KY_FLOAT32 || dtype == KY_FLOAT16 || dtype == KY_BFLOAT16;
+}
+
+// Writes `message` into the caller's buffer and returns `code`.
+int32_t Fail(int32_t code, const std::string& message, char* error, int64_t error_size) {
+  if (error != nullptr && error_size > 0) {
+    const size_t n = std::min<size_t>(message.size(), static_cast<size_t>(error_size - 1));
+    std::memcpy(error, message.data(), n);
+    error[n] = '\0';
+  }
+  return code;
+}
+
+// The shape of `t` for yoso_checks.h, or an error for a null tensor or a bad rank.
+std::string ShapeOf(const KyTensor* t, const char* name, Shape* shape) {
+  if (t == nullptr) return std::string(name) + " is missing (null tensor)";
+  if (t->rank < 0 || t->rank > kMaxCheckedRank) return RankTooHighMessage(name, t->rank);
+  shape->rank = t->rank;
+  for (int i = 0; i < t->rank; ++i) {
+    if (t->dims[i] < 0) return std::string(name) + " has a negative dimension";
+    shape->dims[i] = t->dims[i];
+  }
+  return "";
+}
+
+int64_t Elements(const KyTensor* t) {
+  int64_t n = 1;
+  for (int i = 0; i < t->rank; ++i) n = SaturatingProduct(n, t->dims[i]);
+  return n;
+}
+
+struct Input {
+  const KyTensor* tensor;
+  const char* name;
+  int32_t dtype;  // required dtype; -1: any float dtype equal to the op's float dtype
+};
+
+// Shapes of `inputs`, their dtypes (float inputs all of `float_dtype`) and non-null data.
+std::string Convert(std::initializer_list<Input> inputs, int32_t float_dtype, std::vector<Shape>* shapes) {
+  for (const Input& in : inputs) {
+    Shape shape;
+    std::string error = ShapeOf(in.tensor, in.name, &shape);
+    if (!error.empty()) return error;
+    const int32_t want = in.dtype < 0 ? float_dtype : in.dtype;
+    if (in.tensor->dtype != want) {
+      return std::string(in.name) + " must be " + DtypeName(want) + ", got " + DtypeName(in.tensor->dtype);
+    }
+    if (in.tensor->data == nullptr && Elements(in.tensor) > 0) {
+      return std::string(in.name) + " has no data (null pointer)";
+    }
+    shapes->push_back(shape);
+  }
+  return "";
+}
+
+// The output must have exactly `dims` and the op's float dtype (or int32 for codes).
+std::string CheckOutput(const KyTensor* out, int32_t dtype, std::initializer_list<int64_t> dims,
+                        const char* meaning) {
+  Shape shape;
+  std::string error = ShapeOf(out, "output", &shape);
+  if (!error.empty()) return error;
+  if (out->dtype != dtype) {
+    return std::string("output must be ") + DtypeName(dtype) + ", got " + DtypeName(out->dtype);
+  }
+  error = CheckShape(shape, "output", meaning, dims);
+  if (error.empty() && out->data == nullptr && Elements(out) > 0) return "output has no data";
+  return error;
+}
+
+std::string CheckCodes(const KyTensor* codes, const char* name, int64_t num_buckets) {
+  return InvalidCodesMessage(
+      name, CountInvalidCodes(static_cast<const int32_t*>(codes->data), Elements(codes), num_buckets),
+      num_buckets);
+}
+
+// Runs body<T>() for the float dtype code.
+template <typename Body>
+void DispatchFloat(int32_t dtype, Body&& body) {
+  switch (dtype) {
+    case KY_FLOAT16: body(Half{}); break;
+    case KY_BFLOAT16: body(BFloat16{}); break;
+    default: body(float{}); break;
+  }
+}
+
+// Calls `run`, turning a C++ exception (e.g. std::bad_alloc) into KY_INTERNAL.
+template <typename Run>
+int32_t Guarded(char* error, int64_t error_size, Run&& run) {
+  try {
+    const std::string message = run();
+    return message.empty() ? KY_OK : Fail(KY_INVALID_ARGUMENT, message, error, error_size);
+  } catch (const std::exception& e) {
+    return Fail(KY_INTERNAL, std::string("keras_yoso native kernel failed: ") + e.what(), error, error_size);
+  }
+}
+
+template <typename T>
+const T* In(const KyTensor* t) { return static_cast<const T*>(t->data); }
+template <typename T>
+T* Out(KyTensor* t) { return static_cast<T*>(t->data); }
+
+template <bool kGaussian>
+int32_t HashCodes(const KyTensor* x, const KyTensor* params, int64_t num_hashes, int64_t hash_code_len,
+                  KyTensor* codes, int32_t num_threads, char* error, int64_t error_size) {
+  return Guarded(error, error_size, [&]() -> std::string {
+    if (x == nullptr || !IsFloat(x->dtype)) {
+      return std::string("x must be float32, float16 or bfloat16, got ") + (x ? DtypeName(x->dtype) : "null");
+    }
+    std::vector<Shape> s;
+    std::string e = Convert({{x, "x", -1}, {params, kGaussian ? "projection" : "signs", KY_FLOAT32}},
+                            x->dtype, &s);
+    if (!e.empty()) return e;
+    HashDims d{};
+    e = kGaussian ? CheckGaussianHash(s[0], s[1], num_hashes, hash_code_len, &d)
+                  : CheckHadamardHash(s[0], s[1], num_hashes, hash_code_len, &d);
+    if (e.empty()) e = CheckOutput(codes, KY_INT32, {d.batch, d.num_hashes, d.length}, "[batch, num_hashes, length]");
+    if (!e.empty() || Elements(codes) == 0) return e;
+    DispatchFloat(x->dtype, [&](auto zero) {
+      using T = decltype(zero);
+      if constexpr (kGaussian) {
+        GaussianHashCodesCpu<T>(d, In<T>(x), In<float>(params), Out<int32_t>(codes), PoolParallelFor{num_threads});
+      } else {
+        HadamardHashCodesCpu<T>(d, In<T>(x), In<float>(params), Out<int32_t>(codes), PoolParallelFor{num_threads});
+      }
+    });
+    return "";
+  });
+}
+
+}  // namespace
+}  // namespace keras_yoso
+
+using namespace keras_yoso;  // NOLINT: the extern "C" entries below only forward
+
+extern "C" {
+
+int32_t ky_abi_version(void) { return KY_ABI_VERSION; }
+
+int32_t ky_default_num_threads(void) { return ThreadPool::HardwareThreads(); }
+
+int32_t ky_gaussian_hash_codes(const KyTensor* x, const KyTensor* projection, int64_t num_hashes,
+                               int64_t hash_code_len, KyTensor* codes, int32_t num_threads,
+                               char* error, int64_t error_size) {
+  return HashCodes<true>(x, projection, num_hashes, hash_code_len, codes, num_threads, error, error_size);
+}
+
+int32_t ky_hadamard_hash_codes(const KyTensor* x, const KyTensor* signs, int64_t num_hashes,
+                               int64_t hash_code_len, KyTensor* codes, int32_t num_threads,
+                               char* error, int64_t error_size) {
+  return HashCodes<false>(x, signs, num_hashes, hash_code_len, codes, num_threads, error, error_size);
+}
+
+int32_t ky_lsh_cumulation(const KyTensor* query_mask, const KyTensor* query_codes,
+                          const KyTensor* key_mask, const KyTensor* key_codes,
+                          const KyTensor* value, int64_t num_buckets, KyTensor* output,
+                          int32_t num_threads, char* error, int64_t error_size) {
+  return Guarded(error, error_size, [&]() -> std::string {
+    const int32_t dtype = value != nullptr ? value->dtype : KY_FLOAT32;
+    if (!IsFloat(dtype)) return std::string("value must be float32, float16 or bfloat16, got ") + DtypeName(dtype);
+    std::vector<Shape> s;
+    std::string e = Convert({{query_mask, "query_mask", KY_FLOAT32}, {query_codes, "query_codes", KY_INT32},
+                             {key_mask, "key_mask", KY_FLOAT32}, {key_codes, "key_codes", KY_INT32},
+                             {value, "value", -1}}, dtype, &s);
+    CumulationDims d{};
+    if (e.empty()) e = CheckLshCumulation(s[0], s[1], s[2], s[3], s[4], num_buckets, &d);
+    if (e.empty()) e = CheckOutput(output, dtype, {d.batch, d.num_queries, d.value_dim}, "[batch, num_queries, value_dim]");
+    if (e.empty()) e = CheckCodes(query_codes, "query_codes", num_buckets);
+    if (e.empty()) e = CheckCodes(key_codes, "key_codes", num_buckets);
+    if (!e.empty() || Elements(output) == 0) return e;
+    DispatchFloat(dtype, [&](auto zero) {
+      using T = decltype(zero);
+      LshCumulationCpu<T>(d, In<float>(query_mask), In<int32_t>(query_codes), In<float>(key_mask),
+                          In<int32_t>(key_codes), In<T>(value), Out<T>(output), PoolParallelFor{num_threads});
+    });
+    return "";
+  });
+}
+
+int32_t ky_weighted_lsh_cumulation(const KyTensor* query_mask, const KyTensor* query_codes,
+                                   const KyTensor* query_weight, const KyTensor* key_mask,
+                                   const KyTensor* key_codes, const KyTensor* key_weight,
+                                   const KyTensor* value, int64_t num_buckets, KyTensor* output,
+                                   int32_t num_threads, char* error, int64_t error_size) {
+  return Guarded(error, error_size, [&]() -> std::string {
+    const int32_t dtype = value != nullptr ? value->dtype : KY_FLOAT32;
+    if (!IsFloat(dtype)) return std::string("value must be float32, float16 or bfloat16, got ") + DtypeName(dtype);
+    std::vector<Shape> s;
+    std::string e = Convert({{query_mask, "query_mask", KY_FLOAT32}, {query_codes, "query_codes", KY_INT32},
+                             {query_weight, "query_weight", -1}, {key_mask, "key_mask", KY_FLOAT32},
+                             {key_codes, "key_codes", KY_INT32}, {key_weight, "key_weight", -1},
+                             {value, "value", -1}}, dtype, &s);
+    CumulationDims d{};
+    if (e.empty()) e = CheckWeightedLshCumulation(s[0], s[1], s[2], s[3], s[4], s[5], s[6], num_buckets, &d);
+    if (e.empty()) e = CheckOutput(output, dtype, {d.batch, d.num_queries, d.value_dim}, "[batch, num_queries, value_dim]");
+    if (e.empty()) e = CheckCodes(query_codes, "query_codes", num_buckets);
+    if (e.empty()) e = CheckCodes(key_codes, "key_codes", num_buckets);
+    if (!e.empty() || Elements(output) == 0) return e;
+    DispatchFloat(dtype, [&](auto zero) {
+      using T = decltype(zero);
+      WeightedLshCumulationCpu<T>(d, In<float>(query_mask), In<int32_t>(query_codes), In<T>(query_weight),
+                                  In<float>(key_mask), In<int32_t>(key_codes), In<T>(key_weight), In<T>(value),
+                                  Out<T>(output), PoolParallelFor{num_threads});
+    });
+    return "";
+  });
+}
+
+int32_t ky_collision_cumulation(const KyTensor* query_mask, const KyTensor* query_codes,
+                                const KyTensor* query, const KyTensor* query_weight,
+                                const KyTensor* key_mask, const KyTensor* key_codes,
+                                const KyTensor* key, const KyTensor* key_weight,
+                                int64_t hash_code_len, float epsilon, KyTensor* output,
+                                int32_t num_threads, char* error, int64_t error_size) {
+  return Guarded(error, error_size, [&]() -> std::string {
+    const int32_t dtype = query != nullptr ? query->dtype : KY_FLOAT32;
+    if (!IsFloat(dtype)) return std::string("query must be float32, float16 or bfloat16, got ") + DtypeName(dtype);
+    std::vector<Shape> s;
+    std::string e = Convert({{query_mask, "query_mask", KY_FLOAT32}, {query_codes, "query_codes", KY_INT32},
+                             {query, "query", -1}, {query_weight, "query_weight", -1},
+                             {key_mask, "key_mask", KY_FLOAT32}, {key_codes, "key_codes", KY_INT32},
+                             {key, "key", -1}, {key_weight, "key_weight", -1}}, dtype, &s);
+    CumulationDims d{};
+    if (e.empty()) {
+      e = CheckCollisionCumulation(s[0], s[1], s[2], s[3], s[4], s[5], s[6], s[7], hash_code_len, epsilon, &d);
+    }
+    if (e.empty()) e = CheckOutput(output, dtype, {d.batch, d.num_queries, d.vector_dim}, "[batch, num_queries, dim]");
+    if (e.empty()) e = CheckCodes(query_codes, "query_codes", d.num_buckets);
+    if (e.empty()) e = CheckCodes(key_codes, "key_codes", d.num_buckets);
+    if (!e.empty() || Elements(output) == 0) return e;
+    std::vector<int32_t> sorted_codes(Elements(key_codes)), sorted_index(Elements(key_codes));
+    PoolParallelFor pf{num_threads};
+    SortKeysByCodeCpu(d, In<int32_t>(key_codes), sorted_codes.data(), sorted_index.data(), pf);
+    DispatchFloat(dtype, [&](auto zero) {
+      using T = decltype(zero);
+      CollisionCumulationCpu<T>(d, static_cast<int>(hash_code_len), epsilon, In<float>(query_mask),
+                                In<int32_t>(query_codes), In<T>(query), In<T>(query_weight), In<float>(key_mask),
+                                In<int32_t>(key_codes), In<T>(key), In<T>(key_weight), sorted_codes.data(),
+                                sorted_index.data(), Out<T>(output), pf);
+    });
+    return "";
+  });
+}
+
+}  // extern "C"

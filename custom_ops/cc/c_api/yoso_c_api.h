@@ -1,0 +1,98 @@
+/* The C ABI of the keras-yoso CPU kernels: one entry per op, no framework type.
+ *
+ * Every entry takes its tensors as KyTensor views (data pointer, dtype code, shape; row-major,
+ * contiguous), checks them (ranks, sizes against each other, dtypes, attributes, codes in
+ * [0, num_buckets), the per-bucket table limit) with the checks of
+ * custom_ops/cc/kernels/yoso_checks.h, then runs the algorithm of yoso_cpu.h on the library's
+ * own thread pool with `num_threads` threads (<= 0: every core). The caller allocates the
+ * output with the shape the op documents; it is checked too.
+ *
+ * Returns KY_OK, or KY_INVALID_ARGUMENT / KY_INTERNAL with the error text (NUL-terminated,
+ * truncated to error_size bytes) in `error`. Thread-safe: any number of callers at once.
+ *
+ * Callers: keras_yoso/_native.py (ctypes: the PyTorch provider), the XLA FFI handlers of
+ * custom_ops/cc/jax/yoso_xla_ffi.cc (the JAX provider). The TensorFlow op kernels call the same
+ * checks and algorithms on TensorFlow's own thread pool.
+ */
+#ifndef KERAS_YOSO_C_API_YOSO_C_API_H_
+#define KERAS_YOSO_C_API_YOSO_C_API_H_
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Bumped whenever an entry's signature or KyTensor changes; _native.py checks it. */
+#define KY_ABI_VERSION 1
+
+/* dtype codes; the float codes match keras_yoso::ScalarType. */
+#define KY_FLOAT32 0
+#define KY_FLOAT16 1
+#define KY_BFLOAT16 2
+#define KY_INT32 3
+
+#define KY_OK 0
+#define KY_INVALID_ARGUMENT 1
+#define KY_INTERNAL 2
+
+#define KY_MAX_RANK 8
+
+/* The library is built with -fvisibility=hidden: only the entries below are exported. */
+#if defined(__GNUC__) || defined(__clang__)
+#define KY_EXPORT __attribute__((visibility("default")))
+#else
+#define KY_EXPORT
+#endif
+
+typedef struct KyTensor {
+  void* data;
+  int32_t dtype;
+  int32_t rank;
+  int64_t dims[KY_MAX_RANK];
+} KyTensor;
+
+KY_EXPORT int32_t ky_abi_version(void);
+
+/* Threads the kernels use when num_threads <= 0: the machine's hardware threads. */
+KY_EXPORT int32_t ky_default_num_threads(void);
+
+/* x [B, N, d] (float), projection float32 [d, m * tau] -> codes int32 [B, m, N]. */
+KY_EXPORT int32_t ky_gaussian_hash_codes(const KyTensor* x, const KyTensor* projection, int64_t num_hashes,
+                               int64_t hash_code_len, KyTensor* codes, int32_t num_threads,
+                               char* error, int64_t error_size);
+
+/* x [B, N, d] (float), signs float32 [num_blocks, 3, padded_dim] -> codes int32 [B, m, N]. */
+KY_EXPORT int32_t ky_hadamard_hash_codes(const KyTensor* x, const KyTensor* signs, int64_t num_hashes,
+                               int64_t hash_code_len, KyTensor* codes, int32_t num_threads,
+                               char* error, int64_t error_size);
+
+/* masks float32 [B, N], codes int32 [B, m, N], value [B, Nk, D] -> output [B, Nq, D]
+ * (value's dtype). YOSO eq. 2 averaged over the m hashes. */
+KY_EXPORT int32_t ky_lsh_cumulation(const KyTensor* query_mask, const KyTensor* query_codes,
+                          const KyTensor* key_mask, const KyTensor* key_codes,
+                          const KyTensor* value, int64_t num_buckets, KyTensor* output,
+                          int32_t num_threads, char* error, int64_t error_size);
+
+/* query_weight [B, Nq, W], key_weight [B, Nk, W], value [B, Nk, D] -> output [B, Nq, D]:
+ * lsh_cumulation with each pair weighted by <query_weight_i, key_weight_j> (eq. 4's blocks). */
+KY_EXPORT int32_t ky_weighted_lsh_cumulation(const KyTensor* query_mask, const KyTensor* query_codes,
+                                   const KyTensor* query_weight, const KyTensor* key_mask,
+                                   const KyTensor* key_codes, const KyTensor* key_weight,
+                                   const KyTensor* value, int64_t num_buckets, KyTensor* output,
+                                   int32_t num_threads, char* error, int64_t error_size);
+
+/* query [B, Nq, d], query_weight [B, Nq, W], key [B, Nk, d], key_weight [B, Nk, W]
+ * -> output [B, Nq, d]: the *YOSO collision estimator (appendix eq. 2 on colliding pairs). */
+KY_EXPORT int32_t ky_collision_cumulation(const KyTensor* query_mask, const KyTensor* query_codes,
+                                const KyTensor* query, const KyTensor* query_weight,
+                                const KyTensor* key_mask, const KyTensor* key_codes,
+                                const KyTensor* key, const KyTensor* key_weight,
+                                int64_t hash_code_len, float epsilon, KyTensor* output,
+                                int32_t num_threads, char* error, int64_t error_size);
+
+#ifdef __cplusplus
+}  /* extern "C" */
+#endif
+
+#endif  /* KERAS_YOSO_C_API_YOSO_C_API_H_ */

@@ -1,0 +1,248 @@
+// Input checks of the keras-yoso ops, written once for every framework.
+//
+// Each check returns an empty string when the input is fine, else the error text, built
+// from the limits of yoso_common.h. The wrappers turn a non-empty text into their own error:
+// tensorflow::errors::InvalidArgument (TF op kernels and shape functions), an XLA FFI
+// InvalidArgument error (JAX), a C ABI error code plus text (keras_yoso/_native.py raises
+// ValueError). keras_yoso/_validation.py states the same limits for the composite, and
+// tests/test_validation.py checks that the two agree.
+//
+// Plain C++ (no TensorFlow, XLA or torch include).
+#ifndef KERAS_YOSO_KERNELS_YOSO_CHECKS_H_
+#define KERAS_YOSO_KERNELS_YOSO_CHECKS_H_
+
+#include <cstdint>
+#include <initializer_list>
+#include <string>
+
+#include "yoso_common.h"
+
+namespace keras_yoso {
+
+// The shape of one input as the wrappers see it (rank <= kMaxCheckedRank; a wrapper
+// rejects higher ranks with RankTooHighMessage before building one).
+constexpr int kMaxCheckedRank = 8;
+struct Shape {
+  int rank = 0;
+  int64_t dims[kMaxCheckedRank] = {};
+};
+
+// "2**k" for a power of two 2^k, else the number: limits are written the way Python users
+// pass them.
+inline std::string PowerText(int64_t value) {
+  int k = 0;
+  while (k < 62 && (int64_t{1} << k) < value) ++k;
+  return (int64_t{1} << k) == value && k >= 8 ? "2**" + std::to_string(k) : std::to_string(value);
+}
+
+// "[2,3,4]", as TensorFlow prints a shape (so messages read the same on every backend).
+inline std::string ShapeText(const Shape& s) {
+  std::string text = "[";
+  for (int i = 0; i < s.rank; ++i) text += (i ? "," : "") + std::to_string(s.dims[i]);
+  return text + "]";
+}
+
+inline std::string RankTooHighMessage(const char* name, int rank) {
+  return std::string(name) + " has rank " + std::to_string(rank) + "; keras_yoso ops take at most " +
+         std::to_string(kMaxCheckedRank);
+}
+
+// `t` has rank dims.size() and every dimension that is >= 0 in `dims` (-1: any).
+inline std::string CheckShape(const Shape& t, const char* name, const char* meaning,
+                              std::initializer_list<int64_t> dims) {
+  bool ok = t.rank == static_cast<int>(dims.size());
+  int axis = 0;
+  std::string want = "[";
+  for (int64_t d : dims) {
+    if (ok && d >= 0 && t.dims[axis] != d) ok = false;
+    want += (axis ? ", " : "") + (d < 0 ? std::string("?") : std::to_string(d));
+    ++axis;
+  }
+  if (ok) return "";
+  return std::string(name) + " must have shape " + meaning + " = " + want + "], got " + ShapeText(t);
+}
+
+inline std::string CheckNumBuckets(int64_t num_buckets) {
+  if (num_buckets >= 1 && num_buckets <= kMaxNumBuckets && (num_buckets & (num_buckets - 1)) == 0) {
+    return "";
+  }
+  return "num_buckets must be a power of two in [1, " + PowerText(kMaxNumBuckets) + "], got " +
+         std::to_string(num_buckets);
+}
+
+// num_hashes >= 1 hashes of hash_code_len in [1, kMaxHashCodeLen] bits.
+inline std::string CheckHashAttrs(int64_t num_hashes, int64_t hash_code_len) {
+  if (num_hashes < 1) return "num_hashes must be >= 1, got " + std::to_string(num_hashes);
+  if (hash_code_len < 1 || hash_code_len > kMaxHashCodeLen) {
+    return "hash_code_len must be in [1, " + std::to_string(kMaxHashCodeLen) +
+           "] (int32 codes), got " + std::to_string(hash_code_len);
+  }
+  if (SaturatingProduct(num_hashes, hash_code_len) == INT64_MAX) {
+    return "num_hashes * hash_code_len must fit in int64, got num_hashes = " +
+           std::to_string(num_hashes) + " and hash_code_len = " + std::to_string(hash_code_len);
+  }
+  return "";
+}
+
+inline std::string CheckCollisionAttrs(int64_t hash_code_len, float epsilon) {
+  if (hash_code_len < 1 || hash_code_len > kMaxCollisionHashCodeLen) {
+    return "hash_code_len must be in [1, " + std::to_string(kMaxCollisionHashCodeLen) + "], got " +
+           std::to_string(hash_code_len);
+  }
+  if (!(epsilon >= 0.0f)) return "epsilon must be >= 0, got " + std::to_string(epsilon);
+  return "";
+}
+
+// The weighted cumulation's per-bucket [weight_dim, value_dim] table fits kMaxBucketTableFloats.
+inline std::string CheckBucketTable(int64_t weight_dim, int64_t value_dim) {
+  if (BucketTableFits(weight_dim, value_dim)) return "";
+  return "the per-bucket table of the weighted LSH cumulation, weight_dim * value_dim = " +
+         std::to_string(weight_dim) + " * " + std::to_string(value_dim) +
+         " floats (weight_dim: axis 2 of query_weight and key_weight; value_dim: axis 2 of "
+         "value), exceeds the limit of " + PowerText(kMaxBucketTableFloats) + " floats (" +
+         std::to_string(kMaxBucketTableFloats * 4 >> 30) +
+         " GiB); split weight_dim or value_dim into chunks";
+}
+
+// `invalid` codes of input `name` lie outside [0, num_buckets).
+inline std::string InvalidCodesMessage(const char* name, int64_t invalid, int64_t num_buckets) {
+  if (invalid == 0) return "";
+  return std::string(name) + " has " + std::to_string(invalid) +
+         " codes outside [0, num_buckets) = [0, " + std::to_string(num_buckets) + ")";
+}
+
+inline std::string CheckGpuHadamardPaddedDim(int64_t padded_dim) {
+  if (padded_dim <= kMaxGpuHadamardPaddedDim) return "";
+  return "signs has padded_dim = " + std::to_string(padded_dim) +
+         " (axis 2), more than the GPU Hadamard hash supports (" +
+         std::to_string(kMaxGpuHadamardPaddedDim) +
+         ": a padded row of x must fit in shared memory); use method=\"gaussian\", "
+         "implementation=\"composite\" or the CPU";
+}
+
+// x [B, N, d] and the Gaussian projection [d, m * tau]; fills d.
+inline std::string CheckGaussianHash(const Shape& x, const Shape& projection, int64_t num_hashes,
+                                     int64_t hash_code_len, HashDims* d) {
+  std::string error = CheckHashAttrs(num_hashes, hash_code_len);
+  if (error.empty()) error = CheckShape(x, "x", "[batch, length, dim]", {-1, -1, -1});
+  if (!error.empty()) return error;
+  *d = HashDims{x.dims[0], x.dims[1], x.dims[2], num_hashes, hash_code_len, 0, 0};
+  return CheckShape(projection, "projection", "[dim, num_hashes * hash_code_len]",
+                    {d->dim, num_hashes * hash_code_len});
+}
+
+// x [B, N, d] and the Hadamard signs [num_blocks, 3, padded_dim]; fills d.
+inline std::string CheckHadamardHash(const Shape& x, const Shape& signs, int64_t num_hashes,
+                                     int64_t hash_code_len, HashDims* d) {
+  std::string error = CheckHashAttrs(num_hashes, hash_code_len);
+  if (error.empty()) error = CheckShape(x, "x", "[batch, length, dim]", {-1, -1, -1});
+  if (error.empty()) error = CheckShape(signs, "signs", "[num_blocks, 3, padded_dim]", {-1, 3, -1});
+  if (!error.empty()) return error;
+  const int64_t bits = num_hashes * hash_code_len;
+  *d = HashDims{x.dims[0], x.dims[1], x.dims[2], num_hashes, hash_code_len, signs.dims[2],
+                signs.dims[0]};
+  if (d->padded_dim >= 1 && (d->padded_dim & (d->padded_dim - 1)) == 0 &&
+      d->padded_dim >= d->dim && SaturatingProduct(d->num_blocks, d->padded_dim) >= bits) {
+    return "";
+  }
+  return "signs must have shape [num_blocks, 3, padded_dim] with padded_dim a power of two >= dim (" +
+         std::to_string(d->dim) + ") and num_blocks * padded_dim >= num_hashes * hash_code_len (" +
+         std::to_string(bits) + "), got " + ShapeText(signs);
+}
+
+// Codes [B, m, N] and masks [B, N] of both sides, checked against each other; fills the
+// batch, num_hashes, num_queries and num_keys of d.
+inline std::string CheckCumulationSides(const Shape& query_mask, const Shape& query_codes,
+                                        const Shape& key_mask, const Shape& key_codes,
+                                        CumulationDims* d) {
+  std::string error = CheckShape(query_codes, "query_codes", "[batch, num_hashes, num_queries]",
+                                 {-1, -1, -1});
+  if (!error.empty()) return error;
+  d->batch = query_codes.dims[0];
+  d->num_hashes = query_codes.dims[1];
+  d->num_queries = query_codes.dims[2];
+  if (d->num_hashes < 1) {
+    return "query_codes must have num_hashes >= 1 (axis 1), got shape " + ShapeText(query_codes);
+  }
+  error = CheckShape(key_codes, "key_codes", "[batch, num_hashes, num_keys]",
+                     {d->batch, d->num_hashes, -1});
+  if (!error.empty()) return error;
+  d->num_keys = key_codes.dims[2];
+  error = CheckShape(query_mask, "query_mask", "[batch, num_queries]", {d->batch, d->num_queries});
+  if (!error.empty()) return error;
+  return CheckShape(key_mask, "key_mask", "[batch, num_keys]", {d->batch, d->num_keys});
+}
+
+// lsh_cumulation: value [B, Nk, D]; fills d (num_buckets included).
+inline std::string CheckLshCumulation(const Shape& query_mask, const Shape& query_codes,
+                                      const Shape& key_mask, const Shape& key_codes,
+                                      const Shape& value, int64_t num_buckets, CumulationDims* d) {
+  *d = CumulationDims{};
+  d->num_buckets = num_buckets;
+  std::string error = CheckNumBuckets(num_buckets);
+  if (error.empty()) error = CheckCumulationSides(query_mask, query_codes, key_mask, key_codes, d);
+  if (error.empty()) {
+    error = CheckShape(value, "value", "[batch, num_keys, value_dim]", {d->batch, d->num_keys, -1});
+  }
+  if (error.empty()) d->value_dim = value.dims[2];
+  return error;
+}
+
+// weighted_lsh_cumulation: query_weight [B, Nq, W], key_weight [B, Nk, W], value [B, Nk, D],
+// the per-bucket table W * D within its limit; fills d.
+inline std::string CheckWeightedLshCumulation(const Shape& query_mask, const Shape& query_codes,
+                                              const Shape& query_weight, const Shape& key_mask,
+                                              const Shape& key_codes, const Shape& key_weight,
+                                              const Shape& value, int64_t num_buckets,
+                                              CumulationDims* d) {
+  std::string error =
+      CheckLshCumulation(query_mask, query_codes, key_mask, key_codes, value, num_buckets, d);
+  if (error.empty()) {
+    error = CheckShape(query_weight, "query_weight", "[batch, num_queries, weight_dim]",
+                       {d->batch, d->num_queries, -1});
+  }
+  if (!error.empty()) return error;
+  d->weight_dim = query_weight.dims[2];
+  error = CheckShape(key_weight, "key_weight", "[batch, num_keys, weight_dim]",
+                     {d->batch, d->num_keys, d->weight_dim});
+  return error.empty() ? CheckBucketTable(d->weight_dim, d->value_dim) : error;
+}
+
+// collision_cumulation: query [B, Nq, d], query_weight [B, Nq, W], key [B, Nk, d],
+// key_weight [B, Nk, W]; fills d (d.vector_dim = d, d.value_dim = W: the output is [B, Nq, d]).
+inline std::string CheckCollisionCumulation(const Shape& query_mask, const Shape& query_codes,
+                                            const Shape& query, const Shape& query_weight,
+                                            const Shape& key_mask, const Shape& key_codes,
+                                            const Shape& key, const Shape& key_weight,
+                                            int64_t hash_code_len, float epsilon,
+                                            CumulationDims* d) {
+  *d = CumulationDims{};
+  std::string error = CheckCollisionAttrs(hash_code_len, epsilon);
+  if (!error.empty()) return error;
+  d->num_buckets = int64_t{1} << hash_code_len;
+  error = CheckCumulationSides(query_mask, query_codes, key_mask, key_codes, d);
+  if (error.empty()) {
+    error = CheckShape(query, "query", "[batch, num_queries, dim]", {d->batch, d->num_queries, -1});
+  }
+  if (!error.empty()) return error;
+  d->vector_dim = query.dims[2];
+  error = CheckShape(key, "key", "[batch, num_keys, dim]", {d->batch, d->num_keys, d->vector_dim});
+  if (error.empty()) {
+    error = CheckShape(query_weight, "query_weight", "[batch, num_queries, weight_dim]",
+                       {d->batch, d->num_queries, -1});
+  }
+  if (!error.empty()) return error;
+  d->value_dim = query_weight.dims[2];
+  error = CheckShape(key_weight, "key_weight", "[batch, num_keys, weight_dim]",
+                     {d->batch, d->num_keys, d->value_dim});
+  if (!error.empty()) return error;
+  if (d->num_keys > kMaxCollisionKeys) {
+    return "key_codes must have num_keys <= 2**31 - 1 (axis 2; the collision estimator sorts "
+           "int32 key indices), got " + std::to_string(d->num_keys);
+  }
+  return "";
+}
+
+}  // namespace keras_yoso
+
+#endif  // KERAS_YOSO_KERNELS_YOSO_CHECKS_H_

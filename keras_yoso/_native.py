@@ -1,0 +1,133 @@
+"""The framework-neutral native library, keras_yoso/_yoso_native*.so, loaded with ctypes.
+
+It holds the C ABI of the CPU kernels (custom_ops/cc/c_api/yoso_c_api.h) and, when the build
+found jaxlib's XLA FFI headers, the XLA FFI handlers (custom_ops/cc/jax/yoso_xla_ffi.cc). It links
+to no framework, so it loads whichever backend is installed. The PyTorch provider calls the C ABI
+through `call`; the JAX provider registers the handlers (`handler`).
+
+A missing or unloadable library gives one warning and the composite, on every backend;
+`import keras_yoso` never fails because of it.
+"""
+
+import ctypes
+import glob
+import os
+import warnings
+
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+# custom_ops/cc/c_api/yoso_c_api.h: KY_ABI_VERSION, dtype codes, return codes, KY_MAX_RANK.
+ABI_VERSION = 1
+DTYPE_CODES = {"float32": 0, "float16": 1, "bfloat16": 2, "int32": 3}
+_OK, _INVALID_ARGUMENT = 0, 1
+MAX_RANK = 8
+_ERROR_SIZE = 4096
+REBUILD_HINT = ("Rebuild it with `pip install --force-reinstall --no-deps .` from the keras-yoso source tree "
+                "(docs/build.md). Until then keras_yoso runs every op on its keras.ops composite: the same "
+                "numbers, several times slower on long sequences (docs/benchmarks.md).")
+
+
+class KyTensor(ctypes.Structure):
+    """A tensor view of the C ABI: data pointer, dtype code, rank and shape (row-major, contiguous)."""
+
+    _fields_ = [("data", ctypes.c_void_p), ("dtype", ctypes.c_int32), ("rank", ctypes.c_int32),
+                ("dims", ctypes.c_int64 * MAX_RANK)]
+
+
+def tensor_view(data_pointer, dtype, shape):
+    """A KyTensor over memory at `data_pointer` of dtype name `dtype` and shape `shape`."""
+    if len(shape) > MAX_RANK:
+        raise ValueError(f"keras_yoso native kernels take tensors of rank <= {MAX_RANK}, got shape {tuple(shape)}")
+    view = KyTensor()
+    view.data = data_pointer
+    view.dtype = DTYPE_CODES[dtype]
+    view.rank = len(shape)
+    for axis, size in enumerate(shape):
+        view.dims[axis] = int(size)
+    return view
+
+
+_T = ctypes.POINTER(KyTensor)
+_I64, _I32, _F32 = ctypes.c_int64, ctypes.c_int32, ctypes.c_float
+_TAIL = [_I32, ctypes.c_char_p, _I64]  # num_threads, error, error_size
+# entry -> argument types before the tail (the C ABI's signatures).
+_SIGNATURES = {
+    "ky_gaussian_hash_codes": [_T, _T, _I64, _I64, _T],
+    "ky_hadamard_hash_codes": [_T, _T, _I64, _I64, _T],
+    "ky_lsh_cumulation": [_T, _T, _T, _T, _T, _I64, _T],
+    "ky_weighted_lsh_cumulation": [_T, _T, _T, _T, _T, _T, _T, _I64, _T],
+    "ky_collision_cumulation": [_T, _T, _T, _T, _T, _T, _T, _T, _I64, _F32, _T],
+}
+
+_library = None
+_load_error = None
+_loaded = False
+
+
+def _load():
+    global _library, _load_error, _loaded
+    _loaded = True
+    candidates = sorted(glob.glob(os.path.join(_PACKAGE_DIR, "_yoso_native*.so")))
+    if os.environ.get("KERAS_YOSO_DISABLE_CUSTOM_OPS", "0") == "1":
+        _load_error = "disabled by KERAS_YOSO_DISABLE_CUSTOM_OPS=1"
+        return
+    if not candidates:
+        _load_error = f"no native library (_yoso_native*.so) in {_PACKAGE_DIR}"
+    else:
+        try:
+            library = ctypes.CDLL(candidates[0])
+            version = library.ky_abi_version()
+            if version != ABI_VERSION:
+                raise OSError(f"it has C ABI version {version}, this keras_yoso needs {ABI_VERSION}")
+            for name, argtypes in _SIGNATURES.items():
+                entry = getattr(library, name)
+                entry.argtypes = argtypes + _TAIL
+                entry.restype = _I32
+            _library = library
+        except (OSError, AttributeError) as error:
+            _load_error = f"loading {candidates[0]} failed: {error}"
+    if _library is None:
+        warnings.warn(f"keras_yoso native kernels are not available ({_load_error}). {REBUILD_HINT}",
+                      RuntimeWarning, stacklevel=5)
+
+
+def library():
+    """The loaded ctypes library, or None."""
+    if not _loaded:
+        _load()
+    return _library
+
+
+def load_error():
+    """Why the native library is not loaded (None when it is)."""
+    if not _loaded:
+        _load()
+    return _load_error
+
+
+def has_handler(name):
+    """True when the library holds the exported symbol `name` (e.g. an XLA FFI handler)."""
+    return library() is not None and hasattr(_library, name)
+
+
+def handler(name):
+    """The address of the exported function `name` as a ctypes function pointer (for jax.ffi.pycapsule)."""
+    return getattr(library(), name)
+
+
+def default_num_threads():
+    """The threads the kernels use by default: the machine's hardware threads."""
+    return int(library().ky_default_num_threads())
+
+
+def call(entry, *arguments, num_threads=0):
+    """Runs the C ABI `entry` with `arguments` (KyTensor views are passed by pointer).
+
+    Raises ValueError with the kernel's message for invalid inputs, RuntimeError otherwise.
+    """
+    error = ctypes.create_string_buffer(_ERROR_SIZE)
+    converted = [ctypes.byref(a) if isinstance(a, KyTensor) else a for a in arguments]
+    status = getattr(library(), entry)(*converted, int(num_threads), error, _ERROR_SIZE)
+    if status == _OK:
+        return
+    message = error.value.decode("utf-8", "replace")
+    raise (ValueError if status == _INVALID_ARGUMENT else RuntimeError)(message)
