@@ -1,8 +1,10 @@
 """The one home of keras-yoso's argument checks, limits and defaults.
 
 Every limit and default is defined here once; `keras_yoso.ops` and `keras_yoso.layers` read it
-from here. The kernel-side twins of the limits live in custom_ops/cc/kernels/yoso_common.h
-(`tests/test_validation.py` checks that the two agree).
+from here. The kernel-side twins of the limits live in custom_ops/cc/kernels/yoso_common.h, and
+the kernels' messages built from them in custom_ops/cc/kernels/yoso_checks.h;
+`tests/test_validation.py` checks that the constants are equal and that the messages of a limit
+shared with the kernels (num_buckets, the per-bucket table) read the same on both sides.
 
 Two message styles, one per kind of caller (both documented in docs/errors.md):
 
@@ -127,16 +129,23 @@ def resolve_seed(value, name="seed"):
     return random.randint(1, 2 ** 31 - 1) if value is None else value
 
 
+def _power_text(value):
+    """"2**k" for a power of two 2**k >= 2**8, else the number (PowerText of yoso_checks.h)."""
+    k = value.bit_length() - 1
+    return f"2**{k}" if value == 1 << k and k >= 8 else str(value)
+
+
 def num_buckets(value):
     """A power of two in [1, MAX_NUM_BUCKETS]."""
     value = integer(value, "num_buckets", 1, MAX_NUM_BUCKETS)
     if value & (value - 1):
-        raise ValueError(f"num_buckets must be a power of two in [1, 2**{MAX_NUM_BUCKETS_LOG2}], got {value}")
+        raise ValueError(f"num_buckets must be a power of two in [1, {_power_text(MAX_NUM_BUCKETS)}], got {value}")
     return value
 
 
 def hash_code_len(value, *, cumulation, layer=False):
-    """tau in [1, 20] for anything that fills bucket tables (`cumulation=True`), else [1, 30] (codes only)."""
+    """tau in [1, MAX_CUMULATION_HASH_CODE_LEN] for anything that fills bucket tables
+    (`cumulation=True`), else [1, MAX_HASH_CODE_LEN] (codes only)."""
     high = MAX_CUMULATION_HASH_CODE_LEN if cumulation else MAX_HASH_CODE_LEN
     return integer(value, "hash_code_len", 1, high, layer=layer)
 
@@ -152,10 +161,13 @@ def output_shape(value):
 
 
 def bucket_table_message(weight_dim, value_dim):
-    """The error text of a per-bucket table over MAX_BUCKET_TABLE_FLOATS (the kernels' text)."""
+    """The error text of a per-bucket table over MAX_BUCKET_TABLE_FLOATS (CheckBucketTable of
+    yoso_checks.h)."""
+    gib = MAX_BUCKET_TABLE_FLOATS * 4 >> 30  # float32 entries
     return (f"the per-bucket table of the weighted LSH cumulation, weight_dim * value_dim = {weight_dim} * "
             f"{value_dim} floats (weight_dim: axis 2 of query_weight and key_weight; value_dim: axis 2 of value), "
-            f"exceeds the limit of 2**28 floats (1 GiB); split weight_dim or value_dim into chunks")
+            f"exceeds the limit of {_power_text(MAX_BUCKET_TABLE_FLOATS)} floats ({gib} GiB); split weight_dim "
+            f"or value_dim into chunks")
 
 
 def check_bucket_table(weight_dim, value_dim):

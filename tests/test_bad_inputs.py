@@ -301,7 +301,7 @@ def test_unknown_implementation(implementation):
 def test_custom_op_requested_without_the_library(monkeypatch):
     from keras_yoso.ops import _dispatch
     monkeypatch.setattr(_dispatch, "native_provider", lambda: (None, "disabled for this test"))
-    with pytest.raises(RuntimeError, match=r"implementation='custom_op' but the keras_yoso op library is not "
+    with pytest.raises(RuntimeError, match=r"implementation='custom_op' but the keras_yoso native kernels are not "
                                            r"loaded: disabled for this test"):
         ops.hash_codes(np.ones((1, 2, 3), np.float32), 2, 3, 0, implementation="custom_op")
     assert ops.lsh_cumulation(QC, KC, V, 8).shape == (2, 5, 4)  # "auto" falls back to the composite

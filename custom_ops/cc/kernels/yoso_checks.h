@@ -12,6 +12,7 @@
 #define KERAS_YOSO_KERNELS_YOSO_CHECKS_H_
 
 #include <cstdint>
+#include <cstdio>
 #include <initializer_list>
 #include <string>
 
@@ -33,6 +34,14 @@ inline std::string PowerText(int64_t value) {
   int k = 0;
   while (k < 62 && (int64_t{1} << k) < value) ++k;
   return (int64_t{1} << k) == value && k >= 8 ? "2**" + std::to_string(k) : std::to_string(value);
+}
+
+// A float with 6 significant digits ("1e-06", "-1", "nan"), as absl::StrCat and so TensorFlow's
+// messages print one.
+inline std::string FloatText(float value) {
+  char text[32];
+  std::snprintf(text, sizeof(text), "%.6g", static_cast<double>(value));
+  return text;
 }
 
 // "[2,3,4]", as TensorFlow prints a shape (so messages read the same on every backend).
@@ -89,7 +98,7 @@ inline std::string CheckCollisionAttrs(int64_t hash_code_len, float epsilon) {
     return "hash_code_len must be in [1, " + std::to_string(kMaxCollisionHashCodeLen) + "], got " +
            std::to_string(hash_code_len);
   }
-  if (!(epsilon >= 0.0f)) return "epsilon must be >= 0, got " + std::to_string(epsilon);
+  if (!(epsilon >= 0.0f)) return "epsilon must be >= 0, got " + FloatText(epsilon);
   return "";
 }
 
@@ -237,8 +246,9 @@ inline std::string CheckCollisionCumulation(const Shape& query_mask, const Shape
                      {d->batch, d->num_keys, d->value_dim});
   if (!error.empty()) return error;
   if (d->num_keys > kMaxCollisionKeys) {
-    return "key_codes must have num_keys <= 2**31 - 1 (axis 2; the collision estimator sorts "
-           "int32 key indices), got " + std::to_string(d->num_keys);
+    return "key_codes must have num_keys <= " + PowerText(kMaxCollisionKeys + 1) +
+           " - 1 (axis 2; the collision estimator sorts int32 key indices), got " +
+           std::to_string(d->num_keys);
   }
   return "";
 }

@@ -9,7 +9,6 @@
 
 #include <cmath>
 #include <cstdint>
-#include <string>
 
 #if defined(__CUDACC__)
 #define KY_HOST_DEVICE __host__ __device__
@@ -28,7 +27,7 @@ constexpr int kMaxCollisionHashCodeLen = 20;
 // Largest per-bucket table of a weighted LSH cumulation, in floats: W * D, the [W, D] K^T V
 // table the CPU kernel builds for one bucket (1 GiB). The GPU kernel plans its global tables
 // in blocks of weight and value columns within its own budget, so it needs no limit; the op
-// wrappers reject larger W * D before allocating anything.
+// wrappers reject larger W * D before allocating anything (CheckBucketTable of yoso_checks.h).
 constexpr int64_t kMaxBucketTableFloats = int64_t{1} << 28;
 // Largest padded_dim of the GPU Hadamard hash: one padded row of doubles per block lives in
 // shared memory, and 8192 doubles (64 KiB) fit the opt-in shared memory of every target GPU
@@ -54,14 +53,10 @@ KY_HOST_DEVICE constexpr bool BucketTableFits(int64_t weight_dim, int64_t value_
   return SaturatingProduct(weight_dim, value_dim) <= kMaxBucketTableFloats;
 }
 
-// Error text for a weighted cumulation whose table fails BucketTableFits (shared by the shape
-// function, the kernel and keras_yoso._validation.bucket_table_message).
-inline std::string BucketTableLimitMessage(int64_t weight_dim, int64_t value_dim) {
-  return "the per-bucket table of the weighted LSH cumulation, weight_dim * value_dim = " +
-         std::to_string(weight_dim) + " * " + std::to_string(value_dim) +
-         " floats (weight_dim: axis 2 of query_weight and key_weight; value_dim: axis 2 of "
-         "value), exceeds the limit of 2**28 floats (1 GiB); split weight_dim or value_dim "
-         "into chunks";
+// True when `code` names one of the num_buckets buckets. The kernels skip other codes; the
+// wrappers reject them first (InvalidCodesMessage of yoso_checks.h).
+KY_HOST_DEVICE inline bool ValidCode(int32_t code, int64_t num_buckets) {
+  return code >= 0 && code < num_buckets;
 }
 
 // Element type of the floating-point tensors handed to a GPU launcher.

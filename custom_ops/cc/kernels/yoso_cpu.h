@@ -222,10 +222,6 @@ inline int64_t ValueColumnBlock(int64_t num_buckets, int64_t value_dim, int64_t 
   return std::max<int64_t>(1, std::min<int64_t>(value_dim, std::min<int64_t>(fit, 64)));
 }
 
-inline bool ValidCode(int32_t code, int64_t num_buckets) {
-  return code >= 0 && code < num_buckets;
-}
-
 // x as float: x itself for float, else a converted copy in *buffer.
 template <typename T, typename ParallelFor>
 const float* AsFloat(const T* x, int64_t count, std::vector<float>* buffer, ParallelFor&& pf) {
@@ -667,7 +663,7 @@ void CollisionCumulationCpu(const CumulationDims& d, int hash_code_len, float ep
            const int32_t* qc = query_codes + b * d.num_hashes * d.num_queries + i;
            for (int64_t h = 0; h < d.num_hashes; ++h) {
              const int32_t code = qc[h * d.num_queries];
-             if (!internal::ValidCode(code, d.num_buckets)) continue;
+             if (!ValidCode(code, d.num_buckets)) continue;
              const int32_t* codes_row = sorted_codes + (b * d.num_hashes + h) * d.num_keys;
              const int32_t* index_row = sorted_index + (b * d.num_hashes + h) * d.num_keys;
              const int32_t* first = std::lower_bound(codes_row, codes_row + d.num_keys, code);

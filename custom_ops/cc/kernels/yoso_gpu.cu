@@ -83,10 +83,6 @@ __device__ inline int64_t GlobalThreadCount() {
   return static_cast<int64_t>(gridDim.x) * blockDim.x;
 }
 
-__device__ inline bool ValidCode(int32_t code, int64_t num_buckets) {
-  return code >= 0 && code < num_buckets;
-}
-
 // Launches `kernel` with enough kThreadsPerBlock-thread blocks for
 // `work_items` threads (capped at kMaxBlocks; kernels loop over the rest).
 // Launches nothing when work_items is 0.

@@ -1,17 +1,19 @@
-// TensorFlow OpKernels of keras-yoso: validate inputs, allocate outputs and
-// scratch, then run the algorithm of yoso_cpu.h on TF's CPU worker pool or the
-// launcher of yoso_gpu.h on the op's CUDA stream. No math lives here.
+// TensorFlow OpKernels of keras-yoso: validate inputs with the checks of yoso_checks.h,
+// allocate outputs and scratch, then run the algorithm of yoso_cpu.h on TF's CPU worker pool
+// or the launcher of yoso_gpu.h on the op's CUDA stream. No math lives here.
 #define EIGEN_USE_THREADS
 #if GOOGLE_CUDA
 #define EIGEN_USE_GPU
 #endif
 
+#include <cstddef>
 #include <functional>
 #include <string>
 
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/tensor.h"
 #include "tensorflow/core/framework/tensor_shape.h"
+#include "yoso_checks.h"
 #include "yoso_cpu.h"
 #if GOOGLE_CUDA
 #include "tensorflow/core/util/determinism.h"
@@ -45,28 +47,33 @@ struct TfParallelFor {
   }
 };
 
+// A non-empty error text of yoso_checks.h as InvalidArgumentError.
+Status Invalid(const std::string& error) {
+  return error.empty() ? absl::OkStatus() : absl::InvalidArgumentError(error);
+}
+
+// The shapes of the op's first N inputs for yoso_checks.h; names[i] is input i's name in
+// REGISTER_OP.
+template <size_t N>
+Status InputShapes(OpKernelContext* ctx, const char* const (&names)[N], Shape (&shapes)[N]) {
+  for (size_t i = 0; i < N; ++i) {
+    const Tensor& t = ctx->input(static_cast<int>(i));
+    if (t.dims() > kMaxCheckedRank) {
+      return absl::InvalidArgumentError(RankTooHighMessage(names[i], t.dims()));
+    }
+    shapes[i].rank = t.dims();
+    for (int axis = 0; axis < t.dims(); ++axis) shapes[i].dims[axis] = t.dim_size(axis);
+  }
+  return absl::OkStatus();
+}
+
 std::string ShapeString(std::initializer_list<int64_t> dims) {
   std::string s = "[";
   for (auto it = dims.begin(); it != dims.end(); ++it) {
     if (it != dims.begin()) s += ", ";
-    s += *it < 0 ? std::string("?") : std::to_string(*it);
+    s += std::to_string(*it);
   }
   return s + "]";
-}
-
-// Checks that `t` has rank dims.size() and every dimension that is >= 0 in `dims`.
-Status CheckShape(const Tensor& t, const char* name, const char* meaning,
-                  std::initializer_list<int64_t> dims) {
-  bool ok = t.dims() == static_cast<int>(dims.size());
-  int axis = 0;
-  for (int64_t want : dims) {
-    if (ok && want >= 0 && t.dim_size(axis) != want) ok = false;
-    ++axis;
-  }
-  if (ok) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrCat(name, " must have shape ", meaning, " = ",
-                                                 ShapeString(dims), ", got ",
-                                                 t.shape().DebugString()));
 }
 
 // Allocates output 0 with shape `dims` (described as `meaning`), or fails with
@@ -81,14 +88,6 @@ Status AllocateOutput(OpKernelContext* ctx, const char* meaning,
                                                    " would have more than 2**63 - 1 elements"));
   }
   return ctx->allocate_output(0, shape, out);
-}
-
-Status CheckNumBucketsAttr(int64_t num_buckets) {
-  if (num_buckets < 1 || num_buckets > kMaxNumBuckets || (num_buckets & (num_buckets - 1)) != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "num_buckets must be a power of two in [1, 2**20], got ", num_buckets));
-  }
-  return absl::OkStatus();
 }
 
 template <typename Device>
@@ -108,33 +107,7 @@ Status CheckCodes(OpKernelContext* ctx, const Tensor& codes, const char* name,
   if (codes.NumElements() == 0) return absl::OkStatus();
   const int64_t invalid = CodeValidator<Device>::CountInvalid(ctx, codes, num_buckets);
   if (invalid < 0) return absl::InternalError(absl::StrCat("could not validate ", name));
-  if (invalid == 0) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrCat(name, " has ", invalid,
-                                                 " codes outside [0, num_buckets) = [0, ",
-                                                 num_buckets, ")"));
-}
-
-// Sizes of a cumulation from its codes and masks, checked against each other.
-Status CumulationSides(const Tensor& query_mask, const Tensor& query_codes,
-                       const Tensor& key_mask, const Tensor& key_codes, CumulationDims* d) {
-  TF_RETURN_IF_ERROR(CheckShape(query_codes, "query_codes", "[batch, num_hashes, num_queries]",
-                                {-1, -1, -1}));
-  d->batch = query_codes.dim_size(0);
-  d->num_hashes = query_codes.dim_size(1);
-  d->num_queries = query_codes.dim_size(2);
-  if (d->num_hashes < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("query_codes must have num_hashes >= 1 (axis 1), got shape ",
-                     query_codes.shape().DebugString()));
-  }
-  TF_RETURN_IF_ERROR(CheckShape(key_codes, "key_codes", "[batch, num_hashes, num_keys]",
-                                {d->batch, d->num_hashes, -1}));
-  d->num_keys = key_codes.dim_size(2);
-  TF_RETURN_IF_ERROR(
-      CheckShape(query_mask, "query_mask", "[batch, num_queries]", {d->batch, d->num_queries}));
-  TF_RETURN_IF_ERROR(
-      CheckShape(key_mask, "key_mask", "[batch, num_keys]", {d->batch, d->num_keys}));
-  return absl::OkStatus();
+  return Invalid(InvalidCodesMessage(name, invalid, num_buckets));
 }
 
 #if GOOGLE_CUDA
@@ -229,12 +202,7 @@ struct HashCodesFunctor<GPUDevice, T> {
   }
   static Status Hadamard(OpKernelContext* ctx, const HashDims& d, const Tensor& x,
                          const Tensor& signs, Tensor* codes) {
-    if (d.padded_dim > kMaxGpuHadamardPaddedDim) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "signs has padded_dim = ", d.padded_dim, " (axis 2), more than the GPU Hadamard hash "
-          "supports (8192: a padded row of x must fit in shared memory); use method=\"gaussian\", "
-          "implementation=\"composite\" or the CPU"));
-    }
+    TF_RETURN_IF_ERROR(Invalid(CheckGpuHadamardPaddedDim(d.padded_dim)));
     return CudaStatus(HadamardHashCodesGpu(d, ScalarTypeOf<T>(), x.data(), Ptr<float>(signs),
                                            MutablePtr<int32_t>(codes), StreamOf(ctx)),
                       "HadamardHashCodesGpu");
@@ -250,43 +218,26 @@ class HashCodesOp : public OpKernel {
   explicit HashCodesOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("num_hashes", &num_hashes_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("hash_code_len", &hash_code_len_));
-    OP_REQUIRES(ctx, hash_code_len_ >= 1 && hash_code_len_ <= kMaxHashCodeLen,
-                absl::InvalidArgumentError(absl::StrCat(
-                    "hash_code_len must be in [1, 30] (int32 codes), got ", hash_code_len_)));
-    OP_REQUIRES(ctx, SaturatingProduct(num_hashes_, hash_code_len_) < INT64_MAX,
-                absl::InvalidArgumentError(absl::StrCat(
-                    "num_hashes * hash_code_len must fit in int64, got num_hashes = ", num_hashes_,
-                    " and hash_code_len = ", hash_code_len_)));
+    OP_REQUIRES_OK(ctx, Invalid(CheckHashAttrs(num_hashes_, hash_code_len_)));
   }
 
   void Compute(OpKernelContext* ctx) override {
     const Tensor& x = ctx->input(0);
     const Tensor& params = ctx->input(1);
-    OP_REQUIRES_OK(ctx, CheckShape(x, "x", "[batch, length, dim]", {-1, -1, -1}));
-    HashDims d{x.dim_size(0), x.dim_size(1), x.dim_size(2), num_hashes_, hash_code_len_, 0, 0};
-    const int64_t bits = num_hashes_ * hash_code_len_;
-    if (kMethod == HashMethod::kGaussian) {
-      OP_REQUIRES_OK(ctx, CheckShape(params, "projection", "[dim, num_hashes * hash_code_len]",
-                                     {d.dim, bits}));
-    } else {
-      OP_REQUIRES_OK(ctx, CheckShape(params, "signs", "[num_blocks, 3, padded_dim]", {-1, 3, -1}));
-      d.num_blocks = params.dim_size(0);
-      d.padded_dim = params.dim_size(2);
-      OP_REQUIRES(ctx,
-                  d.padded_dim >= 1 && (d.padded_dim & (d.padded_dim - 1)) == 0 &&
-                      d.padded_dim >= d.dim && d.num_blocks * d.padded_dim >= bits,
-                  absl::InvalidArgumentError(absl::StrCat(
-                      "signs must have shape [num_blocks, 3, padded_dim] with padded_dim a power "
-                      "of two >= dim (", d.dim, ") and num_blocks * padded_dim >= num_hashes * "
-                      "hash_code_len (", bits, "), got ", params.shape().DebugString())));
-    }
+    constexpr bool kGaussian = kMethod == HashMethod::kGaussian;
+    Shape s[2];
+    OP_REQUIRES_OK(ctx, InputShapes(ctx, {"x", kGaussian ? "projection" : "signs"}, s));
+    HashDims d{};
+    OP_REQUIRES_OK(ctx, Invalid(kGaussian
+                                    ? CheckGaussianHash(s[0], s[1], num_hashes_, hash_code_len_, &d)
+                                    : CheckHadamardHash(s[0], s[1], num_hashes_, hash_code_len_, &d)));
     Tensor* codes = nullptr;
     OP_REQUIRES_OK(ctx, AllocateOutput(ctx, "codes [batch, num_hashes, length]",
                                        {d.batch, num_hashes_, d.length}, &codes));
     if (codes->NumElements() == 0) return;
     using F = HashCodesFunctor<Device, T>;
-    OP_REQUIRES_OK(ctx, kMethod == HashMethod::kGaussian ? F::Gaussian(ctx, d, x, params, codes)
-                                                         : F::Hadamard(ctx, d, x, params, codes));
+    OP_REQUIRES_OK(ctx, kGaussian ? F::Gaussian(ctx, d, x, params, codes)
+                                  : F::Hadamard(ctx, d, x, params, codes));
   }
 
  private:
@@ -393,19 +344,12 @@ Status CheckCodesAndAllocate(OpKernelContext* ctx, const Tensor& qc, const Tenso
   return absl::OkStatus();
 }
 
-// Rejects a weighted cumulation whose per-bucket [W, D] table exceeds kMaxBucketTableFloats,
-// before anything is allocated.
-Status CheckBucketTable(const CumulationDims& d) {
-  if (BucketTableFits(d.weight_dim, d.value_dim)) return absl::OkStatus();
-  return absl::InvalidArgumentError(BucketTableLimitMessage(d.weight_dim, d.value_dim));
-}
-
 // Base of the two table cumulations: parses and checks the num_buckets attr.
 class BucketedOpKernel : public OpKernel {
  public:
   explicit BucketedOpKernel(OpKernelConstruction* ctx) : OpKernel(ctx) {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("num_buckets", &num_buckets_));
-    OP_REQUIRES_OK(ctx, CheckNumBucketsAttr(num_buckets_));
+    OP_REQUIRES_OK(ctx, Invalid(CheckNumBuckets(num_buckets_)));
   }
 
  protected:
@@ -420,12 +364,11 @@ class LshCumulationOp : public BucketedOpKernel {
   void Compute(OpKernelContext* ctx) override {
     const Tensor &qm = ctx->input(0), &qc = ctx->input(1), &km = ctx->input(2),
                  &kc = ctx->input(3), &value = ctx->input(4);
+    Shape s[5];
+    OP_REQUIRES_OK(ctx, InputShapes(ctx, {"query_mask", "query_codes", "key_mask", "key_codes",
+                                          "value"}, s));
     CumulationDims d{};
-    d.num_buckets = num_buckets_;
-    OP_REQUIRES_OK(ctx, CumulationSides(qm, qc, km, kc, &d));
-    OP_REQUIRES_OK(ctx, CheckShape(value, "value", "[batch, num_keys, value_dim]",
-                                   {d.batch, d.num_keys, -1}));
-    d.value_dim = value.dim_size(2);
+    OP_REQUIRES_OK(ctx, Invalid(CheckLshCumulation(s[0], s[1], s[2], s[3], s[4], num_buckets_, &d)));
     Tensor* out = nullptr;
     bool has_work = false;
     OP_REQUIRES_OK(ctx, CheckCodesAndAllocate<Device>(ctx, qc, kc, d, d.value_dim, &out, &has_work));
@@ -443,18 +386,12 @@ class WeightedLshCumulationOp : public BucketedOpKernel {
     const Tensor &qm = ctx->input(0), &qc = ctx->input(1), &qw = ctx->input(2),
                  &km = ctx->input(3), &kc = ctx->input(4), &kw = ctx->input(5),
                  &value = ctx->input(6);
+    Shape s[7];
+    OP_REQUIRES_OK(ctx, InputShapes(ctx, {"query_mask", "query_codes", "query_weight", "key_mask",
+                                          "key_codes", "key_weight", "value"}, s));
     CumulationDims d{};
-    d.num_buckets = num_buckets_;
-    OP_REQUIRES_OK(ctx, CumulationSides(qm, qc, km, kc, &d));
-    OP_REQUIRES_OK(ctx, CheckShape(qw, "query_weight", "[batch, num_queries, weight_dim]",
-                                   {d.batch, d.num_queries, -1}));
-    d.weight_dim = qw.dim_size(2);
-    OP_REQUIRES_OK(ctx, CheckShape(kw, "key_weight", "[batch, num_keys, weight_dim]",
-                                   {d.batch, d.num_keys, d.weight_dim}));
-    OP_REQUIRES_OK(ctx, CheckShape(value, "value", "[batch, num_keys, value_dim]",
-                                   {d.batch, d.num_keys, -1}));
-    d.value_dim = value.dim_size(2);
-    OP_REQUIRES_OK(ctx, CheckBucketTable(d));
+    OP_REQUIRES_OK(ctx, Invalid(CheckWeightedLshCumulation(s[0], s[1], s[2], s[3], s[4], s[5], s[6],
+                                                           num_buckets_, &d)));
     Tensor* out = nullptr;
     bool has_work = false;
     OP_REQUIRES_OK(ctx, CheckCodesAndAllocate<Device>(ctx, qc, kc, d, d.value_dim, &out, &has_work));
@@ -470,34 +407,19 @@ class CollisionCumulationOp : public OpKernel {
   explicit CollisionCumulationOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("hash_code_len", &hash_code_len_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("epsilon", &epsilon_));
-    OP_REQUIRES(ctx, hash_code_len_ >= 1 && hash_code_len_ <= kMaxCollisionHashCodeLen,
-                absl::InvalidArgumentError(
-                    absl::StrCat("hash_code_len must be in [1, 20], got ", hash_code_len_)));
-    OP_REQUIRES(ctx, epsilon_ >= 0.0f,
-                absl::InvalidArgumentError(absl::StrCat("epsilon must be >= 0, got ", epsilon_)));
+    OP_REQUIRES_OK(ctx, Invalid(CheckCollisionAttrs(hash_code_len_, epsilon_)));
   }
 
   void Compute(OpKernelContext* ctx) override {
     const Tensor &qm = ctx->input(0), &qc = ctx->input(1), &q = ctx->input(2),
                  &qw = ctx->input(3), &km = ctx->input(4), &kc = ctx->input(5),
                  &k = ctx->input(6), &kw = ctx->input(7);
+    Shape s[8];
+    OP_REQUIRES_OK(ctx, InputShapes(ctx, {"query_mask", "query_codes", "query", "query_weight",
+                                          "key_mask", "key_codes", "key", "key_weight"}, s));
     CumulationDims d{};
-    d.num_buckets = int64_t{1} << hash_code_len_;
-    OP_REQUIRES_OK(ctx, CumulationSides(qm, qc, km, kc, &d));
-    OP_REQUIRES_OK(ctx, CheckShape(q, "query", "[batch, num_queries, dim]",
-                                   {d.batch, d.num_queries, -1}));
-    d.vector_dim = q.dim_size(2);
-    OP_REQUIRES_OK(ctx, CheckShape(k, "key", "[batch, num_keys, dim]",
-                                   {d.batch, d.num_keys, d.vector_dim}));
-    OP_REQUIRES_OK(ctx, CheckShape(qw, "query_weight", "[batch, num_queries, weight_dim]",
-                                   {d.batch, d.num_queries, -1}));
-    d.value_dim = qw.dim_size(2);
-    OP_REQUIRES_OK(ctx, CheckShape(kw, "key_weight", "[batch, num_keys, weight_dim]",
-                                   {d.batch, d.num_keys, d.value_dim}));
-    OP_REQUIRES(ctx, d.num_keys <= kMaxCollisionKeys,
-                absl::InvalidArgumentError(absl::StrCat(
-                    "key_codes must have num_keys <= 2**31 - 1 (axis 2; the collision estimator "
-                    "sorts int32 key indices), got ", d.num_keys)));
+    OP_REQUIRES_OK(ctx, Invalid(CheckCollisionCumulation(s[0], s[1], s[2], s[3], s[4], s[5], s[6],
+                                                         s[7], hash_code_len_, epsilon_, &d)));
     Tensor* out = nullptr;
     bool has_work = false;
     OP_REQUIRES_OK(ctx, CheckCodesAndAllocate<Device>(ctx, qc, kc, d, d.vector_dim, &out, &has_work));

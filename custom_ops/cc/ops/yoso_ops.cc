@@ -1,10 +1,14 @@
 // Registration of the keras-yoso ops with shape functions that reject bad
-// ranks, mismatched sizes and bad attributes while the graph is built.
+// ranks, mismatched sizes and bad attributes while the graph is built (attributes and the
+// bucket-table limit with the checks of custom_ops/cc/kernels/yoso_checks.h, which the
+// kernels run again on the actual shapes).
 // The math of each op is documented in custom_ops/cc/kernels/yoso_cpu.h.
+#include <string>
+
 #include "tensorflow/core/framework/common_shape_fns.h"
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/shape_inference.h"
-#include "yoso_common.h"
+#include "yoso_checks.h"
 
 namespace keras_yoso {
 
@@ -15,14 +19,15 @@ using ::tensorflow::shape_inference::ShapeHandle;
 
 namespace {
 
-Status CheckNumBuckets(InferenceContext* c) {
+// A non-empty error text of yoso_checks.h as InvalidArgumentError.
+Status Invalid(const std::string& error) {
+  return error.empty() ? absl::OkStatus() : absl::InvalidArgumentError(error);
+}
+
+Status NumBucketsAttr(InferenceContext* c) {
   int64_t num_buckets = 0;
   TF_RETURN_IF_ERROR(c->GetAttr("num_buckets", &num_buckets));
-  if (num_buckets < 1 || num_buckets > kMaxNumBuckets || (num_buckets & (num_buckets - 1)) != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "num_buckets must be a power of two in [1, 2**20], got ", num_buckets));
-  }
-  return absl::OkStatus();
+  return Invalid(CheckNumBuckets(num_buckets));
 }
 
 // Input `index` must be [batch, num_hashes, length]; returns its dims.
@@ -77,44 +82,26 @@ Status HashCodesShape(InferenceContext* c) {
   int64_t num_hashes = 0, hash_code_len = 0;
   TF_RETURN_IF_ERROR(c->GetAttr("num_hashes", &num_hashes));
   TF_RETURN_IF_ERROR(c->GetAttr("hash_code_len", &hash_code_len));
-  if (hash_code_len > kMaxHashCodeLen) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("hash_code_len must be in [1, 30] (int32 codes), got ", hash_code_len));
-  }
-  if (SaturatingProduct(num_hashes, hash_code_len) == INT64_MAX) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("num_hashes * hash_code_len must fit in int64, got num_hashes = ", num_hashes,
-                     " and hash_code_len = ", hash_code_len));
-  }
+  TF_RETURN_IF_ERROR(Invalid(CheckHashAttrs(num_hashes, hash_code_len)));
   c->set_output(0, c->MakeShape({c->Dim(x, 0), c->MakeDim(num_hashes), c->Dim(x, 1)}));
   return absl::OkStatus();
 }
 
 // The weighted cumulation's per-bucket [W, D] table must fit kMaxBucketTableFloats (checked
 // here when W and D are known, and by the kernel in any case).
-Status CheckBucketTable(InferenceContext* c) {
+Status BucketTable(InferenceContext* c) {
   const DimensionHandle weight_dim = c->Dim(c->input(2), 2);
   const DimensionHandle value_dim = c->Dim(c->input(6), 2);
-  if (!c->ValueKnown(weight_dim) || !c->ValueKnown(value_dim) ||
-      BucketTableFits(c->Value(weight_dim), c->Value(value_dim))) {
-    return absl::OkStatus();
-  }
-  return absl::InvalidArgumentError(BucketTableLimitMessage(c->Value(weight_dim), c->Value(value_dim)));
+  if (!c->ValueKnown(weight_dim) || !c->ValueKnown(value_dim)) return absl::OkStatus();
+  return Invalid(CheckBucketTable(c->Value(weight_dim), c->Value(value_dim)));
 }
 
-Status CheckCollisionAttrs(InferenceContext* c) {
+Status CollisionAttrs(InferenceContext* c) {
   int64_t hash_code_len = 0;
   float epsilon = 0.0f;
   TF_RETURN_IF_ERROR(c->GetAttr("hash_code_len", &hash_code_len));
   TF_RETURN_IF_ERROR(c->GetAttr("epsilon", &epsilon));
-  if (hash_code_len > kMaxCollisionHashCodeLen) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("hash_code_len must be in [1, 20], got ", hash_code_len));
-  }
-  if (!(epsilon >= 0.0f)) {
-    return absl::InvalidArgumentError(absl::StrCat("epsilon must be >= 0, got ", epsilon));
-  }
-  return absl::OkStatus();
+  return Invalid(CheckCollisionAttrs(hash_code_len, epsilon));
 }
 
 }  // namespace
@@ -172,7 +159,7 @@ REGISTER_OP("YosoLshCumulation")
     .Attr("num_buckets: int")
     .Attr("T: {float, half, bfloat16}")
     .SetShapeFn([](InferenceContext* c) {
-      TF_RETURN_IF_ERROR(CheckNumBuckets(c));
+      TF_RETURN_IF_ERROR(NumBucketsAttr(c));
       return CumulationShape(c, 1, {}, 2, 3, {4}, {}, 4);
     })
     .Doc(R"doc(
@@ -192,9 +179,9 @@ REGISTER_OP("YosoWeightedLshCumulation")
     .Attr("num_buckets: int")
     .Attr("T: {float, half, bfloat16}")
     .SetShapeFn([](InferenceContext* c) {
-      TF_RETURN_IF_ERROR(CheckNumBuckets(c));
+      TF_RETURN_IF_ERROR(NumBucketsAttr(c));
       TF_RETURN_IF_ERROR(CumulationShape(c, 1, {2}, 3, 4, {5, 6}, {{2, 5}}, 6));
-      return CheckBucketTable(c);
+      return BucketTable(c);
     })
     .Doc(R"doc(
 Weighted LSH cumulation: YosoLshCumulation with pair (i, j) weighted by
@@ -215,7 +202,7 @@ REGISTER_OP("YosoCollisionCumulation")
     .Attr("epsilon: float")
     .Attr("T: {float, half, bfloat16}")
     .SetShapeFn([](InferenceContext* c) {
-      TF_RETURN_IF_ERROR(CheckCollisionAttrs(c));
+      TF_RETURN_IF_ERROR(CollisionAttrs(c));
       return CumulationShape(c, 1, {2, 3}, 4, 5, {6, 7}, {{2, 6}, {3, 7}}, 6);
     })
     .Doc(R"doc(

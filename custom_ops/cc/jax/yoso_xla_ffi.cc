@@ -1,0 +1,253 @@
+// XLA FFI handlers of the keras-yoso CPU kernels, for JAX (keras_yoso/ops/_jax_kernels.py).
+//
+// Glue only: each handler turns its ffi::AnyBuffer arguments into KyTensor views, calls the C ABI
+// entry of custom_ops/cc/c_api/yoso_c_api.h (which checks everything and runs the kernel on the
+// library's own thread pool) and turns a failed call into an ffi::Error with the entry's message.
+//
+// Batching: every argument has a core rank (codes 3, masks 2, per-position tensors 3, hash
+// parameters 2 or 3, output 3). The Python side calls these with vmap_method="broadcast_all", so
+// under jax.vmap every argument and the output carry the same extra leading dims; the handler
+// then calls the entry once per leading index, on offset pointers.
+//
+// Built against the header-only XLA FFI API of the jaxlib in the build environment (setup.py pins
+// an old jaxlib, FFI API 0.1, so one library serves every newer jax); compiled into the same
+// library as the C ABI, with -fvisibility=hidden: only the ky_xla_* handlers below are exported.
+#include <algorithm>
+#include <array>
+#include <cstdint>
+#include <string>
+
+#include "xla/ffi/api/ffi.h"
+#include "yoso_c_api.h"
+
+namespace ffi = xla::ffi;
+
+extern "C" {
+KY_EXPORT XLA_FFI_Error* ky_xla_gaussian_hash_codes(XLA_FFI_CallFrame* call_frame);
+KY_EXPORT XLA_FFI_Error* ky_xla_hadamard_hash_codes(XLA_FFI_CallFrame* call_frame);
+KY_EXPORT XLA_FFI_Error* ky_xla_lsh_cumulation(XLA_FFI_CallFrame* call_frame);
+KY_EXPORT XLA_FFI_Error* ky_xla_weighted_lsh_cumulation(XLA_FFI_CallFrame* call_frame);
+KY_EXPORT XLA_FFI_Error* ky_xla_collision_cumulation(XLA_FFI_CallFrame* call_frame);
+}
+
+namespace keras_yoso {
+namespace {
+
+constexpr int64_t kErrorSize = 4096;
+constexpr int kOutputCoreRank = 3;
+
+// One argument of a handler: its buffer, the rank the C ABI entry takes, its name in messages.
+struct Operand {
+  ffi::AnyBuffer buffer;
+  int core_rank;
+  const char* name;
+};
+
+// The KY dtype code of an XLA element type, or -1.
+int32_t KyDtype(ffi::DataType type) {
+  switch (type) {
+    case ffi::DataType::F32: return KY_FLOAT32;
+    case ffi::DataType::F16: return KY_FLOAT16;
+    case ffi::DataType::BF16: return KY_BFLOAT16;
+    case ffi::DataType::S32: return KY_INT32;
+    default: return -1;
+  }
+}
+
+int64_t ByteWidth(int32_t ky_dtype) { return ky_dtype == KY_FLOAT32 || ky_dtype == KY_INT32 ? 4 : 2; }
+
+std::string ShapeText(ffi::AnyBuffer::Dimensions dims) {
+  std::string text = "[";
+  for (size_t i = 0; i < dims.size(); ++i) text += (i ? ", " : "") + std::to_string(dims[i]);
+  return text + "]";
+}
+
+// A KyTensor over the core dims of `operand` (everything after its `leading` leading dims); its
+// data pointer is that of leading index 0. Sets *stride_bytes to the bytes of one core tensor.
+std::string CoreView(const Operand& operand, int leading, KyTensor* view, int64_t* stride_bytes) {
+  const int32_t dtype = KyDtype(operand.buffer.element_type());
+  if (dtype < 0) {
+    return std::string(operand.name) + " has an element type the keras_yoso kernels do not take (XLA type " +
+           std::to_string(static_cast<int>(operand.buffer.element_type())) +
+           "); they take float32, float16, bfloat16 and int32";
+  }
+  const auto dims = operand.buffer.dimensions();
+  const int rank = static_cast<int>(dims.size()) - leading;
+  if (rank < 0 || rank > KY_MAX_RANK) {
+    return std::string(operand.name) + " has shape " + ShapeText(dims) + ", rank out of range";
+  }
+  view->data = operand.buffer.untyped_data();
+  view->dtype = dtype;
+  view->rank = rank;
+  int64_t elements = 1;
+  for (int i = 0; i < rank; ++i) {
+    view->dims[i] = dims[leading + i];
+    elements *= dims[leading + i];
+  }
+  *stride_bytes = elements * ByteWidth(dtype);
+  return "";
+}
+
+// Calls `entry(inputs, output, error)` once per leading index of the output's extra leading dims
+// (those beyond its core rank 3), which every input must share (vmap_method="broadcast_all").
+// With no leading dims the buffers go to the entry as they are, so it reports bad ranks itself.
+template <size_t N, typename Entry>
+ffi::Error RunBatched(const std::array<Operand, N>& inputs, ffi::AnyBuffer output, Entry&& entry) {
+  const auto out_dims = output.dimensions();
+  const int leading = std::max(0, static_cast<int>(out_dims.size()) - kOutputCoreRank);
+  int64_t count = 1;
+  for (int i = 0; i < leading; ++i) count *= out_dims[i];
+  for (const Operand& in : inputs) {
+    if (leading == 0) break;
+    const auto dims = in.buffer.dimensions();
+    const bool same = static_cast<int>(dims.size()) == in.core_rank + leading &&
+                      std::equal(dims.begin(), dims.begin() + leading, out_dims.begin());
+    if (!same) {
+      return ffi::Error(ffi::ErrorCode::kInvalidArgument,
+                        std::string("keras_yoso XLA FFI: ") + in.name + " has shape " + ShapeText(dims) +
+                            ", expected rank " + std::to_string(in.core_rank) + " after the " +
+                            std::to_string(leading) + " leading batch dims of the output " +
+                            ShapeText(out_dims) + " (the same leading dims on every input)");
+    }
+  }
+  std::array<KyTensor, N> views{};
+  std::array<int64_t, N> strides{};
+  for (size_t i = 0; i < N; ++i) {
+    const std::string error = CoreView(inputs[i], leading, &views[i], &strides[i]);
+    if (!error.empty()) return ffi::Error(ffi::ErrorCode::kInvalidArgument, error);
+  }
+  KyTensor out_view{};
+  int64_t out_stride = 0;
+  const std::string error = CoreView({output, kOutputCoreRank, "output"}, leading, &out_view, &out_stride);
+  if (!error.empty()) return ffi::Error(ffi::ErrorCode::kInvalidArgument, error);
+
+  std::array<KyTensor, N> at = views;
+  KyTensor out_at = out_view;
+  char message[kErrorSize] = {0};
+  for (int64_t index = 0; index < count; ++index) {
+    for (size_t i = 0; i < N; ++i) at[i].data = static_cast<char*>(views[i].data) + index * strides[i];
+    out_at.data = static_cast<char*>(out_view.data) + index * out_stride;
+    const int32_t status = entry(at, &out_at, message);
+    if (status == KY_OK) continue;
+    return ffi::Error(status == KY_INVALID_ARGUMENT ? ffi::ErrorCode::kInvalidArgument : ffi::ErrorCode::kInternal,
+                      std::string(message));
+  }
+  return ffi::Error::Success();
+}
+
+int32_t Threads(int64_t num_threads) {
+  return static_cast<int32_t>(std::clamp<int64_t>(num_threads, 0, INT32_MAX));
+}
+
+template <bool kGaussian>
+ffi::Error HashCodes(ffi::AnyBuffer x, ffi::AnyBuffer params, ffi::Result<ffi::AnyBuffer> codes,
+                     int64_t num_hashes, int64_t hash_code_len, int64_t num_threads) {
+  const std::array<Operand, 2> inputs{{{x, 3, "x"},
+                                       {params, kGaussian ? 2 : 3, kGaussian ? "projection" : "signs"}}};
+  return RunBatched(inputs, *codes, [&](std::array<KyTensor, 2>& in, KyTensor* out, char* error) {
+    return kGaussian ? ky_gaussian_hash_codes(&in[0], &in[1], num_hashes, hash_code_len, out, Threads(num_threads),
+                                              error, kErrorSize)
+                     : ky_hadamard_hash_codes(&in[0], &in[1], num_hashes, hash_code_len, out, Threads(num_threads),
+                                              error, kErrorSize);
+  });
+}
+
+ffi::Error LshCumulation(ffi::AnyBuffer query_mask, ffi::AnyBuffer query_codes, ffi::AnyBuffer key_mask,
+                         ffi::AnyBuffer key_codes, ffi::AnyBuffer value, ffi::Result<ffi::AnyBuffer> output,
+                         int64_t num_buckets, int64_t num_threads) {
+  const std::array<Operand, 5> inputs{{{query_mask, 2, "query_mask"}, {query_codes, 3, "query_codes"},
+                                       {key_mask, 2, "key_mask"}, {key_codes, 3, "key_codes"},
+                                       {value, 3, "value"}}};
+  return RunBatched(inputs, *output, [&](std::array<KyTensor, 5>& in, KyTensor* out, char* error) {
+    return ky_lsh_cumulation(&in[0], &in[1], &in[2], &in[3], &in[4], num_buckets, out, Threads(num_threads), error,
+                             kErrorSize);
+  });
+}
+
+ffi::Error WeightedLshCumulation(ffi::AnyBuffer query_mask, ffi::AnyBuffer query_codes, ffi::AnyBuffer query_weight,
+                                 ffi::AnyBuffer key_mask, ffi::AnyBuffer key_codes, ffi::AnyBuffer key_weight,
+                                 ffi::AnyBuffer value, ffi::Result<ffi::AnyBuffer> output, int64_t num_buckets,
+                                 int64_t num_threads) {
+  const std::array<Operand, 7> inputs{{{query_mask, 2, "query_mask"}, {query_codes, 3, "query_codes"},
+                                       {query_weight, 3, "query_weight"}, {key_mask, 2, "key_mask"},
+                                       {key_codes, 3, "key_codes"}, {key_weight, 3, "key_weight"},
+                                       {value, 3, "value"}}};
+  return RunBatched(inputs, *output, [&](std::array<KyTensor, 7>& in, KyTensor* out, char* error) {
+    return ky_weighted_lsh_cumulation(&in[0], &in[1], &in[2], &in[3], &in[4], &in[5], &in[6], num_buckets, out,
+                                      Threads(num_threads), error, kErrorSize);
+  });
+}
+
+ffi::Error CollisionCumulation(ffi::AnyBuffer query_mask, ffi::AnyBuffer query_codes, ffi::AnyBuffer query,
+                               ffi::AnyBuffer query_weight, ffi::AnyBuffer key_mask, ffi::AnyBuffer key_codes,
+                               ffi::AnyBuffer key, ffi::AnyBuffer key_weight, ffi::Result<ffi::AnyBuffer> output,
+                               int64_t hash_code_len, float epsilon, int64_t num_threads) {
+  const std::array<Operand, 8> inputs{{{query_mask, 2, "query_mask"}, {query_codes, 3, "query_codes"},
+                                       {query, 3, "query"}, {query_weight, 3, "query_weight"},
+                                       {key_mask, 2, "key_mask"}, {key_codes, 3, "key_codes"},
+                                       {key, 3, "key"}, {key_weight, 3, "key_weight"}}};
+  return RunBatched(inputs, *output, [&](std::array<KyTensor, 8>& in, KyTensor* out, char* error) {
+    return ky_collision_cumulation(&in[0], &in[1], &in[2], &in[3], &in[4], &in[5], &in[6], &in[7], hash_code_len,
+                                   epsilon, out, Threads(num_threads), error, kErrorSize);
+  });
+}
+
+}  // namespace
+}  // namespace keras_yoso
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(ky_xla_gaussian_hash_codes, keras_yoso::HashCodes<true>,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::AnyBuffer>()  // x [B, N, d]
+                                  .Arg<ffi::AnyBuffer>()  // projection [d, m * tau]
+                                  .Ret<ffi::AnyBuffer>()  // codes int32 [B, m, N]
+                                  .Attr<int64_t>("num_hashes")
+                                  .Attr<int64_t>("hash_code_len")
+                                  .Attr<int64_t>("num_threads"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(ky_xla_hadamard_hash_codes, keras_yoso::HashCodes<false>,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::AnyBuffer>()  // x [B, N, d]
+                                  .Arg<ffi::AnyBuffer>()  // signs [num_blocks, 3, padded_dim]
+                                  .Ret<ffi::AnyBuffer>()  // codes int32 [B, m, N]
+                                  .Attr<int64_t>("num_hashes")
+                                  .Attr<int64_t>("hash_code_len")
+                                  .Attr<int64_t>("num_threads"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(ky_xla_lsh_cumulation, keras_yoso::LshCumulation,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::AnyBuffer>()  // query_mask float32 [B, Nq]
+                                  .Arg<ffi::AnyBuffer>()  // query_codes int32 [B, m, Nq]
+                                  .Arg<ffi::AnyBuffer>()  // key_mask float32 [B, Nk]
+                                  .Arg<ffi::AnyBuffer>()  // key_codes int32 [B, m, Nk]
+                                  .Arg<ffi::AnyBuffer>()  // value [B, Nk, D]
+                                  .Ret<ffi::AnyBuffer>()  // output [B, Nq, D]
+                                  .Attr<int64_t>("num_buckets")
+                                  .Attr<int64_t>("num_threads"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(ky_xla_weighted_lsh_cumulation, keras_yoso::WeightedLshCumulation,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::AnyBuffer>()  // query_mask float32 [B, Nq]
+                                  .Arg<ffi::AnyBuffer>()  // query_codes int32 [B, m, Nq]
+                                  .Arg<ffi::AnyBuffer>()  // query_weight [B, Nq, W]
+                                  .Arg<ffi::AnyBuffer>()  // key_mask float32 [B, Nk]
+                                  .Arg<ffi::AnyBuffer>()  // key_codes int32 [B, m, Nk]
+                                  .Arg<ffi::AnyBuffer>()  // key_weight [B, Nk, W]
+                                  .Arg<ffi::AnyBuffer>()  // value [B, Nk, D]
+                                  .Ret<ffi::AnyBuffer>()  // output [B, Nq, D]
+                                  .Attr<int64_t>("num_buckets")
+                                  .Attr<int64_t>("num_threads"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(ky_xla_collision_cumulation, keras_yoso::CollisionCumulation,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::AnyBuffer>()  // query_mask float32 [B, Nq]
+                                  .Arg<ffi::AnyBuffer>()  // query_codes int32 [B, m, Nq]
+                                  .Arg<ffi::AnyBuffer>()  // query [B, Nq, d]
+                                  .Arg<ffi::AnyBuffer>()  // query_weight [B, Nq, W]
+                                  .Arg<ffi::AnyBuffer>()  // key_mask float32 [B, Nk]
+                                  .Arg<ffi::AnyBuffer>()  // key_codes int32 [B, m, Nk]
+                                  .Arg<ffi::AnyBuffer>()  // key [B, Nk, d]
+                                  .Arg<ffi::AnyBuffer>()  // key_weight [B, Nk, W]
+                                  .Ret<ffi::AnyBuffer>()  // output [B, Nq, d]
+                                  .Attr<int64_t>("hash_code_len")
+                                  .Attr<float>("epsilon")
+                                  .Attr<int64_t>("num_threads"));

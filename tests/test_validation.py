@@ -1,0 +1,152 @@
+"""keras_yoso._validation and the kernels hold the same limits and say them the same way.
+
+The limits of custom_ops/cc/kernels/yoso_common.h are read from the source text and compared with
+keras_yoso._validation's. For the limits both sides check (num_buckets, the weighted cumulation's
+per-bucket table), the message of the Python side must appear word for word in the message of the
+kernels' checks (yoso_checks.h), reached through every wrapper built here: the TensorFlow op's
+shape function and kernel, and the C ABI of the native library. The bad inputs have a batch of 0,
+so the kernels reject them before anything is allocated or read.
+"""
+
+import ast
+import operator
+import os
+import re
+
+import numpy as np
+import pytest
+
+from conftest import CUSTOM_OPS_EXPECTED, TENSORFLOW
+from keras_yoso import _validation
+from keras_yoso import ops
+
+if TENSORFLOW:
+    import tensorflow as tf
+
+COMMON_H = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                        "custom_ops", "cc", "kernels", "yoso_common.h")
+_BINARY_OPERATORS = {ast.LShift: operator.lshift, ast.Mult: operator.mul, ast.Add: operator.add,
+                     ast.Sub: operator.sub}
+
+
+def _evaluate(node):
+    """The value of a C++ integer expression made of literals and << * + -."""
+    if isinstance(node, ast.Constant) and type(node.value) is int:
+        return node.value
+    if isinstance(node, ast.BinOp) and type(node.op) in _BINARY_OPERATORS:
+        return _BINARY_OPERATORS[type(node.op)](_evaluate(node.left), _evaluate(node.right))
+    raise ValueError(f"not an integer literal expression: {ast.dump(node)}")
+
+
+def _header_constants(path):
+    """{name: value} of the `constexpr <type> kName = <integer expression>;` lines of a C++ header."""
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    constants = {}
+    for name, expression in re.findall(r"constexpr\s+\w+\s+(k\w+)\s*=\s*([^;]+);", text):
+        expression = re.sub(r"int64_t\{(\d+)\}", r"\1", expression)
+        try:
+            constants[name] = _evaluate(ast.parse(expression.strip(), mode="eval").body)
+        except (SyntaxError, ValueError):
+            continue  # e.g. kMaxCollisionKeys = INT32_MAX: no limit of _validation
+    return constants
+
+
+@pytest.mark.parametrize("kernel_name, python_name", [
+    ("kMaxNumBuckets", "MAX_NUM_BUCKETS"),
+    ("kMaxHashCodeLen", "MAX_HASH_CODE_LEN"),
+    ("kMaxCollisionHashCodeLen", "MAX_CUMULATION_HASH_CODE_LEN"),
+    ("kMaxBucketTableFloats", "MAX_BUCKET_TABLE_FLOATS"),
+])
+def test_python_limit_equals_the_kernels_constant(kernel_name, python_name):
+    constants = _header_constants(COMMON_H)
+    assert kernel_name in constants, f"{kernel_name} not found in {COMMON_H}"
+    assert constants[kernel_name] == getattr(_validation, python_name)
+
+
+# --- the same bad input on both sides ----------------------------------------------------------------
+
+BAD_NUM_BUCKETS = 6
+# One more weight column than the per-bucket table holds: W * D = (2**14 + 1) * 2**14 floats.
+TABLE_VALUE_DIM = 2 ** 14
+TABLE_WEIGHT_DIM = _validation.MAX_BUCKET_TABLE_FLOATS // TABLE_VALUE_DIM + 1
+
+
+def _python_message(check, *args):
+    with pytest.raises(ValueError) as info:
+        check(*args)
+    return str(info.value)
+
+
+def _python_num_buckets_message():
+    """The message of the public op on the composite (it checks num_buckets in Python)."""
+    codes = np.zeros((1, 1, 2), np.int32)
+    return _python_message(lambda: ops.lsh_cumulation(codes, codes, np.ones((1, 2, 3), np.float32),
+                                                      BAD_NUM_BUCKETS, implementation="composite"))
+
+
+def _python_table_message():
+    return _python_message(_validation.check_bucket_table, TABLE_WEIGHT_DIM, TABLE_VALUE_DIM)
+
+
+# Inputs of the two cumulations as (shape, dtype), in the C ABI's and REGISTER_OP's order.
+_LSH_INPUTS = [((0, 1), "float32"), ((0, 1, 1), "int32"), ((0, 1), "float32"), ((0, 1, 1), "int32"),
+               ((0, 1, 3), "float32")]
+_WEIGHTED_INPUTS = [((0, 1), "float32"), ((0, 1, 1), "int32"), ((0, 1, TABLE_WEIGHT_DIM), "float32"),
+                    ((0, 1), "float32"), ((0, 1, 1), "int32"), ((0, 1, TABLE_WEIGHT_DIM), "float32"),
+                    ((0, 1, TABLE_VALUE_DIM), "float32")]
+CASES = {
+    "num_buckets": ("lsh_cumulation", _LSH_INPUTS, BAD_NUM_BUCKETS, _python_num_buckets_message),
+    "bucket_table": ("weighted_lsh_cumulation", _WEIGHTED_INPUTS, 2 ** 20, _python_table_message),
+}
+
+
+def _tf_library():
+    from keras_yoso.ops import _library
+    library = _library.library()
+    assert library is not None, _library.load_error()
+    return library
+
+
+def _tf_kernel_message(op, inputs, num_buckets):
+    """The TensorFlow kernel's message (an eager call runs no shape function)."""
+    raw_op = getattr(_tf_library(), "yoso_" + op)
+    tensors = [tf.zeros(shape, dtype) for shape, dtype in inputs]
+    with pytest.raises(tf.errors.InvalidArgumentError) as info:
+        raw_op(*tensors, num_buckets=num_buckets)
+    return info.value.message
+
+
+def _tf_shape_function_message(op, inputs, num_buckets):
+    """The message of the op's shape function, which runs while a graph is built."""
+    raw_op = getattr(_tf_library(), "yoso_" + op)
+    tensors = [tf.zeros(shape, dtype) for shape, dtype in inputs]
+    with pytest.raises(ValueError) as info:
+        tf.function(lambda: raw_op(*tensors, num_buckets=num_buckets)).get_concrete_function()
+    return str(info.value)
+
+
+def _c_abi_message(op, inputs, num_buckets):
+    """The message of the native library's C ABI (keras_yoso._native raises it as ValueError)."""
+    from keras_yoso import _native
+    assert _native.library() is not None, _native.load_error()
+    views = [_native.tensor_view(None, dtype, shape) for shape, dtype in inputs]
+    output = _native.tensor_view(None, "float32", (0, 1, inputs[-1][0][2]))
+    with pytest.raises(ValueError) as info:
+        _native.call("ky_" + op, *views, num_buckets, output)
+    return str(info.value)
+
+
+WRAPPERS = {"c_abi": _c_abi_message}
+if TENSORFLOW:
+    WRAPPERS.update(tf_kernel=_tf_kernel_message, tf_shape_function=_tf_shape_function_message)
+
+
+@pytest.mark.skipif(not CUSTOM_OPS_EXPECTED, reason="no native kernels expected (KERAS_YOSO_DISABLE_CUSTOM_OPS=1)")
+@pytest.mark.parametrize("wrapper", sorted(WRAPPERS))
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_kernel_message_contains_the_python_message(case, wrapper):
+    op, inputs, num_buckets, python_message = CASES[case]
+    expected = python_message()
+    assert str(BAD_NUM_BUCKETS if case == "num_buckets" else TABLE_WEIGHT_DIM) in expected
+    assert expected in WRAPPERS[wrapper](op, inputs, num_buckets)
