@@ -20,8 +20,8 @@ linear-relative, linear-relative-causal (LinearRelativeAttention, horizon 16), m
 --backends: Keras backends (TensorFlow: tf.function + GradientTape; JAX: jax.jit of
 stateless_call and jax.grad; PyTorch: eager with torch.autograd.grad). The "YOSO ops" column says
 which implementation each YOSO row ran (custom_op or composite). The processes import the installed
-keras_yoso (not ./keras_yoso of a checkout); the script first prints its path and, when the TensorFlow
-custom ops are not loaded there, a line starting with "!!" that says the composite is measured.
+keras_yoso (not ./keras_yoso of a checkout); the script first prints its path and, for each backend
+whose native kernels are not loaded there, a line starting with "!!" that says the composite is measured.
 """
 
 import argparse
@@ -185,9 +185,7 @@ def main():
     num_layers = args.num_layers if args.model else 0
     name = "scaling_model" if args.model else "scaling"
     yoso_lsh = any(m.startswith("yoso-") and m != "yoso-e" for m in args.methods)
-    probe_backend = "tensorflow" if "tensorflow" in args.backends else args.backends[0]
-    announce_package(probe_backend, expect_custom_ops=probe_backend == "tensorflow" and yoso_lsh
-                     and set(args.implementations) != {"composite"})
+    announce_package(args.backends, expect_custom_ops=yoso_lsh and set(args.implementations) != {"composite"})
 
     results = []
     print(f"{'backend':<11} {'method':<22} {'YOSO ops':<10} {'length':>7} {'fwd s':>8} {'fwd+bwd s':>10} "

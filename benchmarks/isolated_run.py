@@ -53,20 +53,24 @@ def run_isolated(child_code, argv, timeout):
     return result
 
 
-def package_banner(path, custom_ops_error=None):
-    """Which keras_yoso is measured and, when `custom_ops_error` says why the TensorFlow custom ops
-    are not loaded, a loud line saying that the composite is measured instead."""
+def package_banner(path, custom_ops_error=None, backend=None):
+    """Which keras_yoso is measured and, when `custom_ops_error` says why the native kernels of
+    `backend` (default: the running one) are not loaded, a loud line saying that the composite is
+    measured instead."""
     lines = [f"measuring keras_yoso from {path}"]
     if custom_ops_error:
-        lines.append(f"!! TensorFlow custom ops not loaded ({custom_ops_error}): measuring the composite")
+        on = f" on {backend}" if backend else ""
+        lines.append(f"!! native kernels not loaded{on} ({custom_ops_error}): measuring the composite")
     return "\n".join(lines)
 
 
-def announce_package(backend, expect_custom_ops):
-    """Prints package_banner for the keras_yoso that run_isolated's processes import on `backend`
-    (a probe process like them); the custom-op line only when `expect_custom_ops`."""
-    proc = _child(_PROBE, [backend], timeout=300)
-    if proc.returncode != 0:
-        sys.exit(f"importing keras_yoso ({backend} backend) in a fresh process failed:\n{proc.stderr[-3000:]}")
-    found = json.loads(proc.stdout.strip().splitlines()[-1])
-    print(package_banner(found["path"], found["custom_ops_error"] if expect_custom_ops else None), flush=True)
+def announce_package(backends, expect_custom_ops):
+    """Prints package_banner for the keras_yoso that run_isolated's processes import on each of
+    `backends` (a probe process like them); the native-kernel line only when `expect_custom_ops`."""
+    for backend in backends:
+        proc = _child(_PROBE, [backend], timeout=300)
+        if proc.returncode != 0:
+            sys.exit(f"importing keras_yoso ({backend} backend) in a fresh process failed:\n{proc.stderr[-3000:]}")
+        found = json.loads(proc.stdout.strip().splitlines()[-1])
+        error = found["custom_ops_error"] if expect_custom_ops else None
+        print(package_banner(found["path"], error, backend), flush=True)

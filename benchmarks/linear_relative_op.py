@@ -85,7 +85,7 @@ def main():
     if args.quick:
         args.lengths, args.depth, args.horizon, args.repeats = [64, 128], 8, 2, 1
 
-    announce_package("tensorflow", expect_custom_ops=False)  # one implementation: TensorFlow ops
+    announce_package(["tensorflow"], expect_custom_ops=False)  # one implementation: TensorFlow ops
     rows = []
     print(f"{'mode':<14} {'length':>7} {'method':<7} {'fwd s':>8} {'fwd+bwd s':>10} {'peak MiB':>9} "
           f"{'growth MiB':>10}  status", flush=True)

@@ -69,8 +69,7 @@ def _load():
     candidates = sorted(glob.glob(os.path.join(_PACKAGE_DIR, "_yoso_native*.so")))
     if os.environ.get("KERAS_YOSO_DISABLE_CUSTOM_OPS", "0") == "1":
         _load_error = "disabled by KERAS_YOSO_DISABLE_CUSTOM_OPS=1"
-        return
-    if not candidates:
+    elif not candidates:
         _load_error = f"no native library (_yoso_native*.so) in {_PACKAGE_DIR}"
     else:
         try:

@@ -4,10 +4,10 @@ The suite runs on the backend of KERAS_BACKEND (CI: tensorflow, then jax, then t
 Modules named `test_tf_*.py` test TensorFlow-only things (custom ops, graphs, SavedModels) and
 are collected only on the TensorFlow backend; every other module runs on all three.
 
-A broken build fails the suite instead of skipping: on TensorFlow, with keras_yoso's custom ops
-expected (TensorFlow importable and KERAS_YOSO_DISABLE_CUSTOM_OPS unset), the `implementation`
-fixture includes "custom_op" whether or not the library loaded, so every op test fails with the
-load error when it did not.
+A broken build fails the suite instead of skipping: with keras_yoso's native kernels expected
+(every backend: TensorFlow's op library, the native library on JAX and PyTorch; unless
+KERAS_YOSO_DISABLE_CUSTOM_OPS=1), the `implementation` fixture includes "custom_op" whether or
+not the library loaded, so every op test fails with the load error when it did not.
 """
 
 import os
@@ -27,7 +27,7 @@ from keras_yoso import ops  # noqa: E402
 
 BACKEND = keras.backend.backend()
 TENSORFLOW = BACKEND == "tensorflow"
-CUSTOM_OPS_EXPECTED = TENSORFLOW and os.environ.get("KERAS_YOSO_DISABLE_CUSTOM_OPS", "0") != "1"
+CUSTOM_OPS_EXPECTED = os.environ.get("KERAS_YOSO_DISABLE_CUSTOM_OPS", "0") != "1"
 IMPLEMENTATIONS = ["custom_op", "composite"] if CUSTOM_OPS_EXPECTED else ["composite"]
 # The exception of a failed check that needs the data (codes in range, a padding mask).
 if TENSORFLOW:
@@ -40,7 +40,7 @@ else:
 collect_ignore_glob = [] if TENSORFLOW else ["test_tf_*.py"]
 
 requires_tensorflow = pytest.mark.skipif(not TENSORFLOW, reason="TensorFlow backend only")
-# Skips only where the custom ops are not expected (other backends, KERAS_YOSO_DISABLE_CUSTOM_OPS=1):
+# Skips only where the custom ops are not expected (KERAS_YOSO_DISABLE_CUSTOM_OPS=1):
 # where they are expected, a library that failed to load makes these tests fail.
 requires_custom_ops = pytest.mark.skipif(not CUSTOM_OPS_EXPECTED,
                                          reason="no custom ops expected (backend or KERAS_YOSO_DISABLE_CUSTOM_OPS=1)")

@@ -73,14 +73,11 @@ def test_keras_yoso_imports_and_trains_without_tensorflow(backend, tmp_path):
     from keras_yoso import ops
 
     assert "tensorflow" not in sys.modules
-    assert not ops.custom_ops_available() and ops.implementation_in_use() == "composite"
-    try:
-        ops.lsh_cumulation(np.zeros((1, 2, 3), "int32"), np.zeros((1, 2, 3), "int32"), np.ones((1, 3, 2), "float32"),
-                           4, implementation="custom_op")
-    except RuntimeError as error:
-        assert "no custom ops for the" in str(error), error
-    else:
-        raise AssertionError("custom_op without custom ops must raise")
+    # The native library links to no framework: JAX and PyTorch run its kernels without TensorFlow.
+    assert ops.custom_ops_available() and ops.implementation_in_use() == "custom_op", ops.custom_ops_load_error()
+    out = ops.lsh_cumulation(np.zeros((1, 2, 3), "int32"), np.zeros((1, 2, 3), "int32"),
+                             np.ones((1, 3, 2), "float32"), 4, implementation="custom_op")
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(out), np.full((1, 3, 2), 3.0))
     tokens = keras.Input((None,), dtype="int32")
     x = keras.layers.Embedding(20, 16, mask_zero=True)(tokens)
     x = keras_yoso.TransformerEncoderBlock(2, 32, attention_kwargs=dict(num_hashes=4, hash_code_len=4))(x)
@@ -111,4 +108,33 @@ def test_custom_op_and_composite_layers_agree_within_float_tolerance(tmp_path):
         np.testing.assert_allclose(keras.ops.convert_to_numpy(portable(x, x)), out, rtol=1e-4, atol=1e-5)
         print("ok")
     """, tmp_path)
+    assert output.strip() == "ok"
+
+
+@pytest.mark.parametrize("backend", ["jax", "torch"])
+def test_missing_native_library_warns_once_and_runs_the_composite(backend, tmp_path):
+    """Without the native library, JAX and PyTorch warn once, "auto" runs the composite, and
+    "custom_op" raises RuntimeError with the reason."""
+    output = run_python("""
+    import warnings
+    warnings.simplefilter("always")
+    with warnings.catch_warnings(record=True) as caught:
+        import numpy as np
+        from keras_yoso import ops
+        assert ops.implementation_in_use() == "composite"
+        out = ops.lsh_cumulation(np.zeros((1, 2, 3), "int32"), np.zeros((1, 2, 3), "int32"),
+                                 np.ones((1, 3, 2), "float32"), 4)
+        ops.implementation_in_use()
+    messages = [str(w.message) for w in caught if "native kernels are not available" in str(w.message)]
+    assert len(messages) == 1, messages
+    assert "KERAS_YOSO_DISABLE_CUSTOM_OPS=1" in messages[0], messages[0]
+    try:
+        ops.lsh_cumulation(np.zeros((1, 2, 3), "int32"), np.zeros((1, 2, 3), "int32"), np.ones((1, 3, 2), "float32"),
+                           4, implementation="custom_op")
+    except RuntimeError as error:
+        assert "native kernels are not loaded" in str(error), error
+    else:
+        raise AssertionError("custom_op without the native library must raise")
+    print("ok")
+    """, tmp_path, backend=backend, env={"KERAS_YOSO_DISABLE_CUSTOM_OPS": "1"})
     assert output.strip() == "ok"

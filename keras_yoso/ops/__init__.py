@@ -11,7 +11,7 @@ from keras_yoso import _runtime
 from keras_yoso.ops._dispatch import composite_only
 from keras_yoso.ops._dispatch import custom_ops_available
 from keras_yoso.ops._dispatch import native_provider as _native_provider
-from keras_yoso.ops._dispatch import provider as _provider
+from keras_yoso.ops._dispatch import provider as _pick_provider
 from keras_yoso.ops._dispatch import supports_jit
 from keras_yoso.ops.hashing import hash_codes
 from keras_yoso.ops.hashing import hash_parameters
@@ -27,7 +27,7 @@ from keras_yoso.ops.yoso import yoso_expectation_weights
 def implementation_in_use(implementation="auto"):
     """"custom_op" or "composite": what an op called now with `implementation` runs (on every
     backend)."""
-    return _provider(implementation).name
+    return _pick_provider(implementation).name
 
 
 def custom_ops_load_error():

@@ -1,0 +1,109 @@
+"""The provider protocol: keras_yoso.ops reads what a provider declares, never which provider it is,
+so a new provider needs no edit to the ops or the layers."""
+
+import numpy as np
+import pytest
+
+import numpy_reference as ref
+from conftest import BACKEND, CUSTOM_OPS_EXPECTED, DATA_ERROR, to_numpy, unit_rows, vjp
+from keras_yoso import YosoAttention
+from keras_yoso import ops
+from keras_yoso.ops import _dispatch
+from keras_yoso.ops import _provider
+from keras_yoso.ops import composite
+
+
+class _Recording(_provider.Provider):
+    """The composite's primitives under other declarations, recording the widths of the weighted
+    cumulations it runs."""
+
+    name = "custom_op"
+    supports_jit = True
+
+    def __init__(self, **declarations):
+        self.__dict__.update(declarations)
+        self.weighted_widths = []
+
+    def hash_codes(self, *args):
+        return composite.hash_codes(*args)
+
+    def lsh_cumulation(self, *args):
+        return composite.lsh_cumulation(*args)
+
+    def weighted_lsh_cumulation(self, query_codes, query_weight, key_codes, key_weight, value, *rest):
+        self.weighted_widths.append((int(query_weight.shape[2]), int(value.shape[2])))
+        return composite.weighted_lsh_cumulation(query_codes, query_weight, key_codes, key_weight, value, *rest)
+
+    def collision_cumulation(self, *args):
+        return composite.collision_cumulation(*args)
+
+
+@pytest.fixture
+def install(monkeypatch):
+    """install(provider): the running backend's native provider becomes `provider`."""
+    def put(provider):
+        monkeypatch.setattr(_dispatch, "native_provider", lambda: (provider, None))
+        return provider
+    return put
+
+
+def test_a_provider_table_limit_splits_the_lower_bound_gradient_into_columns_that_fit(install):
+    provider = install(_Recording(max_bucket_table_floats=64 * 16))
+    rng = np.random.default_rng(0)
+    q, k = unit_rows(rng, (1, 9, 40)), unit_rows(rng, (1, 11, 40))
+    v = rng.standard_normal((1, 11, 64)).astype(np.float32)
+    qc = rng.integers(0, 8, (1, 4, 9)).astype(np.int32)
+    kc = rng.integers(0, 8, (1, 4, 11)).astype(np.int32)
+    cotangent = rng.standard_normal((1, 9, 64)).astype(np.float32)
+    _, (dq, dk, _) = vjp(lambda a, b, c: ops.yoso_cumulation(a, b, c, qc, kc, 3, implementation="custom_op"),
+                         [q, k, v], cotangent)
+    want_dq, want_dk, _ = ref.yoso_lower_bound_gradients(q, k, v, qc, kc, 3, cotangent)
+    np.testing.assert_allclose(dq, want_dq, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(dk, want_dk, rtol=1e-4, atol=1e-4)
+    # Every weighted cumulation fit the declared table (64 x 16 floats): the 40 key columns in 3 blocks.
+    assert provider.weighted_widths and all(w * d <= 64 * 16 for w, d in provider.weighted_widths)
+
+
+def test_codes_are_checked_only_for_providers_that_do_not_check_them(install):
+    bad = np.array([[[0, 9, 1]]], np.int32)
+    value = np.ones((1, 3, 2), np.float32)
+    install(_Recording(checks_codes=False))
+    with pytest.raises(DATA_ERROR, match="query_codes"):
+        to_numpy(ops.lsh_cumulation(bad, bad, value, 4, implementation="custom_op"))
+    # A provider that declares it checks codes is trusted with them (the composite drops them).
+    install(_Recording(checks_codes=True))
+    to_numpy(ops.lsh_cumulation(bad, bad, value, 4, implementation="custom_op"))
+
+
+def test_a_provider_refusing_the_device_sends_auto_to_the_composite_and_custom_op_to_an_error(install):
+    class _OnlyElsewhere(_Recording):
+        def device_error(self, tensors):
+            return "the inputs are on a device these kernels do not serve" if tensors else None
+
+    install(_OnlyElsewhere())
+    codes, value = np.zeros((1, 2, 3), np.int32), np.ones((1, 3, 2), np.float32)
+    assert ops.implementation_in_use() == "custom_op"  # no tensors: nothing to refuse
+    assert _dispatch.provider("auto", (value,)) is composite.PROVIDER
+    with pytest.raises(ValueError, match="cannot run here: the inputs are on a device"):
+        ops.lsh_cumulation(codes, codes, value, 4, implementation="custom_op")
+
+
+def test_layers_take_supports_jit_from_the_provider(install):
+    install(_Recording(supports_jit=False))
+    assert not YosoAttention(2, 4, implementation="custom_op").supports_jit
+    assert YosoAttention(2, 4, implementation="composite").supports_jit
+    install(_Recording(supports_jit=True))
+    assert YosoAttention(2, 4, implementation="custom_op").supports_jit
+
+
+@pytest.mark.skipif(not CUSTOM_OPS_EXPECTED, reason="native kernels disabled")
+def test_the_native_provider_of_each_backend_declares_what_it_does():
+    native, error = _dispatch.native_provider()
+    assert native is not None, error
+    assert ops.implementation_in_use() == "custom_op"
+    # TensorFlow's op library has no XLA kernels; the JAX (XLA FFI) and PyTorch (torch.library)
+    # providers run inside jax.jit and torch.compile.
+    assert ops.supports_jit("custom_op") == (BACKEND != "tensorflow")
+    assert ops.supports_jit("composite")
+    assert native.checks_codes and not native.needs_static_num_hashes
+    assert native.max_bucket_table_floats == 2 ** 28
