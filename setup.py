@@ -191,8 +191,10 @@ class BuildLibraries(build_ext):
         flags = ["-O3", "-fPIC", "-std=c++17", "-fvisibility=hidden", "-pthread",
                  "-I" + os.path.join(HERE, KERNELS), "-I" + os.path.join(HERE, "custom_ops", "cc", "c_api")]
         if include:
-            flags.append("-I" + include)
-        self._compile_and_link(sources, flags, ["-pthread"], out_path, build_dir)
+            flags += ["-isystem", include]  # XLA's headers: their warnings are not ours
+        # Export the ky_* entries only (template instantiations and ifunc resolvers stay local).
+        exports = os.path.join(HERE, "custom_ops", "cc", "c_api", "exports.map")
+        self._compile_and_link(sources, flags, ["-pthread", "-Wl,--version-script=" + exports], out_path, build_dir)
         _say(f"built {out_path} (C ABI{' + XLA FFI handlers' if include else ''}) in "
              f"{time.perf_counter() - start:.0f} s")
 

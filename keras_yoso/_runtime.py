@@ -183,3 +183,24 @@ def segment_sum(data, segment_ids, num_segments):
         out = torch.zeros((num_segments,) + tuple(data.shape[1:]), dtype=data.dtype, device=data.device)
         return out.index_add_(0, segment_ids.long(), data)
     return ops.segment_sum(data, segment_ids, num_segments=num_segments)
+
+
+def constant_while_traced(fn):
+    """`fn`, marked so that torch.compile calls it once while tracing and keeps its result as a
+    constant of the graph (no graph break; it is read again only when the function is retraced)."""
+    if backend() == "torch":
+        import torch
+
+        return torch.compiler.assume_constant_result(fn)
+    return fn
+
+
+def traced_as_opaque_call(fn):
+    """`fn` (int/str arguments -> a tensor), marked so that torch.compile records it as one call
+    instead of tracing its Python (e.g. NumPy's RandomState; torch >= 2.7)."""
+    if backend() == "torch":
+        import torch
+
+        mark = getattr(torch._dynamo, "nonstrict_trace", None)
+        return fn if mark is None else mark(fn)
+    return fn

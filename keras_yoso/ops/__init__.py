@@ -35,9 +35,9 @@ def custom_ops_load_error():
     return _native_provider()[1]
 
 
-if _runtime.is_tensorflow():
-    # Load the op library now, so SavedModels that use the ops load after `import keras_yoso`.
-    custom_ops_available()
+# Load the native kernels now: on TensorFlow so that SavedModels that use the ops load after
+# `import keras_yoso`; on torch so that torch.compile traces calls without importing.
+custom_ops_available()
 
 __all__ = [
     "collision_cumulation",

@@ -29,6 +29,11 @@ _NATIVE_PROVIDERS = {
 _COMPOSITE_ONLY = contextvars.ContextVar("keras_yoso_composite_only", default=False)
 
 
+@_runtime.constant_while_traced
+def _composite_only_active():
+    return _COMPOSITE_ONLY.get()
+
+
 @contextlib.contextmanager
 def composite_only():
     """Inside this context every keras_yoso op runs on the `keras.ops` composite, whatever
@@ -41,11 +46,23 @@ def composite_only():
         _COMPOSITE_ONLY.reset(token)
 
 
+# backend name -> (provider, None) or (None, why not): looked up once per process, so that calls
+# traced by torch.compile read a dict instead of importing.
+_NATIVE = {}
+
+
 def native_provider():
     """(provider, None) of the running backend's native kernels, or (None, why they are unavailable)."""
-    name = _NATIVE_PROVIDERS.get(_runtime.backend())
+    backend = _runtime.backend()
+    if backend not in _NATIVE:
+        _NATIVE[backend] = _load_native_provider(backend)
+    return _NATIVE[backend]
+
+
+def _load_native_provider(backend):
+    name = _NATIVE_PROVIDERS.get(backend)
     if name is None:
-        return None, f"keras_yoso has no native kernels for the {_runtime.backend()} backend"
+        return None, f"keras_yoso has no native kernels for the {backend} backend"
     native = importlib.import_module(name).PROVIDER
     error = native.load_error()
     return (None, error) if error else (native, None)
@@ -66,7 +83,7 @@ def provider(implementation, tensors=()):
     able to take `tensors`, else the composite.
     """
     _validation.choice(implementation, "implementation", _validation.IMPLEMENTATIONS)
-    if implementation == "composite" or _COMPOSITE_ONLY.get():
+    if implementation == "composite" or _composite_only_active():
         return composite.PROVIDER
     native, error = native_provider()
     if implementation == "custom_op":

@@ -41,6 +41,11 @@ def _numpy_parameters(dim, num_hashes, hash_code_len, seed, method):
     return params
 
 
+@_runtime.traced_as_opaque_call
+def _host_parameters(dim, num_hashes, hash_code_len, seed, method):
+    return ops.convert_to_tensor(_numpy_parameters(dim, num_hashes, hash_code_len, seed, method))
+
+
 class _StatelessSeed(keras.random.SeedGenerator):
     """A `[2]` seed tensor in the form `keras.random` accepts: every draw is a stateless function of it."""
 
@@ -85,7 +90,7 @@ def hash_parameters(dim, num_hashes, hash_code_len, seed, method=_validation.DEF
     hash_code_len = _validation.hash_code_len(hash_code_len, cumulation=False)
     method = _validation.choice(method, "method", _validation.HASH_METHODS)
     if _validation.is_integer(seed):
-        return ops.convert_to_tensor(_numpy_parameters(dim, num_hashes, hash_code_len, int(seed), method))
+        return _host_parameters(dim, num_hashes, hash_code_len, int(seed), method)
     generator = _StatelessSeed(_seed_tensor(seed))
     bits = num_hashes * hash_code_len
     if method == "gaussian":

@@ -1,0 +1,177 @@
+"""The PyTorch provider: the native library's CPU kernels as `torch.library` custom ops.
+
+Each primitive is one op of the `keras_yoso::` namespace (`torch.ops.keras_yoso.<name>`) whose
+CPU implementation hands contiguous views of its tensors to the C ABI
+(custom_ops/cc/c_api/yoso_c_api.h) through `keras_yoso._native.call`, with as many threads as
+`torch.get_num_threads()`; the C ABI checks everything (shapes, dtypes, code ranges, limits) and
+its errors arrive as ValueError. Each op has a fake (meta) implementation that gives the output's
+shape and dtype, so `torch.compile(fullgraph=True)` traces through it without a graph break.
+
+The ops have no autograd formula of their own: the public functions of `keras_yoso.ops` bring
+their gradients (`keras.ops.custom_gradient`, a `torch.autograd.Function` on torch), written once
+for every provider in ops/yoso.py.
+"""
+
+import torch
+
+from keras_yoso import _native
+from keras_yoso import _validation
+from keras_yoso.ops import _provider
+
+_NAMESPACE = "keras_yoso"
+_DTYPE_NAMES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16", torch.int32: "int32"}
+
+
+def _view(tensor, name):
+    """A KyTensor over `tensor` (CPU, contiguous); ValueError naming `name` for a dtype the C ABI lacks."""
+    dtype = _DTYPE_NAMES.get(tensor.dtype)
+    if dtype is None:
+        raise ValueError(f"{name} must be float32, float16, bfloat16 or int32 for the keras_yoso native kernels, "
+                         f"got {tensor.dtype}")
+    return _native.tensor_view(tensor.data_ptr(), dtype, tuple(tensor.shape))
+
+
+def _run(entry, inputs, attributes, output):
+    """Runs the C ABI `entry` on the named `inputs` [(name, tensor)], then the attributes, then `output`."""
+    inputs = [(name, tensor.contiguous()) for name, tensor in inputs]  # kept alive until the call returns
+    views = [_view(tensor, name) for name, tensor in inputs]
+    _native.call(entry, *views, *attributes, _view(output, "output"), num_threads=torch.get_num_threads())
+    return output
+
+
+def _empty(shape, like):
+    return torch.empty(shape, dtype=like.dtype, device=like.device)
+
+
+def _gaussian_hash_codes(x: torch.Tensor, projection: torch.Tensor, num_hashes: int,
+                         hash_code_len: int) -> torch.Tensor:
+    output = torch.empty((x.shape[0], num_hashes, x.shape[1]), dtype=torch.int32)
+    return _run("ky_gaussian_hash_codes", [("x", x), ("projection", projection)], [num_hashes, hash_code_len], output)
+
+
+def _hadamard_hash_codes(x: torch.Tensor, signs: torch.Tensor, num_hashes: int, hash_code_len: int) -> torch.Tensor:
+    output = torch.empty((x.shape[0], num_hashes, x.shape[1]), dtype=torch.int32)
+    return _run("ky_hadamard_hash_codes", [("x", x), ("signs", signs)], [num_hashes, hash_code_len], output)
+
+
+def _hash_codes_fake(x, params, num_hashes, hash_code_len):
+    return torch.empty((x.shape[0], num_hashes, x.shape[1]), dtype=torch.int32, device=x.device)
+
+
+def _lsh_cumulation(query_mask: torch.Tensor, query_codes: torch.Tensor, key_mask: torch.Tensor,
+                    key_codes: torch.Tensor, value: torch.Tensor, num_buckets: int) -> torch.Tensor:
+    output = _empty((query_codes.shape[0], query_codes.shape[2], value.shape[2]), value)
+    inputs = [("query_mask", query_mask), ("query_codes", query_codes), ("key_mask", key_mask),
+              ("key_codes", key_codes), ("value", value)]
+    return _run("ky_lsh_cumulation", inputs, [num_buckets], output)
+
+
+def _lsh_cumulation_fake(query_mask, query_codes, key_mask, key_codes, value, num_buckets):
+    return _empty((query_codes.shape[0], query_codes.shape[2], value.shape[2]), value)
+
+
+def _weighted_lsh_cumulation(query_mask: torch.Tensor, query_codes: torch.Tensor, query_weight: torch.Tensor,
+                             key_mask: torch.Tensor, key_codes: torch.Tensor, key_weight: torch.Tensor,
+                             value: torch.Tensor, num_buckets: int) -> torch.Tensor:
+    output = _empty((query_codes.shape[0], query_codes.shape[2], value.shape[2]), value)
+    inputs = [("query_mask", query_mask), ("query_codes", query_codes), ("query_weight", query_weight),
+              ("key_mask", key_mask), ("key_codes", key_codes), ("key_weight", key_weight), ("value", value)]
+    return _run("ky_weighted_lsh_cumulation", inputs, [num_buckets], output)
+
+
+def _weighted_lsh_cumulation_fake(query_mask, query_codes, query_weight, key_mask, key_codes, key_weight, value,
+                                  num_buckets):
+    return _empty((query_codes.shape[0], query_codes.shape[2], value.shape[2]), value)
+
+
+def _collision_cumulation(query_mask: torch.Tensor, query_codes: torch.Tensor, query: torch.Tensor,
+                          query_weight: torch.Tensor, key_mask: torch.Tensor, key_codes: torch.Tensor,
+                          key: torch.Tensor, key_weight: torch.Tensor, hash_code_len: int,
+                          epsilon: float) -> torch.Tensor:
+    output = _empty(query.shape, query)
+    inputs = [("query_mask", query_mask), ("query_codes", query_codes), ("query", query),
+              ("query_weight", query_weight), ("key_mask", key_mask), ("key_codes", key_codes), ("key", key),
+              ("key_weight", key_weight)]
+    return _run("ky_collision_cumulation", inputs, [hash_code_len, epsilon], output)
+
+
+def _collision_cumulation_fake(query_mask, query_codes, query, query_weight, key_mask, key_codes, key, key_weight,
+                               hash_code_len, epsilon):
+    return _empty(query.shape, query)
+
+
+# op name -> (CPU implementation, fake implementation).
+_OPS = {
+    "gaussian_hash_codes": (_gaussian_hash_codes, _hash_codes_fake),
+    "hadamard_hash_codes": (_hadamard_hash_codes, _hash_codes_fake),
+    "lsh_cumulation": (_lsh_cumulation, _lsh_cumulation_fake),
+    "weighted_lsh_cumulation": (_weighted_lsh_cumulation, _weighted_lsh_cumulation_fake),
+    "collision_cumulation": (_collision_cumulation, _collision_cumulation_fake),
+}
+
+
+def _torch_load_error():
+    if not hasattr(torch.library, "custom_op") or not hasattr(torch.library, "register_fake"):
+        return f"torch {torch.__version__} has no torch.library.custom_op (keras_yoso needs torch >= 2.4)"
+    return None
+
+
+def _register_ops():
+    """Defines the `keras_yoso::` ops once per process: a second import of this module (a reload)
+    finds them registered and uses them as they are."""
+    for name, (implementation, fake) in _OPS.items():
+        if hasattr(getattr(torch.ops, _NAMESPACE), name):
+            continue
+        op = torch.library.custom_op(f"{_NAMESPACE}::{name}", implementation, mutates_args=(), device_types="cpu")
+        op.register_fake(fake)
+
+
+def _op(name):
+    """The registered op `torch.ops.keras_yoso.<name>.default`."""
+    return getattr(getattr(torch.ops, _NAMESPACE), name).default
+
+
+def _mask(mask):
+    return mask.to(torch.float32)
+
+
+class TorchProvider(_provider.Provider):
+    """The native library's CPU kernels as torch.library ops: traced by torch.compile, CPU tensors only."""
+
+    checks_codes = True
+    needs_static_num_hashes = False
+    max_bucket_table_floats = _validation.MAX_BUCKET_TABLE_FLOATS
+    supports_jit = True
+    deterministic = True
+
+    def load_error(self):
+        return _torch_load_error() or _native.load_error()
+
+    def device_error(self, tensors):
+        for tensor in tensors:
+            if isinstance(tensor, torch.Tensor) and tensor.device.type != "cpu":
+                return (f"the keras_yoso native kernels run on CPU only; got a tensor on {tensor.device} "
+                        "(use implementation='composite' or 'auto' for tensors on an accelerator)")
+        return None
+
+    def hash_codes(self, x, params, num_hashes, hash_code_len, method):
+        return _op(f"{method}_hash_codes")(x, params, num_hashes, hash_code_len)
+
+    def lsh_cumulation(self, query_codes, key_codes, value, num_buckets, query_mask, key_mask):
+        return _op("lsh_cumulation")(_mask(query_mask), query_codes, _mask(key_mask), key_codes, value, num_buckets)
+
+    def weighted_lsh_cumulation(self, query_codes, query_weight, key_codes, key_weight, value, num_buckets,
+                                query_mask, key_mask):
+        return _op("weighted_lsh_cumulation")(_mask(query_mask), query_codes, query_weight, _mask(key_mask),
+                                             key_codes, key_weight, value, num_buckets)
+
+    def collision_cumulation(self, query_codes, query, query_weight, key_codes, key, key_weight, hash_code_len,
+                             epsilon, query_mask, key_mask):
+        return _op("collision_cumulation")(_mask(query_mask), query_codes, query, query_weight, _mask(key_mask),
+                                          key_codes, key, key_weight, hash_code_len, float(epsilon))
+
+
+PROVIDER = TorchProvider()
+
+if _torch_load_error() is None:
+    _register_ops()

@@ -1,0 +1,317 @@
+"""The PyTorch provider (keras_yoso/ops/_torch_kernels.py): the native library's CPU kernels as
+`torch.library` ops of the `keras_yoso::` namespace, traced by torch.compile through their fake
+kernels, with gradients from keras_yoso.ops (torch autograd)."""
+
+import importlib
+import threading
+
+import keras
+import numpy as np
+import pytest
+
+import numpy_reference as ref
+from conftest import BACKEND, cast, random_mask, rounded, to_numpy, trainable_gradients, unit_rows, vjp
+from keras_yoso import YosoAttention
+from keras_yoso import _validation
+from keras_yoso import ops
+from keras_yoso.ops import _dispatch
+from keras_yoso.ops import composite
+
+pytestmark = pytest.mark.skipif(BACKEND != "torch" or not ops.custom_ops_available(),
+                                reason="PyTorch backend with the native library only")
+
+if BACKEND == "torch":
+    import torch
+
+    from keras_yoso import _native
+    from keras_yoso.ops import _torch_kernels
+
+# Tolerance of each dtype, relative to max(1, |expected|), for outputs computed from inputs of that dtype.
+DTYPES = [("float32", 1e-5), ("float16", 2e-2), ("bfloat16", 8e-2)]
+EPSILON = _validation.COLLISION_EPSILON
+
+
+def _assert_close(actual, expected, tol):
+    expected = np.asarray(expected)
+    scale = max(1.0, float(np.abs(expected).max(initial=0.0)))
+    np.testing.assert_allclose(to_numpy(actual), expected, atol=tol * scale, rtol=tol)
+
+
+def _codes(rng, batch, m, n, tau):
+    return rng.integers(0, 2 ** tau, size=(batch, m, n)).astype(np.int32)
+
+
+def _op_samples(dtype):
+    """(op name, arguments) of every keras_yoso:: op, with masks that drop positions."""
+    rng = np.random.default_rng(0)
+
+    def t(array, to=dtype):
+        return torch.tensor(np.asarray(array, np.float32)).to(getattr(torch, to))
+
+    def codes(m, n, tau):
+        return torch.tensor(_codes(rng, 2, m, n, tau))
+
+    def mask(n):
+        return t(random_mask(rng, "random", 2, n), "float32")
+
+    x = t(rng.normal(size=(2, 5, 6)))
+    qm, qc, km, kc = mask(5), codes(3, 5, 4), mask(7), codes(3, 7, 4)
+    q, k = t(unit_rows(rng, (2, 5, 6))), t(unit_rows(rng, (2, 7, 6)))
+    qw, kw, v = t(rng.normal(size=(2, 5, 3))), t(rng.normal(size=(2, 7, 3))), t(rng.normal(size=(2, 7, 4)))
+    return [
+        ("gaussian_hash_codes", (x, t(rng.normal(size=(6, 12)), "float32"), 3, 4)),
+        ("hadamard_hash_codes", (x, t(2 * rng.integers(0, 2, size=(2, 3, 8)) - 1, "float32"), 3, 4)),
+        ("lsh_cumulation", (qm, qc, km, kc, v, 16)),
+        ("weighted_lsh_cumulation", (qm, qc, qw, km, kc, kw, v, 16)),
+        ("collision_cumulation", (qm, qc, q, qw, km, kc, k, kw, 4, EPSILON)),
+    ]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_every_op_passes_torch_library_opcheck(dtype):
+    # No input requires grad: the ops have no autograd formula of their own (keras_yoso.ops brings
+    # the gradients), so opcheck checks the schema, the fake kernels and AOT dispatch.
+    for name, args in _op_samples(dtype):
+        torch.library.opcheck(getattr(torch.ops.keras_yoso, name).default, args)
+
+
+def test_fake_kernels_give_the_shape_and_dtype_of_the_cpu_kernels():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    for name, args in _op_samples("float16"):
+        op = getattr(torch.ops.keras_yoso, name).default
+        real = op(*args)
+        with FakeTensorMode() as mode:
+            fake = op(*[mode.from_tensor(a) if isinstance(a, torch.Tensor) else a for a in args])
+        assert (fake.shape, fake.dtype) == (real.shape, real.dtype), name
+
+
+def test_auto_runs_the_torch_library_ops():
+    assert ops.implementation_in_use() == "custom_op"
+    assert ops.implementation_in_use("custom_op") == "custom_op"
+    assert ops.supports_jit("custom_op")
+
+
+def test_reimporting_the_provider_keeps_the_registered_ops():
+    importlib.reload(_torch_kernels)
+    qc = np.zeros((1, 2, 3), np.int32)
+    out = ops.lsh_cumulation(qc, qc, np.ones((1, 3, 2), np.float32), 4, implementation="custom_op")
+    np.testing.assert_allclose(to_numpy(out), 3.0)
+
+
+@pytest.mark.parametrize("method", ["gaussian", "hadamard"])
+@pytest.mark.parametrize("dtype", [d for d, _ in DTYPES])
+def test_hash_codes_match_reference_and_composite(method, dtype):
+    x = np.random.default_rng(1).normal(size=(2, 200, 24)).astype(np.float32)
+    codes = ops.hash_codes(cast(x, dtype), 8, 6, seed=3, method=method, implementation="custom_op")
+    assert codes.dtype == torch.int32 and tuple(codes.shape) == (2, 8, 200)
+    params = to_numpy(ops.hash_parameters(24, 8, 6, 3, method))
+    expected = (ref.gaussian_hash_codes if method == "gaussian" else ref.hadamard_hash_codes)(
+        rounded(x, dtype), params, 8, 6)
+    composite = ops.hash_codes(cast(x, dtype), 8, 6, seed=3, method=method, implementation="composite")
+    # A sign can only differ where a projection is ~0 (half precision rounds the projections).
+    agree = 0.995 if dtype == "float32" else 0.95
+    assert (to_numpy(codes) == expected).mean() >= agree
+    assert (to_numpy(codes) == to_numpy(composite)).mean() >= agree
+
+
+@pytest.mark.parametrize("dtype,tol", DTYPES)
+def test_cumulations_match_reference_and_composite(dtype, tol):
+    rng = np.random.default_rng(2)
+    qc, kc = _codes(rng, 2, 6, 40, 4), _codes(rng, 2, 6, 30, 4)
+    qm, km = random_mask(rng, "random", 2, 40), random_mask(rng, "random", 2, 30)
+    qw, kw = rng.normal(size=(2, 40, 3)), rng.normal(size=(2, 30, 3))
+    v = rng.normal(size=(2, 30, 5))
+    for implementation in ("custom_op", "composite"):
+        out = ops.lsh_cumulation(qc, kc, cast(v, dtype), 16, qm, km, implementation=implementation)
+        assert keras.backend.standardize_dtype(out.dtype) == dtype
+        _assert_close(out, ref.lsh_cumulation(qc, kc, rounded(v, dtype), qm, km), tol)
+        out = ops.weighted_lsh_cumulation(qc, cast(qw, dtype), kc, cast(kw, dtype), cast(v, dtype), 16, qm, km,
+                                          implementation=implementation)
+        assert keras.backend.standardize_dtype(out.dtype) == dtype
+        expected = ref.weighted_lsh_cumulation(qc, rounded(qw, dtype), kc, rounded(kw, dtype), rounded(v, dtype),
+                                               qm, km)
+        _assert_close(out, expected, tol)
+
+
+@pytest.mark.parametrize("dtype,tol", DTYPES)
+def test_collision_cumulation_matches_reference_and_composite(dtype, tol):
+    rng = np.random.default_rng(3)
+    q, k = unit_rows(rng, (2, 20, 8)), unit_rows(rng, (2, 25, 8))
+    qw, kw = rng.normal(size=(2, 20, 3)), rng.normal(size=(2, 25, 3))
+    qc, kc = _codes(rng, 2, 4, 20, 3), _codes(rng, 2, 4, 25, 3)
+    qm, km = random_mask(rng, "random", 2, 20), random_mask(rng, "random", 2, 25)
+    args = [cast(a, dtype) for a in (q, qw, k, kw)]
+    custom = ops.collision_cumulation(qc, args[0], args[1], kc, args[2], args[3], 3, qm, km,
+                                      implementation="custom_op")
+    composite = ops.collision_cumulation(qc, args[0], args[1], kc, args[2], args[3], 3, qm, km,
+                                         implementation="composite")
+    expected = ref.collision_cumulation(qc, rounded(q, dtype), rounded(qw, dtype), kc, rounded(k, dtype),
+                                        rounded(kw, dtype), 3, EPSILON, qm, km)
+    assert custom.dtype == getattr(torch, dtype)
+    _assert_close(custom, expected, 10 * tol)  # the derivative's 1/sqrt(1 - x^2) amplifies rounding
+    _assert_close(custom, to_numpy(composite), 10 * tol)
+
+
+@pytest.mark.parametrize("backward", ["lower_bound", "collision"])
+@pytest.mark.parametrize("dtype,tol", DTYPES)
+def test_yoso_cumulation_gradients_through_torch_autograd_match_reference_and_composite(backward, dtype, tol):
+    rng = np.random.default_rng(4)
+    q, k = unit_rows(rng, (2, 16, 8)), unit_rows(rng, (2, 12, 8))
+    v = rng.normal(size=(2, 12, 4)).astype(np.float32)
+    qc, kc = _codes(rng, 2, 8, 16, 3), _codes(rng, 2, 8, 12, 3)
+    qm, km = random_mask(rng, "random", 2, 16), random_mask(rng, "random", 2, 12)
+    cotangent = rng.normal(size=(2, 16, 4)).astype(np.float32)
+    results = {}
+    for implementation in ("custom_op", "composite"):
+        def attention(a, b, c, implementation=implementation):
+            a, b, c = (keras.ops.cast(t, dtype) for t in (a, b, c))
+            return ops.yoso_cumulation(a, b, c, qc, kc, 3, qm, km, backward=backward, implementation=implementation)
+
+        results[implementation] = vjp(attention, [q, k, v], cotangent)
+    args = [rounded(a, dtype) for a in (q, k, v)] + [qc, kc, 3, rounded(cotangent, dtype)]
+    if backward == "lower_bound":
+        expected = ref.yoso_lower_bound_gradients(*args, qm, km)
+    else:
+        expected = ref.yoso_collision_gradients(*args, EPSILON, qm, km)
+    out, grads = results["custom_op"]
+    _assert_close(out, ref.lsh_cumulation(qc, kc, rounded(v, dtype), qm, km), tol)
+    for name, grad, want, composite in zip("qkv", grads, expected, results["composite"][1]):
+        gradient_tol = tol if name == "v" or backward == "lower_bound" else 10 * tol
+        _assert_close(grad, want, gradient_tol)
+        _assert_close(grad, composite, gradient_tol)
+
+
+@pytest.mark.parametrize("side", ["query", "key"])
+def test_out_of_range_codes_raise_value_error_naming_the_codes(side):
+    good = np.zeros((1, 2, 3), np.int32)
+    bad = np.array([[[0, 1, 2], [3, 16, 0]]], np.int32)
+    qc, kc = (bad, good) if side == "query" else (good, bad)
+    value = np.ones((1, 3, 2), np.float32)
+    with pytest.raises(ValueError, match=f"{side}_codes"):
+        ops.lsh_cumulation(qc, kc, value, 16, implementation="custom_op")
+    with pytest.raises(ValueError, match=f"{side}_codes"):
+        ops.yoso_cumulation(value, value, value, qc, kc, 4, implementation="custom_op")
+
+
+def test_tensors_off_the_cpu_are_refused_naming_their_device():
+    meta = torch.empty((1, 3, 2), device="meta")
+    assert _torch_kernels.PROVIDER.device_error([torch.ones(1), 3]) is None
+    with pytest.raises(ValueError, match="CPU only; got a tensor on meta"):
+        _dispatch.provider("custom_op", (torch.ones(1), meta))
+    assert _dispatch.provider("auto", (meta,)) is composite.PROVIDER
+
+
+def _cumulation_inputs(n=300):
+    rng = np.random.default_rng(5)
+    q, k = unit_rows(rng, (3, n, 16)), unit_rows(rng, (3, n, 16))
+    return (torch.tensor(q), torch.tensor(k), torch.tensor(rng.normal(size=(3, n, 16)).astype(np.float32)),
+            torch.tensor(_codes(rng, 3, 8, n, 6)), torch.tensor(_codes(rng, 3, 8, n, 6)))
+
+
+def _yoso_forward_backward(q, k, v, qc, kc):
+    q, k, v = (t.clone().requires_grad_() for t in (q, k, v))
+    out = ops.yoso_cumulation(q, k, v, qc, kc, 6, implementation="custom_op")
+    out.square().sum().backward()
+    return [out.detach(), q.grad, k.grad, v.grad]
+
+
+def test_kernels_run_on_torch_num_threads_with_identical_results(monkeypatch):
+    threads_used = []
+    call = _native.call
+
+    def recording_call(*args, num_threads):
+        threads_used.append(num_threads)
+        return call(*args, num_threads=num_threads)
+
+    monkeypatch.setattr(_native, "call", recording_call)
+    inputs = _cumulation_inputs()
+    previous = torch.get_num_threads()
+    results = {}
+    try:
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            threads_used.clear()
+            results[threads] = _yoso_forward_backward(*inputs)
+            assert threads_used and set(threads_used) == {threads}
+    finally:
+        torch.set_num_threads(previous)
+    for one, two in zip(results[1], results[2]):
+        assert torch.equal(one, two)
+
+
+def test_concurrent_python_threads_give_identical_results():
+    inputs = _cumulation_inputs()
+    expected = _yoso_forward_backward(*inputs)
+    results, errors = [None] * 6, []
+
+    def work(index):
+        try:
+            results[index] = _yoso_forward_backward(*inputs)
+        except Exception as error:  # noqa: BLE001 - reported below
+            errors.append(error)
+
+    workers = [threading.Thread(target=work, args=(i,)) for i in range(len(results))]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    assert not errors, errors
+    for result in results:
+        assert all(torch.equal(a, b) for a, b in zip(result, expected))
+
+
+def _attention_layer(implementation, seed=3, **options):
+    return YosoAttention(num_heads=2, key_dim=8, num_hashes=4, hash_code_len=4, seed=seed,
+                         implementation=implementation, **options)
+
+
+def test_yoso_attention_forward_and_backward_match_the_composite():
+    rng = np.random.default_rng(6)
+    query = torch.tensor(rng.normal(size=(2, 9, 16)).astype(np.float32))
+    value = torch.tensor(rng.normal(size=(2, 7, 16)).astype(np.float32))
+    mask = torch.tensor([[True] * 7, [True] * 4 + [False] * 3])
+    layers = {name: _attention_layer(name) for name in ("custom_op", "composite")}
+    layers["custom_op"](query, value, value_mask=mask)
+    layers["composite"](query, value, value_mask=mask)
+    layers["composite"].set_weights(layers["custom_op"].get_weights())
+    results = {name: trainable_gradients(layer, lambda layer=layer: layer(query, value, value_mask=mask).square().sum())
+               for name, layer in layers.items()}
+    (custom_loss, custom_grads), (composite_loss, composite_grads) = results["custom_op"], results["composite"]
+    np.testing.assert_allclose(custom_loss, composite_loss, rtol=1e-4)
+    assert len(custom_grads) == len(composite_grads) == 8  # the same variables, in the same order
+    for (path, grad), composite_grad in zip(custom_grads.items(), composite_grads.values()):
+        np.testing.assert_allclose(grad, composite_grad, rtol=1e-4, atol=1e-4, err_msg=path)
+
+
+def test_torch_compile_traces_yoso_attention_without_graph_breaks():
+    from torch._dynamo.testing import AotEagerAndRecordGraphs
+
+    rng = np.random.default_rng(7)
+    first, second = _attention_layer("custom_op"), _attention_layer("custom_op", hash_method="gaussian",
+                                                                      backward="collision", seed=4)
+    query = torch.tensor(rng.normal(size=(2, 6, 16)).astype(np.float32))
+    value = torch.tensor(rng.normal(size=(2, 5, 16)).astype(np.float32))
+    mask = torch.tensor([[True] * 5, [True] * 3 + [False] * 2])
+
+    def model(query, value, mask):
+        hidden = first(query, value, value_mask=mask)
+        return second(hidden, hidden)
+
+    def loss_and_gradient(fn):
+        q = query.clone().requires_grad_()
+        out = fn(q, value, mask)
+        (gradient,) = torch.autograd.grad(out.square().sum(), q)
+        return out.detach(), gradient
+
+    eager = loss_and_gradient(model)
+    backend = AotEagerAndRecordGraphs()
+    torch._dynamo.reset()
+    compiled = loss_and_gradient(torch.compile(model, fullgraph=True, backend=backend))  # raises on a graph break
+    for a, b in zip(compiled, eager):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    targets = {str(node.target) for graphs in (backend.fw_graphs, backend.bw_graphs) for graph in graphs
+               for node in graph.graph.nodes}
+    assert {"keras_yoso.hadamard_hash_codes.default", "keras_yoso.gaussian_hash_codes.default",
+            "keras_yoso.lsh_cumulation.default", "keras_yoso.weighted_lsh_cumulation.default",
+            "keras_yoso.collision_cumulation.default"} <= targets
