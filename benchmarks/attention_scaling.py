@@ -153,8 +153,6 @@ def _configurations(args):
         for method in args.methods:
             yoso_lsh = method.startswith("yoso-") and method != "yoso-e"
             implementations = args.implementations if yoso_lsh else ["auto"]
-            if backend != "tensorflow" and yoso_lsh:  # the custom ops are TensorFlow ops: only the composite
-                implementations = ["composite"]
             for implementation in implementations:
                 yield backend, method, implementation
 
