@@ -57,12 +57,6 @@ def in_xla_context():
     return False
 
 
-def executing_eagerly():
-    if is_tensorflow():
-        return _tf().executing_eagerly()
-    return True
-
-
 def static_shape(x):
     """The shape of `x` as a tuple, None for dims unknown while a graph is built (None: unknown rank)."""
     shape = getattr(x, "shape", None)

@@ -1,4 +1,4 @@
-"""Fuzz driver for the raw keras-yoso ops; tests/test_fuzz_raw_ops.py runs it in subprocesses.
+"""Fuzz driver for the raw keras-yoso ops; tests/test_tf_fuzz_raw_ops.py runs it in subprocesses.
 
 Case `i` of seed `s` is drawn from np.random.default_rng([s, i]): one of the five raw ops of
 the loaded library, a consistent set of shapes, attributes and inputs, then zero or more
