@@ -11,8 +11,8 @@ from `keras_yoso.ops` (`keras.ops.custom_gradient`), as for every provider.
 Errors: an input the kernel rejects raises, in eager mode, ValueError with the kernel's message
 (e.g. "query_codes has 3 codes outside [0, num_buckets) = [0, 16)"). Inside `jax.jit` the
 kernel runs when the compiled function runs, and the error is whatever JAX raises for a failed
-custom call at that point (jax 0.10: ValueError "INVALID_ARGUMENT: <the kernel's message>";
-older jax: XlaRuntimeError).
+custom call at that point (jax 0.10: jax.errors.JaxRuntimeError, a RuntimeError,
+"INVALID_ARGUMENT: <the kernel's message>"; older jax: XlaRuntimeError).
 
 CPU only: `device_error` names the device when JAX computes elsewhere, so "auto" takes the
 composite there and "custom_op" raises.
