@@ -25,7 +25,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from keras_yoso import _native
-from keras_yoso import _validation
 from keras_yoso.ops import _provider
 
 # XLA FFI target name -> handler symbol exported by the native library.
@@ -112,15 +111,9 @@ def _threads():
     return np.int64(_NUM_THREADS)
 
 
-class JaxProvider(_provider.Provider):
+class JaxProvider(_provider.NativeLibraryProvider):
     """The native library's CPU kernels as XLA FFI custom calls: eager, `jax.jit` and `jax.vmap`;
     bitwise reproducible (each output element is summed in a fixed order)."""
-
-    checks_codes = True
-    needs_static_num_hashes = False
-    max_bucket_table_floats = _validation.MAX_BUCKET_TABLE_FLOATS
-    supports_jit = True
-    deterministic = True
 
     def load_error(self):
         """None when the handlers are registered, else why not: the native library did not load,

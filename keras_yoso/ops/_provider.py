@@ -26,6 +26,8 @@ int32 `[B, m, N]`):
                          hash_code_len, epsilon, query_mask, key_mask) -> [B, Nq, d]
 """
 
+from keras_yoso import _validation
+
 
 class Provider:
     """Base class of the providers. Subclasses set the declarations and implement the primitives
@@ -82,3 +84,16 @@ class Provider:
     def collision_cumulation(self, query_codes, query, query_weight, key_codes, key, key_weight, hash_code_len,
                              epsilon, query_mask, key_mask):
         raise NotImplementedError
+
+
+class NativeLibraryProvider(Provider):
+    """What the native library's C ABI (custom_ops/cc/c_api) does, whichever framework calls it:
+    it checks codes itself, takes any num_hashes at run time, builds per-bucket tables of at most
+    kMaxBucketTableFloats floats, runs inside compiled functions (XLA FFI, torch.compile) and sums
+    every output element in a fixed order. The JAX and PyTorch providers subclass it."""
+
+    checks_codes = True
+    needs_static_num_hashes = False
+    max_bucket_table_floats = _validation.MAX_BUCKET_TABLE_FLOATS
+    supports_jit = True
+    deterministic = True

@@ -15,7 +15,6 @@ for every provider in ops/yoso.py.
 import torch
 
 from keras_yoso import _native
-from keras_yoso import _validation
 from keras_yoso.ops import _provider
 
 _NAMESPACE = "keras_yoso"
@@ -135,14 +134,8 @@ def _mask(mask):
     return mask.to(torch.float32)
 
 
-class TorchProvider(_provider.Provider):
+class TorchProvider(_provider.NativeLibraryProvider):
     """The native library's CPU kernels as torch.library ops: traced by torch.compile, CPU tensors only."""
-
-    checks_codes = True
-    needs_static_num_hashes = False
-    max_bucket_table_floats = _validation.MAX_BUCKET_TABLE_FLOATS
-    supports_jit = True
-    deterministic = True
 
     def load_error(self):
         return _torch_load_error() or _native.load_error()

@@ -102,6 +102,25 @@ std::string CheckCodes(const KyTensor* codes, const char* name, int64_t num_buck
       num_buckets);
 }
 
+// The shared tail of the cumulations' checks: the output's shape and dtype, then both sides'
+// codes in [0, num_buckets).
+std::string CheckOutputAndCodes(const KyTensor* output, int32_t dtype, std::initializer_list<int64_t> dims,
+                                const char* meaning, const KyTensor* query_codes, const KyTensor* key_codes,
+                                int64_t num_buckets) {
+  std::string e = CheckOutput(output, dtype, dims, meaning);
+  if (e.empty()) e = CheckCodes(query_codes, "query_codes", num_buckets);
+  if (e.empty()) e = CheckCodes(key_codes, "key_codes", num_buckets);
+  return e;
+}
+
+// The float dtype of input `name` (which sets the dtype of the op's other float inputs and its
+// output) into *dtype, or the error for a null tensor or a dtype that is not float.
+std::string FloatDtypeOf(const KyTensor* t, const char* name, int32_t* dtype) {
+  *dtype = t != nullptr ? t->dtype : KY_FLOAT32;
+  if (IsFloat(*dtype)) return "";
+  return std::string(name) + " must be float32, float16 or bfloat16, got " + DtypeName(*dtype);
+}
+
 // Runs body<T>() for the float dtype code.
 template <typename Body>
 void DispatchFloat(int32_t dtype, Body&& body) {
@@ -132,19 +151,18 @@ template <bool kGaussian>
 int32_t HashCodes(const KyTensor* x, const KyTensor* params, int64_t num_hashes, int64_t hash_code_len,
                   KyTensor* codes, int32_t num_threads, char* error, int64_t error_size) {
   return Guarded(error, error_size, [&]() -> std::string {
-    if (x == nullptr || !IsFloat(x->dtype)) {
-      return std::string("x must be float32, float16 or bfloat16, got ") + (x ? DtypeName(x->dtype) : "null");
-    }
+    if (x == nullptr) return "x is missing (null tensor)";
+    int32_t dtype = KY_FLOAT32;
+    std::string e = FloatDtypeOf(x, "x", &dtype);
     std::vector<Shape> s;
-    std::string e = Convert({{x, "x", -1}, {params, kGaussian ? "projection" : "signs", KY_FLOAT32}},
-                            x->dtype, &s);
+    if (e.empty()) e = Convert({{x, "x", -1}, {params, kGaussian ? "projection" : "signs", KY_FLOAT32}}, dtype, &s);
     if (!e.empty()) return e;
     HashDims d{};
     e = kGaussian ? CheckGaussianHash(s[0], s[1], num_hashes, hash_code_len, &d)
                   : CheckHadamardHash(s[0], s[1], num_hashes, hash_code_len, &d);
     if (e.empty()) e = CheckOutput(codes, KY_INT32, {d.batch, d.num_hashes, d.length}, "[batch, num_hashes, length]");
     if (!e.empty() || Elements(codes) == 0) return e;
-    DispatchFloat(x->dtype, [&](auto zero) {
+    DispatchFloat(dtype, [&](auto zero) {
       using T = decltype(zero);
       if constexpr (kGaussian) {
         GaussianHashCodesCpu<T>(d, In<T>(x), In<float>(params), Out<int32_t>(codes), PoolParallelFor{num_threads});
@@ -184,17 +202,18 @@ int32_t ky_lsh_cumulation(const KyTensor* query_mask, const KyTensor* query_code
                           const KyTensor* value, int64_t num_buckets, KyTensor* output,
                           int32_t num_threads, char* error, int64_t error_size) {
   return Guarded(error, error_size, [&]() -> std::string {
-    const int32_t dtype = value != nullptr ? value->dtype : KY_FLOAT32;
-    if (!IsFloat(dtype)) return std::string("value must be float32, float16 or bfloat16, got ") + DtypeName(dtype);
+    int32_t dtype = KY_FLOAT32;
+    std::string e = FloatDtypeOf(value, "value", &dtype);
     std::vector<Shape> s;
-    std::string e = Convert({{query_mask, "query_mask", KY_FLOAT32}, {query_codes, "query_codes", KY_INT32},
+    if (e.empty()) e = Convert({{query_mask, "query_mask", KY_FLOAT32}, {query_codes, "query_codes", KY_INT32},
                              {key_mask, "key_mask", KY_FLOAT32}, {key_codes, "key_codes", KY_INT32},
                              {value, "value", -1}}, dtype, &s);
     CumulationDims d{};
     if (e.empty()) e = CheckLshCumulation(s[0], s[1], s[2], s[3], s[4], num_buckets, &d);
-    if (e.empty()) e = CheckOutput(output, dtype, {d.batch, d.num_queries, d.value_dim}, "[batch, num_queries, value_dim]");
-    if (e.empty()) e = CheckCodes(query_codes, "query_codes", num_buckets);
-    if (e.empty()) e = CheckCodes(key_codes, "key_codes", num_buckets);
+    if (e.empty()) {
+      e = CheckOutputAndCodes(output, dtype, {d.batch, d.num_queries, d.value_dim}, "[batch, num_queries, value_dim]",
+                              query_codes, key_codes, num_buckets);
+    }
     if (!e.empty() || Elements(output) == 0) return e;
     DispatchFloat(dtype, [&](auto zero) {
       using T = decltype(zero);
@@ -211,18 +230,19 @@ int32_t ky_weighted_lsh_cumulation(const KyTensor* query_mask, const KyTensor* q
                                    const KyTensor* value, int64_t num_buckets, KyTensor* output,
                                    int32_t num_threads, char* error, int64_t error_size) {
   return Guarded(error, error_size, [&]() -> std::string {
-    const int32_t dtype = value != nullptr ? value->dtype : KY_FLOAT32;
-    if (!IsFloat(dtype)) return std::string("value must be float32, float16 or bfloat16, got ") + DtypeName(dtype);
+    int32_t dtype = KY_FLOAT32;
+    std::string e = FloatDtypeOf(value, "value", &dtype);
     std::vector<Shape> s;
-    std::string e = Convert({{query_mask, "query_mask", KY_FLOAT32}, {query_codes, "query_codes", KY_INT32},
+    if (e.empty()) e = Convert({{query_mask, "query_mask", KY_FLOAT32}, {query_codes, "query_codes", KY_INT32},
                              {query_weight, "query_weight", -1}, {key_mask, "key_mask", KY_FLOAT32},
                              {key_codes, "key_codes", KY_INT32}, {key_weight, "key_weight", -1},
                              {value, "value", -1}}, dtype, &s);
     CumulationDims d{};
     if (e.empty()) e = CheckWeightedLshCumulation(s[0], s[1], s[2], s[3], s[4], s[5], s[6], num_buckets, &d);
-    if (e.empty()) e = CheckOutput(output, dtype, {d.batch, d.num_queries, d.value_dim}, "[batch, num_queries, value_dim]");
-    if (e.empty()) e = CheckCodes(query_codes, "query_codes", num_buckets);
-    if (e.empty()) e = CheckCodes(key_codes, "key_codes", num_buckets);
+    if (e.empty()) {
+      e = CheckOutputAndCodes(output, dtype, {d.batch, d.num_queries, d.value_dim}, "[batch, num_queries, value_dim]",
+                              query_codes, key_codes, num_buckets);
+    }
     if (!e.empty() || Elements(output) == 0) return e;
     DispatchFloat(dtype, [&](auto zero) {
       using T = decltype(zero);
@@ -241,10 +261,10 @@ int32_t ky_collision_cumulation(const KyTensor* query_mask, const KyTensor* quer
                                 int64_t hash_code_len, float epsilon, KyTensor* output,
                                 int32_t num_threads, char* error, int64_t error_size) {
   return Guarded(error, error_size, [&]() -> std::string {
-    const int32_t dtype = query != nullptr ? query->dtype : KY_FLOAT32;
-    if (!IsFloat(dtype)) return std::string("query must be float32, float16 or bfloat16, got ") + DtypeName(dtype);
+    int32_t dtype = KY_FLOAT32;
+    std::string e = FloatDtypeOf(query, "query", &dtype);
     std::vector<Shape> s;
-    std::string e = Convert({{query_mask, "query_mask", KY_FLOAT32}, {query_codes, "query_codes", KY_INT32},
+    if (e.empty()) e = Convert({{query_mask, "query_mask", KY_FLOAT32}, {query_codes, "query_codes", KY_INT32},
                              {query, "query", -1}, {query_weight, "query_weight", -1},
                              {key_mask, "key_mask", KY_FLOAT32}, {key_codes, "key_codes", KY_INT32},
                              {key, "key", -1}, {key_weight, "key_weight", -1}}, dtype, &s);
@@ -252,9 +272,10 @@ int32_t ky_collision_cumulation(const KyTensor* query_mask, const KyTensor* quer
     if (e.empty()) {
       e = CheckCollisionCumulation(s[0], s[1], s[2], s[3], s[4], s[5], s[6], s[7], hash_code_len, epsilon, &d);
     }
-    if (e.empty()) e = CheckOutput(output, dtype, {d.batch, d.num_queries, d.vector_dim}, "[batch, num_queries, dim]");
-    if (e.empty()) e = CheckCodes(query_codes, "query_codes", d.num_buckets);
-    if (e.empty()) e = CheckCodes(key_codes, "key_codes", d.num_buckets);
+    if (e.empty()) {
+      e = CheckOutputAndCodes(output, dtype, {d.batch, d.num_queries, d.vector_dim}, "[batch, num_queries, dim]",
+                              query_codes, key_codes, d.num_buckets);
+    }
     if (!e.empty() || Elements(output) == 0) return e;
     std::vector<int32_t> sorted_codes(Elements(key_codes)), sorted_index(Elements(key_codes));
     PoolParallelFor pf{num_threads};

@@ -197,6 +197,17 @@ inline std::string CheckLshCumulation(const Shape& query_mask, const Shape& quer
   return error;
 }
 
+// query_weight [B, Nq, W] and key_weight [B, Nk, W] against the sides in d; *width = W.
+inline std::string CheckWeightPair(const Shape& query_weight, const Shape& key_weight,
+                                   const CumulationDims& d, int64_t* width) {
+  std::string error = CheckShape(query_weight, "query_weight", "[batch, num_queries, weight_dim]",
+                                 {d.batch, d.num_queries, -1});
+  if (!error.empty()) return error;
+  *width = query_weight.dims[2];
+  return CheckShape(key_weight, "key_weight", "[batch, num_keys, weight_dim]",
+                    {d.batch, d.num_keys, *width});
+}
+
 // weighted_lsh_cumulation: query_weight [B, Nq, W], key_weight [B, Nk, W], value [B, Nk, D],
 // the per-bucket table W * D within its limit; fills d.
 inline std::string CheckWeightedLshCumulation(const Shape& query_mask, const Shape& query_codes,
@@ -206,14 +217,7 @@ inline std::string CheckWeightedLshCumulation(const Shape& query_mask, const Sha
                                               CumulationDims* d) {
   std::string error =
       CheckLshCumulation(query_mask, query_codes, key_mask, key_codes, value, num_buckets, d);
-  if (error.empty()) {
-    error = CheckShape(query_weight, "query_weight", "[batch, num_queries, weight_dim]",
-                       {d->batch, d->num_queries, -1});
-  }
-  if (!error.empty()) return error;
-  d->weight_dim = query_weight.dims[2];
-  error = CheckShape(key_weight, "key_weight", "[batch, num_keys, weight_dim]",
-                     {d->batch, d->num_keys, d->weight_dim});
+  if (error.empty()) error = CheckWeightPair(query_weight, key_weight, *d, &d->weight_dim);
   return error.empty() ? CheckBucketTable(d->weight_dim, d->value_dim) : error;
 }
 
@@ -236,14 +240,7 @@ inline std::string CheckCollisionCumulation(const Shape& query_mask, const Shape
   if (!error.empty()) return error;
   d->vector_dim = query.dims[2];
   error = CheckShape(key, "key", "[batch, num_keys, dim]", {d->batch, d->num_keys, d->vector_dim});
-  if (error.empty()) {
-    error = CheckShape(query_weight, "query_weight", "[batch, num_queries, weight_dim]",
-                       {d->batch, d->num_queries, -1});
-  }
-  if (!error.empty()) return error;
-  d->value_dim = query_weight.dims[2];
-  error = CheckShape(key_weight, "key_weight", "[batch, num_keys, weight_dim]",
-                     {d->batch, d->num_keys, d->value_dim});
+  if (error.empty()) error = CheckWeightPair(query_weight, key_weight, *d, &d->value_dim);
   if (!error.empty()) return error;
   if (d->num_keys > kMaxCollisionKeys) {
     return "key_codes must have num_keys <= " + PowerText(kMaxCollisionKeys + 1) +
