@@ -58,54 +58,75 @@ _SIGNATURES = {
     "ky_collision_cumulation": [_T, _T, _T, _T, _T, _T, _T, _T, _I64, _F32, _T],
 }
 
-_library = None
-_load_error = None
-_loaded = False
+class LazyLibrary:
+    """A compiled library of the package, loaded once, on first use (the native library here; the
+    TensorFlow op library in ops/_library.py).
+
+    `open_library(path)` loads the first file matching `pattern` in the package folder; an exception
+    of `errors` from it means "not loadable". When the library is disabled
+    (KERAS_YOSO_DISABLE_CUSTOM_OPS=1), missing or not loadable, one RuntimeWarning says so with
+    `what` (e.g. "native kernels"), the reason and `hint`, and `library()` is None.
+    """
+
+    def __init__(self, what, pattern, kind, open_library, errors, hint, stacklevel):
+        self._what, self._pattern, self._kind = what, pattern, kind
+        self._open, self._errors, self._hint, self._stacklevel = open_library, errors, hint, stacklevel
+        self._library = None
+        self._error = None
+        self._loaded = False
+
+    def _load(self):
+        self._loaded = True
+        candidates = sorted(glob.glob(os.path.join(_PACKAGE_DIR, self._pattern)))
+        if os.environ.get("KERAS_YOSO_DISABLE_CUSTOM_OPS", "0") == "1":
+            self._error = "disabled by KERAS_YOSO_DISABLE_CUSTOM_OPS=1"
+        elif not candidates:
+            self._error = f"no {self._kind} ({self._pattern}) in {_PACKAGE_DIR}"
+        else:
+            try:
+                self._library = self._open(candidates[0])
+            except self._errors as error:
+                self._error = f"loading {candidates[0]} failed: {error}"
+        if self._library is None:
+            warnings.warn(f"keras_yoso {self._what} are not available ({self._error}). {self._hint}",
+                          RuntimeWarning, stacklevel=self._stacklevel)
+
+    def library(self):
+        """The loaded library, or None."""
+        if not self._loaded:
+            self._load()
+        return self._library
+
+    def load_error(self):
+        """Why the library is not loaded (None when it is)."""
+        if not self._loaded:
+            self._load()
+        return self._error
 
 
-def _load():
-    global _library, _load_error, _loaded
-    _loaded = True
-    candidates = sorted(glob.glob(os.path.join(_PACKAGE_DIR, "_yoso_native*.so")))
-    if os.environ.get("KERAS_YOSO_DISABLE_CUSTOM_OPS", "0") == "1":
-        _load_error = "disabled by KERAS_YOSO_DISABLE_CUSTOM_OPS=1"
-    elif not candidates:
-        _load_error = f"no native library (_yoso_native*.so) in {_PACKAGE_DIR}"
-    else:
-        try:
-            library = ctypes.CDLL(candidates[0])
-            version = library.ky_abi_version()
-            if version != ABI_VERSION:
-                raise OSError(f"it has C ABI version {version}, this keras_yoso needs {ABI_VERSION}")
-            for name, argtypes in _SIGNATURES.items():
-                entry = getattr(library, name)
-                entry.argtypes = argtypes + _TAIL
-                entry.restype = _I32
-            _library = library
-        except (OSError, AttributeError) as error:
-            _load_error = f"loading {candidates[0]} failed: {error}"
-    if _library is None:
-        warnings.warn(f"keras_yoso native kernels are not available ({_load_error}). {REBUILD_HINT}",
-                      RuntimeWarning, stacklevel=5)
+def _open(path):
+    """The native library at `path` as ctypes, with the C ABI's signatures set (OSError if its ABI
+    version is not this keras_yoso's)."""
+    library = ctypes.CDLL(path)
+    version = library.ky_abi_version()
+    if version != ABI_VERSION:
+        raise OSError(f"it has C ABI version {version}, this keras_yoso needs {ABI_VERSION}")
+    for name, argtypes in _SIGNATURES.items():
+        entry = getattr(library, name)
+        entry.argtypes = argtypes + _TAIL
+        entry.restype = _I32
+    return library
 
 
-def library():
-    """The loaded ctypes library, or None."""
-    if not _loaded:
-        _load()
-    return _library
-
-
-def load_error():
-    """Why the native library is not loaded (None when it is)."""
-    if not _loaded:
-        _load()
-    return _load_error
+_LIBRARY = LazyLibrary("native kernels", "_yoso_native*.so", "native library", _open, (OSError, AttributeError),
+                       REBUILD_HINT, stacklevel=5)
+library = _LIBRARY.library
+load_error = _LIBRARY.load_error
 
 
 def has_handler(name):
     """True when the library holds the exported symbol `name` (e.g. an XLA FFI handler)."""
-    return library() is not None and hasattr(_library, name)
+    return library() is not None and hasattr(library(), name)
 
 
 def handler(name):

@@ -6,11 +6,8 @@ to load (e.g. an ABI mismatch after a TensorFlow upgrade), one warning says why,
 and what the composite fallback costs, and every op runs on the composite instead.
 """
 
-import glob
-import os
-import warnings
+from keras_yoso import _native
 
-_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _REBUILD_HINT = (
     "Rebuild it against the installed TensorFlow with "
     "`pip install --force-reinstall --no-deps --no-build-isolation .` from the keras-yoso source tree. "
@@ -20,40 +17,15 @@ _REBUILD_HINT = (
     "with the custom op (docs/benchmarks.md, 'Composite vs custom op')."
 )
 
-_library = None
-_load_error = None
-_loaded = False
+
+def _open(path):
+    import tensorflow as tf
+
+    return tf.load_op_library(path)
 
 
-def _load():
-    global _library, _load_error, _loaded
-    _loaded = True
-    candidates = sorted(glob.glob(os.path.join(_PACKAGE_DIR, "_yoso_ops*.so")))
-    if os.environ.get("KERAS_YOSO_DISABLE_CUSTOM_OPS", "0") == "1":
-        _load_error = "disabled by KERAS_YOSO_DISABLE_CUSTOM_OPS=1"
-    elif not candidates:
-        _load_error = f"no compiled library (_yoso_ops*.so) in {_PACKAGE_DIR}"
-    else:
-        import tensorflow as tf
-
-        try:
-            _library = tf.load_op_library(candidates[0])
-        except Exception as err:  # tf raises NotFoundError / others for undefined symbols
-            _load_error = f"loading {candidates[0]} failed: {err}"
-    if _library is None:
-        warnings.warn(f"keras_yoso custom ops are not available ({_load_error}). {_REBUILD_HINT}",
-                      RuntimeWarning, stacklevel=4)
-
-
-def library():
-    """The loaded op library module, or None when only the composite path is available."""
-    if not _loaded:
-        _load()
-    return _library
-
-
-def load_error():
-    """Why the library is not loaded (None when it is)."""
-    if not _loaded:
-        _load()
-    return _load_error
+# tf raises NotFoundError and others for undefined symbols: any exception means "not loadable".
+_LIBRARY = _native.LazyLibrary("custom ops", "_yoso_ops*.so", "compiled library", _open, (Exception,), _REBUILD_HINT,
+                               stacklevel=4)
+library = _LIBRARY.library  # the loaded op library module, or None when only the composite runs
+load_error = _LIBRARY.load_error  # why the library is not loaded (None when it is)
