@@ -7,6 +7,7 @@ installed.
 """
 
 from keras_yoso import layers
+from keras_yoso import models
 from keras_yoso import ops
 from keras_yoso.layers import LinearRelativeAttention
 from keras_yoso.layers import TransformerEncoderBlock
@@ -23,4 +24,4 @@ def export_portable(model, filepath, **kwargs):
         return model.export(filepath, **kwargs)
 
 
-__all__ = ["LinearRelativeAttention", "TransformerEncoderBlock", "YosoAttention", "export_portable", "layers", "ops"]
+__all__ = ["LinearRelativeAttention", "TransformerEncoderBlock", "YosoAttention", "export_portable", "layers", "models", "ops"]

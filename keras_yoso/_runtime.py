@@ -198,3 +198,15 @@ def traced_as_opaque_call(fn):
         mark = getattr(torch._dynamo, "nonstrict_trace", None)
         return fn if mark is None else mark(fn)
     return fn
+
+
+def stable_argsort(x):
+    """Indices that sort `x` along its last axis, equal elements kept in their input order (int32).
+
+    `keras.ops.argsort` is stable on JAX and torch but not on TensorFlow (`tf.argsort(stable=False)`);
+    the causal cumulations need the order of equal codes to be the order of positions."""
+    if backend() == "tensorflow":
+        import tensorflow as tf
+
+        return tf.argsort(x, axis=-1, stable=True)
+    return ops.cast(ops.argsort(x, axis=-1), "int32")

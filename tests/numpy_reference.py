@@ -73,20 +73,31 @@ def collision_counts(query_codes, key_codes):
     return (qc[:, :, :, None] == kc[:, :, None, :]).sum(1).astype(np.float64)
 
 
-def lsh_cumulation(query_codes, key_codes, value, query_mask=None, key_mask=None):
-    """out[b,i] = qmask (1/m) sum_h sum_j kmask [qc == kc] value[b, j] (YOSO eq. 2)."""
+def direction_mask(nq, nk, causal):
+    """[Nq, Nk] float: 1 where key j may count for query i. causal=0: every pair; 1 (causal): j <= i;
+    -1 (anti-causal, the transposed cumulations of a causal backward): j >= i."""
+    i, j = np.arange(nq)[:, None], np.arange(nk)[None, :]
+    if causal == 0:
+        return np.ones((nq, nk))
+    return ((j <= i) if causal > 0 else (j >= i)).astype(np.float64)
+
+
+def lsh_cumulation(query_codes, key_codes, value, query_mask=None, key_mask=None, causal=0):
+    """out[b,i] = qmask (1/m) sum_h sum_j kmask [qc == kc] value[b, j] (YOSO eq. 2), over j <= i when
+    causal=1 and j >= i when causal=-1."""
     value = np.asarray(value, np.float64)
     batch, num_hashes, nq = np.shape(query_codes)
     nk = np.shape(key_codes)[2]
     qm, km = _mask(query_mask, batch, nq), _mask(key_mask, batch, nk)
-    c = collision_counts(query_codes, key_codes) * qm[:, :, None] * km[:, None, :]
+    c = collision_counts(query_codes, key_codes) * qm[:, :, None] * km[:, None, :] * direction_mask(nq, nk, causal)
     value = np.where(km[:, :, None] > 0, value, 0.0)
     return np.einsum("bij,bjd->bid", c, value) / num_hashes
 
 
 def weighted_lsh_cumulation(query_codes, query_weight, key_codes, key_weight, value,
-                            query_mask=None, key_mask=None):
-    """lsh_cumulation with pair (i, j) weighted by <query_weight[b,i], key_weight[b,j]>."""
+                            query_mask=None, key_mask=None, causal=0):
+    """lsh_cumulation with pair (i, j) weighted by <query_weight[b,i], key_weight[b,j]> (causal as
+    in lsh_cumulation)."""
     value = np.asarray(value, np.float64)
     batch, num_hashes, nq = np.shape(query_codes)
     nk = np.shape(key_codes)[2]
@@ -94,7 +105,7 @@ def weighted_lsh_cumulation(query_codes, query_weight, key_codes, key_weight, va
     qw = np.where(qm[:, :, None] > 0, np.asarray(query_weight, np.float64), 0.0)
     kw = np.where(km[:, :, None] > 0, np.asarray(key_weight, np.float64), 0.0)
     value = np.where(km[:, :, None] > 0, value, 0.0)
-    c = collision_counts(query_codes, key_codes) * qm[:, :, None] * km[:, None, :]
+    c = collision_counts(query_codes, key_codes) * qm[:, :, None] * km[:, None, :] * direction_mask(nq, nk, causal)
     pair = c * np.einsum("biw,bjw->bij", qw, kw)
     return np.einsum("bij,bjd->bid", pair, value) / num_hashes
 
@@ -145,13 +156,15 @@ def yoso_expectation(query, key, value, hash_code_len, query_mask=None, key_mask
 
 
 def yoso_lower_bound_gradients(query, key, value, query_codes, key_codes, hash_code_len,
-                               grad_output, query_mask=None, key_mask=None):
-    """Paper eq. 4 with the sampled counts c_ij: returns (dQ, dK, dV)."""
+                               grad_output, query_mask=None, key_mask=None, causal=False):
+    """Paper eq. 4 with the sampled counts c_ij: returns (dQ, dK, dV). causal: pairs j <= i only
+    (dQ_i over j <= i; dK_j and dV_j over i >= j)."""
     num_hashes = np.shape(query_codes)[1]
     batch, nq = np.shape(query)[:2]
     nk = np.shape(key)[1]
     qm, km = _mask(query_mask, batch, nq), _mask(key_mask, batch, nk)
     c = collision_counts(query_codes, key_codes) * qm[:, :, None] * km[:, None, :] / num_hashes
+    c = c * direction_mask(nq, nk, 1 if causal else 0)
     dy = np.asarray(grad_output, np.float64) * qm[:, :, None]
     q = np.asarray(query, np.float64)
     k = np.asarray(key, np.float64)

@@ -12,6 +12,7 @@ import sys
 
 import pytest
 
+from conftest import BACKEND
 from conftest import requires_tensorflow
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -107,3 +108,21 @@ def test_layer_profile_at_a_tiny_length_prints_every_part_and_writes_png(tmp_pat
     _assert_wrote(proc, tmp_path, "layer_profile.png")
     for part in ("YosoAttention fwd+bwd", "MultiHeadAttention fwd+bwd", "one weighted_lsh_cumulation"):
         assert part in proc.stdout, proc.stdout
+
+
+@pytest.mark.slow  # 10-50 s on 2 cores: 12 rows, each compiled for a prefill and a one-token step
+def test_decoding_quick_writes_json_and_png_with_constant_states(tmp_path):
+    proc = _run("decoding.py", tmp_path, "--quick")  # on this suite's backend: it inherits KERAS_BACKEND
+    _assert_wrote(proc, tmp_path, f"decoding_{BACKEND}.json", f"decoding_{BACKEND}.png")
+    with open(tmp_path / f"decoding_{BACKEND}.json", encoding="utf-8") as f:
+        rows = json.load(f)["rows"]
+    sizes = {}
+    for row in rows:
+        sizes.setdefault((row["part"], row["attention"]), set()).add(row["state_bytes"])
+    every = {(part, attention) for part in ("layer", "model") for attention in ("yoso", "linear_relative", "softmax")}
+    assert every <= set(sizes), sorted(sizes)
+    # --quick: 2 contexts; constant states for YOSO and LinearRelative, a growing softmax cache whose
+    # longer one is filled directly (not prefilled).
+    assert all(len(sizes[(part, a)]) == 1 for part in ("layer", "model") for a in ("yoso", "linear_relative"))
+    assert all(len(sizes[(part, "softmax")]) == 2 for part in ("layer", "model"))
+    assert [r["fill"] for r in rows if r["attention"] == "softmax"].count("direct") == 2

@@ -137,7 +137,7 @@ def test_builtin_task_and_listops_runs_train_and_say_what_they_train(trained, ca
 
 @pytest.mark.parametrize("attention, layer_class, options", [
     ("yoso", "YosoAttention", {"use_expectation": False, "num_hashes": 4, "hash_code_len": 4}),
-    ("softmax", "MultiHeadAttention", {}),
+    ("softmax", "CachedMultiHeadAttention", {}),  # keras.layers.MultiHeadAttention with a decoding cache
     ("linear_relative", "LinearRelativeAttention", {}),
 ])
 def test_attention_option_selects_the_encoder_attention(trained, attention, layer_class, options):

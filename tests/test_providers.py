@@ -27,12 +27,13 @@ class _Recording(_provider.Provider):
     def hash_codes(self, *args):
         return composite.hash_codes(*args)
 
-    def lsh_cumulation(self, *args):
-        return composite.lsh_cumulation(*args)
+    def lsh_cumulation(self, *args, causal=0):
+        return composite.PROVIDER.lsh_cumulation(*args, causal=causal)
 
-    def weighted_lsh_cumulation(self, query_codes, query_weight, key_codes, key_weight, value, *rest):
+    def weighted_lsh_cumulation(self, query_codes, query_weight, key_codes, key_weight, value, *rest, causal=0):
         self.weighted_widths.append((int(query_weight.shape[2]), int(value.shape[2])))
-        return composite.weighted_lsh_cumulation(query_codes, query_weight, key_codes, key_weight, value, *rest)
+        return composite.PROVIDER.weighted_lsh_cumulation(query_codes, query_weight, key_codes, key_weight, value,
+                                                          *rest, causal=causal)
 
     def collision_cumulation(self, *args):
         return composite.collision_cumulation(*args)

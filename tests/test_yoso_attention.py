@@ -18,14 +18,21 @@ def _inputs(rng, batch, length, dim):
     return rng.normal(size=(batch, length, dim)).astype(np.float32)
 
 
-def test_causal_mask_and_scores_without_expectation_raise():
+def test_causal_mask_with_expectation_and_scores_without_expectation_raise():
     x = np.zeros((1, 4, 8), np.float32)
-    with pytest.raises(NotImplementedError, match="use_causal_mask"):
-        YosoAttention(2, 4, **SMALL)(x, x, use_causal_mask=True)
+    with pytest.raises(ValueError, match="use_causal_mask=True is not implemented with use_expectation=True"):
+        YosoAttention(2, 4, use_expectation=True, **SMALL)(x, x, use_causal_mask=True)
     with pytest.raises(ValueError, match="use_expectation=True"):
         YosoAttention(2, 4, **SMALL)(x, x, return_attention_scores=True)
-    with pytest.raises(NotImplementedError, match="use_causal_mask"):
-        YosoAttention(2, 4, **SMALL)(keras.Input((4, 8)), keras.Input((4, 8)), use_causal_mask=True)
+    with pytest.raises(ValueError, match="use_causal_mask=True is not implemented with use_expectation=True"):
+        YosoAttention(2, 4, use_expectation=True, **SMALL)(keras.Input((4, 8)), keras.Input((4, 8)),
+                                                           use_causal_mask=True)
+
+
+def test_causal_mask_builds_symbolic_models():
+    inputs = keras.Input((6, 8))
+    outputs = YosoAttention(2, 4, **SMALL)(inputs, inputs, use_causal_mask=True)
+    assert tuple(outputs.shape) == (None, 6, 8)
 
 
 # ----------------------------------------------------------------------------

@@ -7,12 +7,14 @@ attention with relative positional encoding", 2022.
 import keras
 from keras import ops
 
+from keras_yoso import _runtime
 from keras_yoso import _validation
 from keras_yoso import ops as yoso_ops
 from keras_yoso.layers.multi_head_attention_base import MultiHeadAttentionBase
 from keras_yoso.layers.multi_head_attention_base import flatten_heads
 from keras_yoso.layers.multi_head_attention_base import repeat_heads
 from keras_yoso.layers.multi_head_attention_base import unflatten_heads
+from keras_yoso.ops import linear_relative
 
 
 @keras.saving.register_keras_serializable(package="keras_yoso")
@@ -43,6 +45,13 @@ class LinearRelativeAttention(MultiHeadAttentionBase):
     raises (ValueError eagerly, InvalidArgumentError inside a `tf.function`;
     under XLA, where that check cannot run, any `attention_mask` raises ValueError).
     For causal attention use `causal=True` or `use_causal_mask=True`.
+
+    Incremental decoding (keras-hub style, causal only). `cache = layer.init_cache(batch_size)`
+    holds a constant-size state; `output, cache = layer(x, x, cache=cache, cache_update_index=n)`
+    with `x` of shape `(B, T, dim)` the next T >= 1 positions n .. n+T-1 (a prefill chunk or one
+    token) returns the rows n .. n+T-1 of the causal forward over the whole sequence and the
+    updated state (same shapes), also inside compiled loops. Positions must be fed in order, each
+    once: the state is a sum over them (no ring buffer to overwrite). See `init_cache`.
 
     Precision. The attention core runs in float32 whatever the compute dtype;
     projections run in the compute dtype and the output has the compute dtype.
@@ -92,10 +101,16 @@ class LinearRelativeAttention(MultiHeadAttentionBase):
             mask (see above).
         training: Whether to apply dropout.
         use_causal_mask: None (use the constructor's `causal`), True or False.
+        cache: Optional decoding state from `init_cache` or a previous call;
+            then `value` is `query` (self-attention over the new positions),
+            `key` and `attention_mask` are not allowed and the attention is
+            causal (a non-causal layer or `use_causal_mask=False` raises).
+        cache_update_index: With `cache`: the position (int or scalar int
+            tensor) of the first `query` row in the sequence.
 
     Returns:
         attention_output: `(B, T, E)`, E the query's last dimension or
-            `output_shape`.
+            `output_shape`. With `cache`: `(attention_output, cache)`.
     """
 
     _padding_only_reason = ("Linear attention never forms the [target_length, source_length] attention matrix "
@@ -191,19 +206,93 @@ class LinearRelativeAttention(MultiHeadAttentionBase):
             raise ValueError("LinearRelativeAttention does not return attention scores: linear attention "
                              "never forms the [target_length, source_length] matrix.")
 
+    def _flat_relative_embeddings(self, batch):
+        """The float32 relative embeddings as the op takes them: shared `[2k+1, d]`, or per head
+        `[B * heads, 2k+1, d]` (row b * heads + h like flatten_heads); None without a horizon."""
+        if self._relative_embeddings is None:
+            return None
+        relative = ops.cast(ops.convert_to_tensor(self._relative_embeddings), "float32")
+        if self._share_relative_embeddings:
+            return relative
+        return ops.reshape(ops.tile(relative[None], (batch, 1, 1, 1)), (-1, 2 * self._horizon + 1, self._key_dim))
+
     def _attend(self, query_heads, key_heads, value_heads, query_mask, key_mask, training, use_causal_mask):
         batch = ops.shape(query_heads)[0]
         causal = self._causal if use_causal_mask is None else bool(use_causal_mask)
-        relative = None
-        if self._relative_embeddings is not None:
-            relative = ops.cast(ops.convert_to_tensor(self._relative_embeddings), "float32")
-            if not self._share_relative_embeddings:
-                # [heads, 2k+1, d] -> [B * heads, 2k+1, d], row b * heads + h like flatten_heads.
-                relative = ops.reshape(ops.tile(relative[None], (batch, 1, 1, 1)),
-                                       (-1, 2 * self._horizon + 1, self._key_dim))
         out = yoso_ops.linear_relative_attention(
             flatten_heads(query_heads), flatten_heads(key_heads), flatten_heads(value_heads),
-            relative_embeddings=relative, horizon=self._horizon, causal=causal,
+            relative_embeddings=self._flat_relative_embeddings(batch), horizon=self._horizon, causal=causal,
             query_mask=repeat_heads(query_mask, self._num_heads), key_mask=repeat_heads(key_mask, self._num_heads),
             epsilon=self._epsilon, chunk_size=self._chunk_size)
         return unflatten_heads(out, batch, self._num_heads)
+
+    # ------------------------------------------------------------------ incremental decoding
+
+    def init_cache(self, batch_size):
+        """The decoding state of `batch_size` sequences before any position: a dict of float32 zeros.
+
+        With phi(x) = elu(x) + 1, k = `horizon` and [V_j, 1] a value row with the denominator's
+        all-ones column appended (eq. 10), after positions 0 .. n-1 of each sequence it holds:
+
+        - "kernel_state" `(batch_size, num_heads, key_dim, value_dim + 1)`:
+          sum_j phi(K_j) (x) [V_j, 1] (the prefix sum of eq. 8, last column the denominator);
+        - with a horizon, "window" `(batch_size, num_heads, horizon, value_dim + 1)`: [V_j, 1] of
+          the last k positions n - k .. n - 1, oldest first (zeros before position 0);
+        - with a horizon, "before_window" `(batch_size, num_heads, value_dim + 1)`: sum of
+          [V_j, 1] over the positions j < n - k, all at clipped relative row 0 (eq. 11).
+
+        The shapes do not depend on n: the cache takes
+        `4 * batch_size * num_heads * (value_dim + 1) * (key_dim + horizon + 1)` bytes, or
+        `4 * batch_size * num_heads * (value_dim + 1) * key_dim` with `horizon=None`. It needs no
+        built layer (shapes come from the constructor arguments).
+
+        Args:
+            batch_size: Python int >= 1.
+
+        Returns:
+            The dict above, to pass as `cache` with `cache_update_index=0`.
+        """
+        batch_size = _validation.integer(batch_size, "batch_size", 1, layer=True)
+        return linear_relative.linear_relative_decoding_state((batch_size, self._num_heads), self._key_dim,
+                                                              self._value_dim, self._horizon)
+
+    def _check_cache(self, cache, batch_size):
+        """The per-sequence shapes of the cache entries by name (`[heads, ...]` left out); ValueError naming
+        `cache` unless it has the names and shapes of `init_cache(batch_size)`."""
+        shapes = linear_relative.linear_relative_decoding_state_shapes(self._key_dim, self._value_dim, self._horizon)
+        if not isinstance(cache, dict) or set(cache) != set(shapes):
+            got = sorted(cache) if isinstance(cache, dict) else type(cache).__name__
+            raise ValueError(f"`cache` must be the dict of `init_cache(batch_size)`, with the entries "
+                             f"{sorted(shapes)}; received {got}")
+        for name, shape in shapes.items():
+            want = (batch_size, self._num_heads) + shape
+            got = _runtime.static_shape(cache[name])
+            if got is None or len(got) != len(want) or any(
+                    w is not None and g is not None and w != g for w, g in zip(want, got)):
+                raise ValueError(f"`cache[{name!r}]` must have shape {want} (the shape `init_cache(batch_size)` "
+                                 f"gives for num_heads={self._num_heads}, key_dim={self._key_dim}, value_dim="
+                                 f"{self._value_dim}, horizon={self._horizon}); received "
+                                 f"{None if got is None else tuple(got)}")
+        return shapes
+
+    def _attend_cached(self, query_heads, key_heads, value_heads, query_mask, key_mask, cache, index,
+                       use_causal_mask):
+        """One decoding call: `linear_relative_attention_step` per head on the flattened cache.
+
+        `index` (the position of the first new row) is not needed: relative positions depend
+        only on distances, and the cache's window always holds the latest positions."""
+        if not (self._causal if use_causal_mask is None else bool(use_causal_mask)):
+            raise ValueError("LinearRelativeAttention decoding with `cache` needs causal attention: build the "
+                             "layer with causal=True or pass use_causal_mask=True. Received causal="
+                             f"{self._causal}, use_causal_mask={use_causal_mask}")
+        batch = ops.shape(query_heads)[0]
+        shapes = self._check_cache(cache, _runtime.static_shape(query_heads)[0])
+        # [B, heads, ...] -> [B * heads, ...], row b * heads + h like flatten_heads.
+        state = {name: ops.reshape(tensor, (-1,) + shapes[name]) for name, tensor in cache.items()}
+        out, state = linear_relative.linear_relative_attention_step(
+            flatten_heads(query_heads), flatten_heads(key_heads), flatten_heads(value_heads), state,
+            relative_embeddings=self._flat_relative_embeddings(batch), horizon=self._horizon,
+            query_mask=repeat_heads(query_mask, self._num_heads), key_mask=repeat_heads(key_mask, self._num_heads),
+            epsilon=self._epsilon, chunk_size=self._chunk_size)
+        cache = {name: ops.reshape(tensor, (-1, self._num_heads) + shapes[name]) for name, tensor in state.items()}
+        return unflatten_heads(out, batch, self._num_heads), cache

@@ -72,6 +72,12 @@ class MultiHeadAttentionBase(keras.layers.Layer):
     training, use_causal_mask)` on float32 `[B, N, heads, dim]` heads (padded keys and values
     already zeroed) and return `[B, T, heads, value_dim]`. `_padding_only_reason` is the sentence
     that explains why an arbitrary `attention_mask` cannot be honoured.
+
+    Incremental decoding (keras-hub style): subclasses that decode implement `init_cache(batch_size)`
+    (a fixed-shape state of zeros) and `_attend_cached(query_heads, key_heads, value_heads,
+    query_mask, key_mask, cache, index, use_causal_mask)` -> (`[B, T, heads, value_dim]`, new cache
+    of the same shapes); `call(query, value, cache=, cache_update_index=)` then returns
+    `(output, cache)`.
     """
 
     _padding_only_reason = "This attention never forms the [target_length, source_length] attention matrix"
@@ -324,6 +330,50 @@ class MultiHeadAttentionBase(keras.layers.Layer):
         """`[B, heads, T, S]` float32 attention weights, for subclasses that allow return_attention_scores."""
         raise NotImplementedError
 
+    # ------------------------------------------------------------------ incremental decoding
+
+    def init_cache(self, batch_size):
+        """The decoding state of `batch_size` sequences before any token: zeros of fixed shapes (see
+        the subclass). Pass it to `call(..., cache=, cache_update_index=)`."""
+        raise NotImplementedError(f"{type(self).__name__} does not decode incrementally")
+
+    def _attend_cached(self, query_heads, key_heads, value_heads, query_mask, key_mask, cache, index,
+                       use_causal_mask):
+        raise NotImplementedError(f"{type(self).__name__} does not decode incrementally")
+
+    def _check_cache_call(self, query, value, key, attention_mask, return_attention_scores, cache_update_index):
+        """The argument checks of a call with `cache`: ValueError naming the argument."""
+        name = type(self).__name__
+        if cache_update_index is None:
+            raise ValueError(f"{name} called with `cache` needs `cache_update_index`: the position (int or "
+                             "scalar tensor) of the first of the `query` rows in the sequence. Received None.")
+        if attention_mask is not None:
+            raise ValueError(f"{name} called with `cache` takes no `attention_mask` (decoding is causal "
+                             "self-attention over the positions seen so far; pass query_mask/value_mask for "
+                             "padding of the new positions).")
+        if return_attention_scores:
+            raise ValueError(f"{name} called with `cache` cannot return attention scores.")
+        shape = _runtime.static_shape
+        if key is not None and key is not value:
+            raise ValueError(f"{name} called with `cache` is self-attention over the new positions: pass "
+                             "`layer(query, query, cache=..., cache_update_index=...)` (no separate `key`).")
+        if None not in (shape(query)[1], shape(value)[1]) and shape(query)[1] != shape(value)[1]:
+            raise ValueError(f"{name} called with `cache` is self-attention: `value` must hold the same new "
+                             f"positions as `query`. Received query of shape {tuple(shape(query))} and value of "
+                             f"shape {tuple(shape(value))}.")
+        index = cache_update_index
+        if isinstance(index, (int, float)) and not isinstance(index, bool):
+            if int(index) != index or index < 0:
+                raise ValueError(f"`cache_update_index` must be a non-negative int position, received {index!r}")
+            return ops.convert_to_tensor(int(index), "int32")
+        index = ops.convert_to_tensor(index)
+        if len(shape(index)) != 0 and shape(index) != (1,):
+            raise ValueError("`cache_update_index` must be an int or a scalar tensor, received shape "
+                             f"{tuple(shape(index))}")
+        if not _validation.dtype_name(index).startswith(("int", "uint")):
+            raise ValueError(f"`cache_update_index` must be an integer, received dtype {_validation.dtype_name(index)}")
+        return ops.cast(ops.reshape(index, ()), "int32")
+
     def __call__(self, *args, **kwargs):
         # Mask dtypes are checked before Keras converts the call's arrays to tensors: on JAX and PyTorch
         # a string mask would fail there with a message that names no argument.
@@ -345,8 +395,17 @@ class MultiHeadAttentionBase(keras.layers.Layer):
         training=None,
         use_causal_mask=None,
         return_attention_scores=False,
+        cache=None,
+        cache_update_index=None,
     ):
         self._check_call_options(return_attention_scores, use_causal_mask)
+        index = None
+        if cache is not None:
+            index = self._check_cache_call(query, value, key, attention_mask, return_attention_scores,
+                                           cache_update_index)
+        elif cache_update_index is not None:
+            raise ValueError(f"{type(self).__name__} received `cache_update_index` without `cache`: pass "
+                             "cache=layer.init_cache(batch_size) to decode incrementally.")
         key_is_value = key is None
         if key_is_value:
             key = value
@@ -384,12 +443,19 @@ class MultiHeadAttentionBase(keras.layers.Layer):
         key_heads = ops.where(key_mask[:, :, None, None], key_heads, 0.0)
         value_heads = ops.where(key_mask[:, :, None, None], value_heads, 0.0)
 
-        out = self._attend(query_heads, key_heads, value_heads, query_mask, key_mask, training, use_causal_mask)
+        if cache is not None:
+            out, cache = self._attend_cached(query_heads, key_heads, value_heads, query_mask, key_mask, cache,
+                                             index, use_causal_mask)
+        else:
+            out = self._attend(query_heads, key_heads, value_heads, query_mask, key_mask, training,
+                               use_causal_mask)
         out = ops.where(query_mask[:, :, None, None], out, 0.0)
         out = ops.cast(out, self.compute_dtype)
         if self._dropout_layer is not None:
             out = self._dropout_layer(out, training=training)
         output = self._output_dense(out)
+        if cache is not None:
+            return output, cache
         if return_attention_scores:
             scores = self._attention_scores(query_heads, key_heads, query_mask, key_mask)
             return output, ops.cast(scores, self.compute_dtype)
@@ -412,10 +478,14 @@ class MultiHeadAttentionBase(keras.layers.Layer):
         training=None,
         use_causal_mask=None,
         return_attention_scores=False,
+        cache=None,
+        cache_update_index=None,
     ):
         self._check_call_options(return_attention_scores, use_causal_mask)
         output_shape = self.compute_output_shape(query.shape, value.shape, None if key is None else key.shape)
         output = keras.KerasTensor(output_shape, dtype=self.compute_dtype)
+        if cache is not None:
+            return output, keras.tree.map_structure(lambda c: keras.KerasTensor(c.shape, dtype=c.dtype), cache)
         if return_attention_scores:
             scores_shape = (query.shape[0], self._num_heads, query.shape[1], value.shape[1])
             return output, keras.KerasTensor(scores_shape, dtype=self.compute_dtype)

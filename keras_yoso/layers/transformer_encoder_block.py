@@ -4,12 +4,13 @@ import keras
 
 from keras_yoso import _validation
 
+from keras_yoso.layers.cached_multi_head_attention import CachedMultiHeadAttention
 from keras_yoso.layers.linear_relative_attention import LinearRelativeAttention
 from keras_yoso.layers.yoso_attention import YosoAttention
 
 _ATTENTION_CLASSES = {
     "yoso": YosoAttention,
-    "softmax": keras.layers.MultiHeadAttention,
+    "softmax": CachedMultiHeadAttention,
     "linear_relative": LinearRelativeAttention,
 }
 
@@ -28,6 +29,16 @@ class TransformerEncoderBlock(keras.layers.Layer):
         x = x + Dropout(Attention(LN(x), LN(x)));  y = x + Dropout(FFN(LN(x)))
     with FFN(x) = Dense(hidden)(activation(Dense(intermediate_dim)(x))).
 
+    Causal (decoder) blocks: with `causal=True` the attention is causal
+    (`use_causal_mask=True`: position i sees positions <= i) and the block
+    decodes incrementally: `cache = block.init_cache(batch_size, max_length)`
+    and `outputs, cache = block(x, cache=cache, cache_update_index=index)`
+    run the T new positions of `x` (starting at `index`) through the
+    attention's state (`init_cache` of YosoAttention / LinearRelativeAttention,
+    constant size; a growing [max_length] key/value cache for softmax,
+    `CachedMultiHeadAttention`), equal to the full causal forward at those
+    positions. `max_length` is only used by softmax attention.
+
     Padding masks (the Keras mask of `inputs`, e.g. from
     `Embedding(mask_zero=True)`, or `padding_mask`) are passed to the attention
     as `query_mask`/`value_mask`, so the outputs at unpadded positions never
@@ -38,7 +49,8 @@ class TransformerEncoderBlock(keras.layers.Layer):
         num_heads: Number of attention heads.
         intermediate_dim: Width of the feed-forward hidden layer.
         attention: "yoso" (`keras_yoso.layers.YosoAttention`), "softmax"
-            (`keras.layers.MultiHeadAttention`) or "linear_relative"
+            (`keras.layers.MultiHeadAttention`, as its subclass
+            `CachedMultiHeadAttention`) or "linear_relative"
             (`keras_yoso.layers.LinearRelativeAttention`, bidirectional unless
             attention_kwargs sets `causal=True`).
         attention_kwargs: Extra constructor arguments of the attention layer
@@ -52,15 +64,19 @@ class TransformerEncoderBlock(keras.layers.Layer):
         norm_first: False for post-LN, True for pre-LN.
         activation: Activation of the feed-forward hidden layer.
         layer_norm_epsilon: Epsilon of the layer normalizations.
+        causal: If True, causal self-attention (a decoder block without
+            cross-attention) that can decode with a cache.
 
     Call arguments:
         inputs: `(B, T, hidden)` tensor.
         padding_mask: Optional `(B, T)` mask (True or nonzero keeps a position).
             Defaults to the Keras mask of `inputs` (`mask`, filled in by Keras).
         training: Whether dropout (and YOSO's fresh hashing) is active.
+        cache: Optional decoding state (`init_cache`; causal blocks only).
+        cache_update_index: Position of the first row of `inputs` (with `cache`).
 
     Returns:
-        `(B, T, hidden)` tensor.
+        `(B, T, hidden)` tensor; with `cache`, `(outputs, cache)`.
     """
 
     def __init__(
@@ -73,6 +89,7 @@ class TransformerEncoderBlock(keras.layers.Layer):
         norm_first=False,
         activation="gelu",
         layer_norm_epsilon=1e-5,
+        causal=False,
         **kwargs,
     ):
         num_heads = _validation.integer(num_heads, "num_heads", 1, layer=True)
@@ -96,6 +113,7 @@ class TransformerEncoderBlock(keras.layers.Layer):
         self.norm_first = norm_first
         self.activation = keras.activations.get(activation)
         self.layer_norm_epsilon = layer_norm_epsilon
+        self.causal = _validation.boolean(causal, "causal", layer=True)
 
     def build(self, input_shape):
         hidden = input_shape[-1]
@@ -142,14 +160,38 @@ class TransformerEncoderBlock(keras.layers.Layer):
             _validation.mask_dtype(padding_mask, "padding_mask", layer=True)
         return super().__call__(*args, **kwargs)
 
-    def call(self, inputs, padding_mask=None, training=None, mask=None):
+    def init_cache(self, batch_size, max_length=None):
+        """The decoding state of the attention (causal blocks): constant-size for "yoso" and
+        "linear_relative"; for "softmax" a `max_length` key/value cache (max_length required)."""
+        if not self.causal:
+            raise ValueError("TransformerEncoderBlock.init_cache needs a causal block: construct it with "
+                             "causal=True.")
+        if isinstance(self._attention_layer, CachedMultiHeadAttention):
+            if max_length is None:
+                raise ValueError("init_cache of a softmax block needs `max_length` (its key/value cache grows "
+                                 "with the context). Received None.")
+            return self._attention_layer.init_cache(batch_size, max_length)
+        return self._attention_layer.init_cache(batch_size)
+
+    def call(self, inputs, padding_mask=None, training=None, mask=None, cache=None, cache_update_index=None):
         if padding_mask is None:
             padding_mask = mask  # Keras fills `mask` with the implicit mask of `inputs`, on every backend
+        if cache is not None and not self.causal:
+            raise ValueError("TransformerEncoderBlock received `cache`, but decoding needs a causal block "
+                             "(causal=True).")
         x = inputs
         residual = x
         if self.norm_first:
             x = self._attention_norm(x)
-        x = self._attention_layer(x, x, query_mask=padding_mask, value_mask=padding_mask, training=training)
+        if cache is not None:
+            x, cache = self._attention_layer(x, x, query_mask=padding_mask, value_mask=padding_mask,
+                                             training=training, use_causal_mask=True, cache=cache,
+                                             cache_update_index=cache_update_index)
+        elif self.causal:
+            x = self._attention_layer(x, x, query_mask=padding_mask, value_mask=padding_mask, training=training,
+                                      use_causal_mask=True)
+        else:
+            x = self._attention_layer(x, x, query_mask=padding_mask, value_mask=padding_mask, training=training)
         x = residual + self._attention_dropout(x, training=training)
         if not self.norm_first:
             x = self._attention_norm(x)
@@ -160,6 +202,8 @@ class TransformerEncoderBlock(keras.layers.Layer):
         x = residual + self._output_dropout(x, training=training)
         if not self.norm_first:
             x = self._output_norm(x)
+        if cache is not None:
+            return x, cache
         return x
 
     def compute_output_shape(self, input_shape):
@@ -175,5 +219,6 @@ class TransformerEncoderBlock(keras.layers.Layer):
             "norm_first": self.norm_first,
             "activation": keras.activations.serialize(self.activation),
             "layer_norm_epsilon": self.layer_norm_epsilon,
+            "causal": self.causal,
         }
         return {**super().get_config(), **config}

@@ -7,6 +7,7 @@ Sampling", ICML 2021.
 import keras
 from keras import ops
 
+from keras_yoso import _runtime
 from keras_yoso import _validation
 from keras_yoso import ops as yoso_ops
 from keras_yoso.layers.multi_head_attention_base import MultiHeadAttentionBase
@@ -44,6 +45,30 @@ class YosoAttention(MultiHeadAttentionBase):
     after `.keras` save/load. If `seed` is None, a random integer is drawn at
     construction and stored in `get_config`, so a reloaded layer hashes as the
     original. Queries and keys of one call always share the hash functions.
+
+    Causal attention. `use_causal_mask=True` makes query i attend to keys
+    j <= i only (self-attention: T == S): with the hash functions fixed, each
+    bucket is a prefix sum in position order (`keras_yoso.ops.yoso_cumulation(
+    ..., causal=True)`), same O(length * num_hashes * head size) cost, and
+    the eq. 4 backward sums the same pairs. YOSO-C's convolution is then
+    causal (left-padded: position i sees values i - w + 1 .. i).
+
+    Incremental decoding. `cache = layer.init_cache(batch_size)` and
+    `output, cache = layer(x, x, cache=cache, cache_update_index=index)` run
+    causal self-attention of the T new positions of `x` (starting at
+    position `index`) over every position seen so far, with the inference
+    hash functions (a fixed function of `seed`, as `training=False`). The
+    state does not grow with the context: per head, the m bucket tables
+    T_h[b] = sum of the values of the keys hashed to b (eq. 2 read as linear
+    attention with one-hot features), `[B, num_heads, num_hashes,
+    2**hash_code_len, value_dim]` float32, i.e.
+    4 * B * num_heads * num_hashes * 2**hash_code_len * value_dim bytes
+    (2 MiB per head and sequence at m=32, tau=8, value_dim=64), plus, with
+    `conv_window=w > 1`, the last w - 1 values `[B, w - 1, num_heads,
+    value_dim]` (then the cache is a dict {"tables", "values"}). Outputs equal
+    the matching rows of the full causal forward (float32 rounding). Each
+    decoding call costs O(T * num_hashes * head size) plus, for a prefill of
+    T > 1 positions, the causal cumulation of those T positions.
 
     Masks. Padding masks only: Keras implicit masks of `query`/`value`/`key`,
     or `query_mask`/`value_mask`/`key_mask`. Masked keys never contribute
@@ -122,10 +147,16 @@ class YosoAttention(MultiHeadAttentionBase):
         attention_mask: Optional `(B, T, S)` boolean mask; must be a padding
             mask (see above).
         training: Whether to draw fresh hash functions and apply dropout.
-        use_causal_mask: Must be False: LSH attention cannot be causal here
-            (raises NotImplementedError).
+        use_causal_mask: If True, causal self-attention (query i attends to
+            keys j <= i; `query` and `value` of the same length). Not with
+            `use_expectation=True`. Implied by `cache`.
         return_attention_scores: If True (only with `use_expectation=True`),
             also return the expected attention weights.
+        cache: Optional decoding state from `init_cache` (or a previous
+            call); then `cache_update_index` is required and the call
+            returns `(attention_output, cache)`.
+        cache_update_index: The position of the first row of `query` in the
+            sequence (int or scalar int tensor).
 
     Returns:
         attention_output: `(B, T, E)`, E the query's last dimension or
@@ -230,11 +261,10 @@ class YosoAttention(MultiHeadAttentionBase):
                 constraint=self._kernel_constraint, trainable=True)
 
     def _check_call_options(self, return_attention_scores, use_causal_mask):
-        if use_causal_mask:
-            raise NotImplementedError(
-                "YosoAttention does not support use_causal_mask=True: LSH (YOSO) attention sums the values "
-                "of all colliding keys through shared hash buckets and cannot restrict query i to keys j <= i. "
-                "Use it for bidirectional (encoder) attention.")
+        _validation.boolean(use_causal_mask, "use_causal_mask", layer=True, allow_none=True)
+        if use_causal_mask and self._use_expectation:
+            raise ValueError("use_causal_mask=True is not implemented with use_expectation=True (YOSO-E): use "
+                             "sampled YOSO (use_expectation=False), whose causal form is linear in the length.")
         if return_attention_scores and not self._use_expectation:
             raise ValueError(
                 "return_attention_scores=True needs use_expectation=True: sampled YOSO attention never forms "
@@ -248,15 +278,23 @@ class YosoAttention(MultiHeadAttentionBase):
             return self._training_seeds.next()
         return self.seed
 
-    def _depthwise_conv(self, value, key_mask):
-        """YOSO-C term: per-head depthwise convolution of the masked values, `[B, S, heads, Dv]`."""
+    def _depthwise_conv(self, value, key_mask, causal=False, history=None):
+        """YOSO-C term: per-head depthwise convolution of the masked values `[B, S, heads, Dv]`, "same"
+        padded, or causal (position i sees i - w + 1 .. i; `history`: the w - 1 values before the first
+        row, zeros by default)."""
         value = ops.where(key_mask[:, :, None, None], value, 0.0)
         batch, length = ops.shape(value)[0], ops.shape(value)[1]
         channels = self._num_heads * self._value_dim
         kernel = ops.cast(ops.convert_to_tensor(self._conv_kernel), "float32")
         kernel = ops.repeat(kernel, self._value_dim, axis=1)  # channel n * Dv + d uses head n's filter
-        out = ops.depthwise_conv(ops.reshape(value, (batch, length, channels)), kernel[:, :, None],
-                                 strides=1, padding="same")
+        padding = "same"
+        if causal:
+            padding = "valid"
+            if history is None:
+                history = ops.zeros((batch, self._conv_window - 1, self._num_heads, self._value_dim), "float32")
+            value = ops.concatenate([history, value], axis=1)
+        out = ops.depthwise_conv(ops.reshape(value, (batch, ops.shape(value)[1], channels)), kernel[:, :, None],
+                                 strides=1, padding=padding)
         return ops.reshape(out, (batch, length, self._num_heads, self._value_dim))
 
     def _normalized_heads(self, query_heads, key_heads, query_mask, key_mask):
@@ -266,6 +304,13 @@ class YosoAttention(MultiHeadAttentionBase):
         return q, k, repeat_heads(query_mask, self._num_heads), repeat_heads(key_mask, self._num_heads)
 
     def _attend(self, query_heads, key_heads, value_heads, query_mask, key_mask, training, use_causal_mask):
+        causal = bool(use_causal_mask)
+        if causal:
+            lengths = (_runtime.static_shape(query_heads)[1], _runtime.static_shape(key_heads)[1])
+            if None not in lengths and lengths[0] != lengths[1]:
+                raise ValueError("YosoAttention with use_causal_mask=True is causal self-attention: `query` and "
+                                 "`value` must have the same length (query i attends to keys j <= i). Received "
+                                 f"lengths {lengths[0]} and {lengths[1]}.")
         q, k, q_mask, k_mask = self._normalized_heads(query_heads, key_heads, query_mask, key_mask)
         v = flatten_heads(value_heads)  # [B * heads, S, value_dim]
         if self._use_expectation:
@@ -279,12 +324,99 @@ class YosoAttention(MultiHeadAttentionBase):
             key_codes = yoso_ops.hash_codes(k, self._num_hashes, self._hash_code_len, seed,
                                             method=self._hash_method, implementation=self._implementation)
             out = yoso_ops.yoso_cumulation(q, k, v, query_codes, key_codes, self._hash_code_len, q_mask, k_mask,
-                                           backward=self._backward, implementation=self._implementation)
+                                           backward=self._backward, implementation=self._implementation,
+                                           causal=causal)
         out = l2_normalize(out)  # N-YOSO; all-zero rows stay zero
         out = unflatten_heads(out, ops.shape(query_heads)[0], self._num_heads)  # [B, T, heads, value_dim]
         if self._conv_window is not None:
-            out = out + self._depthwise_conv(value_heads, key_mask)
+            out = out + self._depthwise_conv(value_heads, key_mask, causal=causal)
         return out
+
+    # ------------------------------------------------------------------ incremental decoding
+
+    def init_cache(self, batch_size):
+        """The decoding state before any token, zeros: the bucket tables `[batch_size, num_heads,
+        num_hashes, 2**hash_code_len, value_dim]` float32 (4 * batch_size * num_heads * num_hashes *
+        2**hash_code_len * value_dim bytes, whatever the context length); with conv_window=w > 1 a dict
+        {"tables": those, "values": the last w - 1 values `[batch_size, w - 1, num_heads, value_dim]`}."""
+        batch_size = _validation.integer(batch_size, "batch_size", 1)
+        if self._use_expectation:
+            raise ValueError("YosoAttention(use_expectation=True) (YOSO-E, O(T S)) has no constant-size decoding "
+                             "state: decode with sampled YOSO (use_expectation=False).")
+        tables = ops.zeros((batch_size, self._num_heads, self._num_hashes, 2 ** self._hash_code_len,
+                            self._value_dim), "float32")
+        if self._conv_window is None or self._conv_window == 1:
+            return tables
+        values = ops.zeros((batch_size, self._conv_window - 1, self._num_heads, self._value_dim), "float32")
+        return {"tables": tables, "values": values}
+
+    def _attend_cached(self, query_heads, key_heads, value_heads, query_mask, key_mask, cache, index,
+                       use_causal_mask):
+        """Causal YOSO of T new positions over the bucket tables of the earlier ones (eq. 2 as linear
+        attention with one-hot features): out_i = (1/m) sum_h (T_h[qc_hi] + sum_{j in chunk, j <= i,
+        kc_hj == qc_hi} v_j), then the tables gain the new keys' values. Returns
+        (`[B, T, heads, Dv]`, the new cache)."""
+        if use_causal_mask is not None and not use_causal_mask:
+            raise ValueError("YosoAttention called with `cache` decodes causally: use_causal_mask must be True "
+                             "or None with a cache, received False.")
+        tables, history = (cache["tables"], cache["values"]) if isinstance(cache, dict) else (cache, None)
+        self._check_cache_shapes(tables, history, ops.shape(query_heads)[0])
+        batch, length = ops.shape(query_heads)[0], ops.shape(query_heads)[1]
+        heads, m, buckets, dv = self._num_heads, self._num_hashes, 2 ** self._hash_code_len, self._value_dim
+        q, k, q_mask, k_mask = self._normalized_heads(query_heads, key_heads, query_mask, key_mask)
+        v = flatten_heads(value_heads)  # [B * heads, T, Dv], masked keys already 0
+        query_codes = yoso_ops.hash_codes(q, m, self._hash_code_len, self.seed, method=self._hash_method,
+                                          implementation=self._implementation)
+        key_codes = yoso_ops.hash_codes(k, m, self._hash_code_len, self.seed, method=self._hash_method,
+                                        implementation=self._implementation)
+        # Table rows of (row r, hash h, bucket b): (r * m + h) * buckets + b.
+        base = ops.reshape(ops.arange(batch * heads * m, dtype="int32") * buckets, (batch * heads, m, 1))
+        kept = ops.where(k_mask[:, None, :, None], ops.broadcast_to(v[:, None], (batch * heads, m, length, dv)), 0.0)
+        kept, key_rows = ops.reshape(kept, (-1, dv)), ops.reshape(key_codes + base, (-1,))
+        flat = ops.reshape(tables, (-1, dv))
+        if _runtime.static_shape(query_heads)[1] == 1:
+            # One key per (row, hash): distinct rows, updated in place (no table-sized temporary).
+            updated = ops.scatter_update(flat, key_rows[:, None], ops.take(flat, key_rows, axis=0) + kept)
+        else:
+            updated = flat + _runtime.segment_sum(kept, key_rows, batch * heads * m * buckets)
+        updated = ops.reshape(updated, ops.shape(tables))
+
+        def read(state):
+            rows = ops.take(ops.reshape(state, (-1, dv)), ops.reshape(query_codes + base, (-1,)), axis=0)
+            return ops.mean(ops.reshape(rows, (batch * heads, m, length, dv)), axis=1)
+
+        if _runtime.static_shape(query_heads)[1] == 1:
+            # One token: its own key is the only new one, so it reads the updated tables (then a
+            # compiled step can update the tables in place: no copy of the state is kept alive).
+            out = read(updated)
+        else:
+            within = yoso_ops.lsh_cumulation(query_codes, key_codes, v, buckets, q_mask, k_mask,
+                                             implementation=self._implementation, causal=True)
+            out = read(tables) + within
+        out = unflatten_heads(l2_normalize(out), batch, heads)
+        tables = updated
+        if history is None:
+            if self._conv_window is not None:
+                out = out + self._depthwise_conv(value_heads, key_mask, causal=True)
+            return out, tables
+        out = out + self._depthwise_conv(value_heads, key_mask, causal=True, history=history)
+        values = ops.concatenate([history, ops.where(key_mask[:, :, None, None], value_heads, 0.0)], axis=1)
+        keep = self._conv_window - 1
+        values = ops.slice(values, (0, ops.shape(values)[1] - keep, 0, 0), (batch, keep, heads, dv))
+        return out, {"tables": tables, "values": values}
+
+    def _check_cache_shapes(self, tables, history, batch):
+        """ValueError when the cache is not this layer's (shapes from init_cache)."""
+        want = (batch, self._num_heads, self._num_hashes, 2 ** self._hash_code_len, self._value_dim)
+        got = _runtime.static_shape(tables)
+        if got is None or len(got) != 5 or any(
+                g is not None and isinstance(w, int) and g != w for g, w in zip(got, want)):
+            raise ValueError(f"YosoAttention expects `cache` tables of shape (batch, num_heads, num_hashes, "
+                             f"2**hash_code_len, value_dim) = {want} (from init_cache). Received shape "
+                             f"{None if got is None else tuple(got)}.")
+        if (history is None) != (self._conv_window is None or self._conv_window == 1):
+            raise ValueError("YosoAttention expects the `cache` of its own init_cache: a dict {\"tables\", "
+                             "\"values\"} with conv_window > 1, else the tables tensor.")
 
     def _attention_scores(self, query_heads, key_heads, query_mask, key_mask):
         q, k, q_mask, k_mask = self._normalized_heads(query_heads, key_heads, query_mask, key_mask)

@@ -16,6 +16,8 @@ from keras_yoso.ops._dispatch import supports_jit
 from keras_yoso.ops.hashing import hash_codes
 from keras_yoso.ops.hashing import hash_parameters
 from keras_yoso.ops.linear_relative import linear_relative_attention
+from keras_yoso.ops.linear_relative import linear_relative_attention_step
+from keras_yoso.ops.linear_relative import linear_relative_decoding_state
 from keras_yoso.ops.yoso import collision_cumulation
 from keras_yoso.ops.yoso import lsh_cumulation
 from keras_yoso.ops.yoso import weighted_lsh_cumulation
@@ -48,6 +50,8 @@ __all__ = [
     "hash_parameters",
     "implementation_in_use",
     "linear_relative_attention",
+    "linear_relative_attention_step",
+    "linear_relative_decoding_state",
     "lsh_cumulation",
     "supports_jit",
     "weighted_lsh_cumulation",

@@ -149,22 +149,24 @@ class JaxProvider(_provider.NativeLibraryProvider):
         return _call(target, result, (x, params), num_hashes=np.int64(num_hashes),
                      hash_code_len=np.int64(hash_code_len), num_threads=_threads())
 
-    def lsh_cumulation(self, query_codes, key_codes, value, num_buckets, query_mask, key_mask):
+    def lsh_cumulation(self, query_codes, key_codes, value, num_buckets, query_mask, key_mask, causal=0):
         """YOSO eq. 2 averaged over the m hashes: out[b, i] = qmask (1/m) sum_h sum_j kmask
-        [qc[b,h,i] == kc[b,h,j]] value[b, j]. codes `[B, m, N]`, value `[B, Nk, D]` ->
-        `[B, Nq, D]` in value's dtype."""
+        [qc[b,h,i] == kc[b,h,j]] value[b, j], over keys j <= i (causal=1) or j >= i (causal=-1;
+        Nq == Nk when causal != 0). codes `[B, m, N]`, value `[B, Nk, D]` -> `[B, Nq, D]` in
+        value's dtype."""
         _register()
         query_codes, key_codes, value = _codes(query_codes), _codes(key_codes), jnp.asarray(value)
         result = jax.ShapeDtypeStruct((query_codes.shape[0], query_codes.shape[2], value.shape[2]), value.dtype)
         return _call("keras_yoso_lsh_cumulation", result,
                      (_mask(query_mask), query_codes, _mask(key_mask), key_codes, value),
-                     num_buckets=np.int64(num_buckets), num_threads=_threads())
+                     num_buckets=np.int64(num_buckets), causal=np.int64(causal), num_threads=_threads())
 
     def weighted_lsh_cumulation(self, query_codes, query_weight, key_codes, key_weight, value, num_buckets,
-                                query_mask, key_mask):
+                                query_mask, key_mask, causal=0):
         """lsh_cumulation with each colliding pair weighted by <query_weight_i, key_weight_j> (the
-        blocks of the eq. 4 backward). query_weight `[B, Nq, W]`, key_weight `[B, Nk, W]`, value
-        `[B, Nk, D]` -> `[B, Nq, D]` in value's dtype (the weights are cast to it)."""
+        blocks of the eq. 4 backward), causal as there. query_weight `[B, Nq, W]`, key_weight
+        `[B, Nk, W]`, value `[B, Nk, D]` -> `[B, Nq, D]` in value's dtype (the weights are cast to
+        it)."""
         _register()
         query_codes, key_codes, value = _codes(query_codes), _codes(key_codes), jnp.asarray(value)
         query_weight = jnp.asarray(query_weight).astype(value.dtype)
@@ -172,7 +174,7 @@ class JaxProvider(_provider.NativeLibraryProvider):
         result = jax.ShapeDtypeStruct((query_codes.shape[0], query_codes.shape[2], value.shape[2]), value.dtype)
         return _call("keras_yoso_weighted_lsh_cumulation", result,
                      (_mask(query_mask), query_codes, query_weight, _mask(key_mask), key_codes, key_weight, value),
-                     num_buckets=np.int64(num_buckets), num_threads=_threads())
+                     num_buckets=np.int64(num_buckets), causal=np.int64(causal), num_threads=_threads())
 
     def collision_cumulation(self, query_codes, query, query_weight, key_codes, key, key_weight, hash_code_len,
                              epsilon, query_mask, key_mask):

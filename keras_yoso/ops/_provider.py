@@ -17,11 +17,16 @@ Primitive signatures (all tensors of the running backend; masks bool or float `[
 int32 `[B, m, N]`):
 
     hash_codes(x, params, num_hashes, hash_code_len, method) -> int32 [B, m, N]
-    lsh_cumulation(query_codes, key_codes, value, num_buckets, query_mask, key_mask) -> [B, Nq, D]
+    lsh_cumulation(query_codes, key_codes, value, num_buckets, query_mask, key_mask, causal=0)
+        -> [B, Nq, D]
     weighted_lsh_cumulation(query_codes, query_weight, key_codes, key_weight, value, num_buckets,
-                            query_mask, key_mask) -> [B, Nq, D]
+                            query_mask, key_mask, causal=0) -> [B, Nq, D]
     lower_bound_gradients(query_codes, query, key_codes, key, value, output_gradient, num_buckets,
-                          scale, query_mask, key_mask) -> (dQ [B, Nq, d], dK [B, Nk, d])
+                          scale, query_mask, key_mask, causal=0) -> (dQ [B, Nq, d], dK [B, Nk, d])
+
+`causal` (a Python int) restricts which keys count for a query, positions aligned (Nq == Nk,
+checked by ops/yoso.py): 0 every key, 1 keys j <= i (causal attention), -1 keys j >= i (the
+transposed cumulations of a causal backward: dK_j and dV_j sum over queries i >= j).
     collision_cumulation(query_codes, query, query_weight, key_codes, key, key_weight,
                          hash_code_len, epsilon, query_mask, key_mask) -> [B, Nq, d]
 """
@@ -63,22 +68,23 @@ class Provider:
         return None
 
     def lower_bound_gradients(self, query_codes, query, key_codes, key, value, output_gradient, num_buckets,
-                              scale, query_mask, key_mask):
-        """(dQ, dK) of the eq. 4 lower bound: two weighted cumulations (see composite.lower_bound_gradients)."""
+                              scale, query_mask, key_mask, causal=0):
+        """(dQ, dK) of the eq. 4 lower bound: two weighted cumulations (see composite.lower_bound_gradients);
+        causal: dQ_i over keys j <= i, dK_j over queries i >= j."""
         dq = self.weighted_lsh_cumulation(query_codes, output_gradient, key_codes, value, key, num_buckets,
-                                          query_mask, key_mask)
+                                          query_mask, key_mask, causal=causal)
         dk = self.weighted_lsh_cumulation(key_codes, value, query_codes, output_gradient, query, num_buckets,
-                                          key_mask, query_mask)
+                                          key_mask, query_mask, causal=-causal)
         return scale * dq, scale * dk
 
     def hash_codes(self, x, params, num_hashes, hash_code_len, method):
         raise NotImplementedError
 
-    def lsh_cumulation(self, query_codes, key_codes, value, num_buckets, query_mask, key_mask):
+    def lsh_cumulation(self, query_codes, key_codes, value, num_buckets, query_mask, key_mask, causal=0):
         raise NotImplementedError
 
     def weighted_lsh_cumulation(self, query_codes, query_weight, key_codes, key_weight, value, num_buckets,
-                                query_mask, key_mask):
+                                query_mask, key_mask, causal=0):
         raise NotImplementedError
 
     def collision_cumulation(self, query_codes, query, query_weight, key_codes, key, key_weight, hash_code_len,

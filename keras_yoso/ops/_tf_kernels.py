@@ -5,21 +5,35 @@ check their own inputs (custom_ops/cc/kernels/yoso_checks.h). The raw ops' gradi
 registered here too, so graphs and SavedModels that call them directly (and `tf.GradientTape`
 over them) differentiate; the public functions of `keras_yoso.ops` bring their own gradients
 (`keras.ops.custom_gradient`).
+
+The causal cumulations (`causal` != 0) have CPU kernels only: a causal call that TensorFlow would
+place on a GPU runs on the composite (`composite.PROVIDER`) instead.
 """
 
 import tensorflow as tf
+from tensorflow.python.eager import context as tf_context
 from tensorflow.python.framework import config as tf_config
 
 from keras_yoso import _runtime
 from keras_yoso import _validation
 from keras_yoso.ops import _library
 from keras_yoso.ops import _provider
+from keras_yoso.ops import composite
 
 
 def _gpu_needs_determinism():
     """Under `enable_op_determinism()` with a GPU visible the GPU table cumulations (float atomics)
     raise UnimplementedError: "auto" then takes the deterministic composite."""
     return tf_config.is_op_determinism_enabled() and bool(tf.config.list_physical_devices("GPU"))
+
+
+def _runs_on_gpu():
+    """True when an op created here would run on a GPU: a GPU is visible and the current device
+    scope (eager or while a tf.function is traced) does not name the CPU. With no scope TensorFlow
+    places an op that has a GPU kernel on the GPU, wherever its inputs are."""
+    if not tf.config.list_physical_devices("GPU"):
+        return False
+    return "CPU" not in (tf_context.context().device_name or "").upper()
 
 
 def _mask(mask):
@@ -54,14 +68,24 @@ class TensorFlowProvider(_provider.Provider):
         run = _lib().yoso_gaussian_hash_codes if method == "gaussian" else _lib().yoso_hadamard_hash_codes
         return run(x, params, num_hashes=num_hashes, hash_code_len=hash_code_len)
 
-    def lsh_cumulation(self, query_codes, key_codes, value, num_buckets, query_mask, key_mask):
+    def lsh_cumulation(self, query_codes, key_codes, value, num_buckets, query_mask, key_mask, causal=0):
+        """causal != 0 on a GPU: the composite (the CUDA kernel takes causal = 0 only)."""
+        if causal and _runs_on_gpu():
+            return composite.PROVIDER.lsh_cumulation(query_codes, key_codes, value, num_buckets, query_mask,
+                                                     key_mask, causal=causal)
         return _lib().yoso_lsh_cumulation(_mask(query_mask), query_codes, _mask(key_mask), key_codes, value,
-                                          num_buckets=num_buckets)
+                                          num_buckets=num_buckets, causal=int(causal))
 
     def weighted_lsh_cumulation(self, query_codes, query_weight, key_codes, key_weight, value, num_buckets,
-                                query_mask, key_mask):
+                                query_mask, key_mask, causal=0):
+        """causal != 0 on a GPU: the composite (the CUDA kernel takes causal = 0 only)."""
+        if causal and _runs_on_gpu():
+            return composite.PROVIDER.weighted_lsh_cumulation(query_codes, query_weight, key_codes, key_weight,
+                                                              value, num_buckets, query_mask, key_mask,
+                                                              causal=causal)
         return _lib().yoso_weighted_lsh_cumulation(_mask(query_mask), query_codes, query_weight, _mask(key_mask),
-                                                   key_codes, key_weight, value, num_buckets=num_buckets)
+                                                   key_codes, key_weight, value, num_buckets=num_buckets,
+                                                   causal=int(causal))
 
     def collision_cumulation(self, query_codes, query, query_weight, key_codes, key, key_weight, hash_code_len,
                              epsilon, query_mask, key_mask):
@@ -77,22 +101,30 @@ def _register_gradients():
     """Gradients of the raw ops, for graphs that call them directly: the role swaps of ops/yoso.py's
     custom gradients, in the raw ops' input order."""
 
+    def _causal(op):
+        """The op's causal attr (0 for graphs built before it existed); the transposed cumulations,
+        which sum over the queries of a key, run in the opposite direction (-causal)."""
+        try:
+            return op.get_attr("causal")
+        except ValueError:
+            return 0
+
     @tf.RegisterGradient("YosoLshCumulation")
     def _lsh_cumulation_grad(op, dy):
         qm, qc, km, kc, value = op.inputs
         dv = _lib().yoso_lsh_cumulation(km, kc, qm, qc, tf.cast(dy, value.dtype),
-                                        num_buckets=op.get_attr("num_buckets"))
+                                        num_buckets=op.get_attr("num_buckets"), causal=-_causal(op))
         return [None, None, None, None, dv]
 
     @tf.RegisterGradient("YosoWeightedLshCumulation")
     def _weighted_lsh_cumulation_grad(op, dy):
         qm, qc, qw, km, kc, kw, value = op.inputs
-        nb = op.get_attr("num_buckets")
+        nb, causal = op.get_attr("num_buckets"), _causal(op)
         run = _lib().yoso_weighted_lsh_cumulation
         dy = tf.cast(dy, value.dtype)
-        d_qw = run(qm, qc, dy, km, kc, value, kw, num_buckets=nb)
-        d_kw = run(km, kc, value, qm, qc, dy, qw, num_buckets=nb)
-        d_value = run(km, kc, kw, qm, qc, qw, dy, num_buckets=nb)
+        d_qw = run(qm, qc, dy, km, kc, value, kw, num_buckets=nb, causal=causal)
+        d_kw = run(km, kc, value, qm, qc, dy, qw, num_buckets=nb, causal=-causal)
+        d_value = run(km, kc, kw, qm, qc, qw, dy, num_buckets=nb, causal=-causal)
         return [None, None, d_qw, None, None, d_kw, d_value]
 
     for name in ("YosoGaussianHashCodes", "YosoHadamardHashCodes", "YosoCollisionCumulation"):

@@ -58,28 +58,28 @@ def _hash_codes_fake(x, params, num_hashes, hash_code_len):
 
 
 def _lsh_cumulation(query_mask: torch.Tensor, query_codes: torch.Tensor, key_mask: torch.Tensor,
-                    key_codes: torch.Tensor, value: torch.Tensor, num_buckets: int) -> torch.Tensor:
+                    key_codes: torch.Tensor, value: torch.Tensor, num_buckets: int, causal: int = 0) -> torch.Tensor:
     output = _empty((query_codes.shape[0], query_codes.shape[2], value.shape[2]), value)
     inputs = [("query_mask", query_mask), ("query_codes", query_codes), ("key_mask", key_mask),
               ("key_codes", key_codes), ("value", value)]
-    return _run("ky_lsh_cumulation", inputs, [num_buckets], output)
+    return _run("ky_lsh_cumulation", inputs, [num_buckets, causal], output)
 
 
-def _lsh_cumulation_fake(query_mask, query_codes, key_mask, key_codes, value, num_buckets):
+def _lsh_cumulation_fake(query_mask, query_codes, key_mask, key_codes, value, num_buckets, causal=0):
     return _empty((query_codes.shape[0], query_codes.shape[2], value.shape[2]), value)
 
 
 def _weighted_lsh_cumulation(query_mask: torch.Tensor, query_codes: torch.Tensor, query_weight: torch.Tensor,
                              key_mask: torch.Tensor, key_codes: torch.Tensor, key_weight: torch.Tensor,
-                             value: torch.Tensor, num_buckets: int) -> torch.Tensor:
+                             value: torch.Tensor, num_buckets: int, causal: int = 0) -> torch.Tensor:
     output = _empty((query_codes.shape[0], query_codes.shape[2], value.shape[2]), value)
     inputs = [("query_mask", query_mask), ("query_codes", query_codes), ("query_weight", query_weight),
               ("key_mask", key_mask), ("key_codes", key_codes), ("key_weight", key_weight), ("value", value)]
-    return _run("ky_weighted_lsh_cumulation", inputs, [num_buckets], output)
+    return _run("ky_weighted_lsh_cumulation", inputs, [num_buckets, causal], output)
 
 
 def _weighted_lsh_cumulation_fake(query_mask, query_codes, query_weight, key_mask, key_codes, key_weight, value,
-                                  num_buckets):
+                                  num_buckets, causal=0):
     return _empty((query_codes.shape[0], query_codes.shape[2], value.shape[2]), value)
 
 
@@ -150,13 +150,14 @@ class TorchProvider(_provider.NativeLibraryProvider):
     def hash_codes(self, x, params, num_hashes, hash_code_len, method):
         return _op(f"{method}_hash_codes")(x, params, num_hashes, hash_code_len)
 
-    def lsh_cumulation(self, query_codes, key_codes, value, num_buckets, query_mask, key_mask):
-        return _op("lsh_cumulation")(_mask(query_mask), query_codes, _mask(key_mask), key_codes, value, num_buckets)
+    def lsh_cumulation(self, query_codes, key_codes, value, num_buckets, query_mask, key_mask, causal=0):
+        return _op("lsh_cumulation")(_mask(query_mask), query_codes, _mask(key_mask), key_codes, value, num_buckets,
+                                    int(causal))
 
     def weighted_lsh_cumulation(self, query_codes, query_weight, key_codes, key_weight, value, num_buckets,
-                                query_mask, key_mask):
+                                query_mask, key_mask, causal=0):
         return _op("weighted_lsh_cumulation")(_mask(query_mask), query_codes, query_weight, _mask(key_mask),
-                                             key_codes, key_weight, value, num_buckets)
+                                             key_codes, key_weight, value, num_buckets, int(causal))
 
     def collision_cumulation(self, query_codes, query, query_weight, key_codes, key, key_weight, hash_code_len,
                              epsilon, query_mask, key_mask):

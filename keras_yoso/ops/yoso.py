@@ -33,7 +33,7 @@ def _ones_mask(codes):
 
 
 def _prepare_sides(query_codes, key_codes, query_mask, key_mask, query_side, key_side, num_buckets, provider,
-                   widths=()):
+                   widths=(), causal=0):
     """Converts and checks the codes and masks of both sides and the per-position tensors.
 
     query_side / key_side: [(name, tensor [B, N, *])] of each side; widths: extra
@@ -47,6 +47,9 @@ def _prepare_sides(query_codes, key_codes, query_mask, key_mask, query_side, key
     qc = _validation.codes_tensor(query_codes, "query_codes", num_buckets)
     kc = _validation.codes_tensor(key_codes, "key_codes", num_buckets)
     checks = _validation.agree([("query_codes", qc, 1), ("key_codes", kc, 1)], "num_hashes (axis 1 of the codes)")
+    if causal:
+        checks += _validation.agree([("query_codes axis 2", qc, 2), ("key_codes axis 2", kc, 2)],
+                                    "query and key lengths (causal=True aligns query i with key i)")
     num_hashes = _runtime.static_shape(qc)[1]
     if num_hashes == 0:
         raise ValueError(f"query_codes must have num_hashes >= 1 (axis 1), got shape {_runtime.static_shape(qc)}")
@@ -80,28 +83,40 @@ def _prepare_sides(query_codes, key_codes, query_mask, key_mask, query_side, key
     return qc, kc, qm, km, [named[name] for name, _ in query_side], [named[name] for name, _ in key_side]
 
 
-def _lsh(provider, qc, kc, value, num_buckets, qm, km):
-    """lsh_cumulation, differentiable in `value` (its gradient is the transposed cumulation)."""
+def _lsh(provider, qc, kc, value, num_buckets, qm, km, causal):
+    """lsh_cumulation, differentiable in `value` (its gradient is the transposed cumulation, in the
+    opposite direction when causal)."""
 
     @ops.custom_gradient
     def cumulation(v):
         def grad(*args, upstream=None):
             dy = ops.cast(_upstream(args, upstream), v.dtype)
-            return ops.cast(provider.lsh_cumulation(kc, qc, dy, num_buckets, km, qm), v.dtype)
+            return ops.cast(provider.lsh_cumulation(kc, qc, dy, num_buckets, km, qm, causal=-causal), v.dtype)
 
-        return ops.cast(provider.lsh_cumulation(qc, kc, v, num_buckets, qm, km), v.dtype), grad
+        return ops.cast(provider.lsh_cumulation(qc, kc, v, num_buckets, qm, km, causal=causal), v.dtype), grad
 
     return cumulation(value)
 
 
+def _direction(causal):
+    """The providers' `causal` int (1 or 0) of the public `causal` flag."""
+    return 1 if _validation.boolean(causal, "causal") else 0
+
+
 def lsh_cumulation(query_codes, key_codes, value, num_buckets, query_mask=None, key_mask=None,
-                   implementation="auto"):
+                   implementation="auto", causal=False):
     """LSH cumulation: YOSO's Bernoulli-sampled attention, eq. 2 averaged over m hashes (§3.2).
 
     out[b, i] = qmask[b, i] (1/m) sum_h sum_j kmask[b, j] [qc[b,h,i] == kc[b,h,j]] value[b, j]
 
     computed by scattering values into `num_buckets` buckets per hash and gathering by query
     code: O(B m (Nq + Nk) D) time, no O(N^2) term.
+
+    causal=True sums over keys j <= i only (Nq == Nk, else ValueError): with fixed hash functions
+    this is linear attention with one-hot features, a prefix sum inside each bucket in position
+    order (per hash, a stable sort by (code, position), then segmented prefix sums): O(B m N D)
+    time and memory, the same order as the bidirectional cumulation. The gradient in `value` is
+    the transposed cumulation over queries i >= j.
 
     Args:
       query_codes: int `[B, m, Nq]`; key_codes: int `[B, m, Nk]`, in [0, num_buckets).
@@ -110,16 +125,18 @@ def lsh_cumulation(query_codes, key_codes, value, num_buckets, query_mask=None, 
       query_mask: `[B, Nq]` or None; masked queries output 0.
       key_mask: `[B, Nk]` or None; masked keys never contribute (NaN in them included).
       implementation: "auto", "custom_op" or "composite".
+      causal: if True, key j counts for query i only when j <= i.
 
     Returns:
       `[B, Nq, D]` in value's dtype. Differentiable in `value`.
     """
     num_buckets = _validation.num_buckets(num_buckets)
+    causal = _direction(causal)
     value = _validation.float_tensor(value, "value", 3)
     provider = _dispatch.provider(implementation, (value,))
     qc, kc, qm, km, _, (value,) = _prepare_sides(query_codes, key_codes, query_mask, key_mask, [],
-                                                 [("value", value)], num_buckets, provider)
-    return _lsh(provider, qc, kc, value, num_buckets, qm, km)
+                                                 [("value", value)], num_buckets, provider, causal=causal)
+    return _lsh(provider, qc, kc, value, num_buckets, qm, km, causal)
 
 
 def _check_pair_table(provider, weight, value):
@@ -184,22 +201,22 @@ def weighted_lsh_cumulation(query_codes, query_weight, key_codes, key_weight, va
     return _weighted(provider, qc, query_weight, kc, key_weight, value, num_buckets, qm, km)
 
 
-def _lower_bound_gradients(provider, qc, q, kc, k, v, dy, num_buckets, scale, qm, km):
+def _lower_bound_gradients(provider, qc, q, kc, k, v, dy, num_buckets, scale, qm, km, causal):
     """(dQ, dK) of eq. 4. A provider's per-bucket table holds W * D floats (W: value width, D: key
     width) up to its `max_bucket_table_floats`: wider heads are split into column blocks that fit,
     so the backward never fails."""
     dim, value_dim = _runtime.static_shape(q)[2], _runtime.static_shape(v)[2]
     limit = provider.max_bucket_table_floats
     if limit is None or dim is None or value_dim is None or dim * value_dim <= limit:
-        return provider.lower_bound_gradients(qc, q, kc, k, v, dy, num_buckets, scale, qm, km)
+        return provider.lower_bound_gradients(qc, q, kc, k, v, dy, num_buckets, scale, qm, km, causal=causal)
     step = max(1, limit // max(1, value_dim))
     parts = [provider.lower_bound_gradients(qc, q[:, :, c:c + step], kc, k[:, :, c:c + step], v, dy, num_buckets,
-                                            scale, qm, km) for c in range(0, dim, step)]
+                                            scale, qm, km, causal=causal) for c in range(0, dim, step)]
     return ops.concatenate([p[0] for p in parts], axis=-1), ops.concatenate([p[1] for p in parts], axis=-1)
 
 
 def yoso_cumulation(query, key, value, query_codes, key_codes, hash_code_len, query_mask=None,
-                    key_mask=None, backward="lower_bound", implementation="auto"):
+                    key_mask=None, backward="lower_bound", implementation="auto", causal=False):
     """YOSO attention Y = B(Q, K) V with a gradient from the paper's estimators.
 
     Forward equals `lsh_cumulation(query_codes, key_codes, value, 2**hash_code_len, masks)`
@@ -215,17 +232,28 @@ def yoso_cumulation(query, key, value, query_codes, key_codes, hash_code_len, qu
       dQ_i = sum_j w_ij K_j, dK_j = sum_i w_ij Q_i, dV as above. Cost O(nnz (m + d + D)) with nnz
       the number of colliding pairs (both implementations sort by code).
 
+    causal=True (self-attention, Nq == Nk, else ValueError): query i sums keys j <= i in the
+    forward, and the eq. 4 backward keeps the same pairs: dQ_i over j <= i, dK_j and dV_j over
+    i >= j (a causal and two anti-causal cumulations, each a segmented prefix sum in
+    (code, position) order; see `lsh_cumulation`). backward="collision" is not implemented for
+    causal attention (ValueError).
+
     Args:
       query `[B, Nq, d]`, key `[B, Nk, d]`: expected unit-norm (not renormalized here).
       value `[B, Nk, D]`; query_codes `[B, m, Nq]`, key_codes `[B, m, Nk]` from
       `hash_codes(query/key, m, hash_code_len, same seed)`.
       hash_code_len: tau in [1, 20]; masks and implementation as in `lsh_cumulation`.
+      causal: if True, query i attends to keys j <= i only.
 
     Returns:
       `[B, Nq, D]` in value's dtype.
     """
     hash_code_len = _validation.hash_code_len(hash_code_len, cumulation=True)
     backward = _validation.choice(backward, "backward", _validation.BACKWARDS)
+    causal = _direction(causal)
+    if causal and backward != "lower_bound":
+        raise ValueError(f"backward={backward!r} is not implemented for causal=True: use backward=\"lower_bound\" "
+                         "(paper eq. 4), whose causal form sums the same pairs j <= i as the forward.")
     num_buckets = 2 ** hash_code_len
     value = _validation.float_tensor(value, "value", 3)
     query = ops.cast(_validation.float_tensor(query, "query", 3), value.dtype)
@@ -234,7 +262,7 @@ def yoso_cumulation(query, key, value, query_codes, key_codes, hash_code_len, qu
     widths = [([("query", query, 2), ("key", key, 2)], "query and key widths (axis 2)")]
     qc, kc, qm, km, (query,), (key, value) = _prepare_sides(
         query_codes, key_codes, query_mask, key_mask, [("query", query)], [("key", key), ("value", value)],
-        num_buckets, provider, widths)
+        num_buckets, provider, widths, causal=causal)
     half_tau = hash_code_len / 2.0
     epsilon = _validation.COLLISION_EPSILON
 
@@ -243,14 +271,14 @@ def yoso_cumulation(query, key, value, query_codes, key_codes, hash_code_len, qu
         def grad(*args, upstream=None):
             dy = ops.cast(_upstream(args, upstream), v.dtype)
             if backward == "lower_bound":
-                dq, dk = _lower_bound_gradients(provider, qc, q, kc, k, v, dy, num_buckets, half_tau, qm, km)
+                dq, dk = _lower_bound_gradients(provider, qc, q, kc, k, v, dy, num_buckets, half_tau, qm, km, causal)
             else:
                 dq = provider.collision_cumulation(qc, q, dy, kc, k, v, hash_code_len, epsilon, qm, km)
                 dk = provider.collision_cumulation(kc, k, v, qc, q, dy, hash_code_len, epsilon, km, qm)
-            dv = provider.lsh_cumulation(kc, qc, dy, num_buckets, km, qm)
+            dv = provider.lsh_cumulation(kc, qc, dy, num_buckets, km, qm, causal=-causal)
             return ops.cast(dq, q.dtype), ops.cast(dk, k.dtype), ops.cast(dv, v.dtype)
 
-        return ops.cast(provider.lsh_cumulation(qc, kc, v, num_buckets, qm, km), v.dtype), grad
+        return ops.cast(provider.lsh_cumulation(qc, kc, v, num_buckets, qm, km, causal=causal), v.dtype), grad
 
     return attention(query, key, value)
 

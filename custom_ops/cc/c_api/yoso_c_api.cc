@@ -199,8 +199,8 @@ int32_t ky_hadamard_hash_codes(const KyTensor* x, const KyTensor* signs, int64_t
 
 int32_t ky_lsh_cumulation(const KyTensor* query_mask, const KyTensor* query_codes,
                           const KyTensor* key_mask, const KyTensor* key_codes,
-                          const KyTensor* value, int64_t num_buckets, KyTensor* output,
-                          int32_t num_threads, char* error, int64_t error_size) {
+                          const KyTensor* value, int64_t num_buckets, int64_t causal,
+                          KyTensor* output, int32_t num_threads, char* error, int64_t error_size) {
   return Guarded(error, error_size, [&]() -> std::string {
     int32_t dtype = KY_FLOAT32;
     std::string e = FloatDtypeOf(value, "value", &dtype);
@@ -209,7 +209,7 @@ int32_t ky_lsh_cumulation(const KyTensor* query_mask, const KyTensor* query_code
                              {key_mask, "key_mask", KY_FLOAT32}, {key_codes, "key_codes", KY_INT32},
                              {value, "value", -1}}, dtype, &s);
     CumulationDims d{};
-    if (e.empty()) e = CheckLshCumulation(s[0], s[1], s[2], s[3], s[4], num_buckets, &d);
+    if (e.empty()) e = CheckLshCumulation(s[0], s[1], s[2], s[3], s[4], num_buckets, &d, causal);
     if (e.empty()) {
       e = CheckOutputAndCodes(output, dtype, {d.batch, d.num_queries, d.value_dim}, "[batch, num_queries, value_dim]",
                               query_codes, key_codes, num_buckets);
@@ -217,7 +217,7 @@ int32_t ky_lsh_cumulation(const KyTensor* query_mask, const KyTensor* query_code
     if (!e.empty() || Elements(output) == 0) return e;
     DispatchFloat(dtype, [&](auto zero) {
       using T = decltype(zero);
-      LshCumulationCpu<T>(d, In<float>(query_mask), In<int32_t>(query_codes), In<float>(key_mask),
+      LshCumulationCpu<T>(d, causal, In<float>(query_mask), In<int32_t>(query_codes), In<float>(key_mask),
                           In<int32_t>(key_codes), In<T>(value), Out<T>(output), PoolParallelFor{num_threads});
     });
     return "";
@@ -227,8 +227,9 @@ int32_t ky_lsh_cumulation(const KyTensor* query_mask, const KyTensor* query_code
 int32_t ky_weighted_lsh_cumulation(const KyTensor* query_mask, const KyTensor* query_codes,
                                    const KyTensor* query_weight, const KyTensor* key_mask,
                                    const KyTensor* key_codes, const KyTensor* key_weight,
-                                   const KyTensor* value, int64_t num_buckets, KyTensor* output,
-                                   int32_t num_threads, char* error, int64_t error_size) {
+                                   const KyTensor* value, int64_t num_buckets, int64_t causal,
+                                   KyTensor* output, int32_t num_threads, char* error,
+                                   int64_t error_size) {
   return Guarded(error, error_size, [&]() -> std::string {
     int32_t dtype = KY_FLOAT32;
     std::string e = FloatDtypeOf(value, "value", &dtype);
@@ -238,7 +239,9 @@ int32_t ky_weighted_lsh_cumulation(const KyTensor* query_mask, const KyTensor* q
                              {key_codes, "key_codes", KY_INT32}, {key_weight, "key_weight", -1},
                              {value, "value", -1}}, dtype, &s);
     CumulationDims d{};
-    if (e.empty()) e = CheckWeightedLshCumulation(s[0], s[1], s[2], s[3], s[4], s[5], s[6], num_buckets, &d);
+    if (e.empty()) {
+      e = CheckWeightedLshCumulation(s[0], s[1], s[2], s[3], s[4], s[5], s[6], num_buckets, &d, causal);
+    }
     if (e.empty()) {
       e = CheckOutputAndCodes(output, dtype, {d.batch, d.num_queries, d.value_dim}, "[batch, num_queries, value_dim]",
                               query_codes, key_codes, num_buckets);
@@ -246,7 +249,7 @@ int32_t ky_weighted_lsh_cumulation(const KyTensor* query_mask, const KyTensor* q
     if (!e.empty() || Elements(output) == 0) return e;
     DispatchFloat(dtype, [&](auto zero) {
       using T = decltype(zero);
-      WeightedLshCumulationCpu<T>(d, In<float>(query_mask), In<int32_t>(query_codes), In<T>(query_weight),
+      WeightedLshCumulationCpu<T>(d, causal, In<float>(query_mask), In<int32_t>(query_codes), In<T>(query_weight),
                                   In<float>(key_mask), In<int32_t>(key_codes), In<T>(key_weight), In<T>(value),
                                   Out<T>(output), PoolParallelFor{num_threads});
     });

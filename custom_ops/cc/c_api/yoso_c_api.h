@@ -24,7 +24,7 @@ extern "C" {
 #endif
 
 /* Bumped whenever an entry's signature or KyTensor changes; _native.py checks it. */
-#define KY_ABI_VERSION 1
+#define KY_ABI_VERSION 2
 
 /* dtype codes; the float codes match keras_yoso::ScalarType. */
 #define KY_FLOAT32 0
@@ -68,19 +68,22 @@ KY_EXPORT int32_t ky_hadamard_hash_codes(const KyTensor* x, const KyTensor* sign
                                char* error, int64_t error_size);
 
 /* masks float32 [B, N], codes int32 [B, m, N], value [B, Nk, D] -> output [B, Nq, D]
- * (value's dtype). YOSO eq. 2 averaged over the m hashes. */
+ * (value's dtype). YOSO eq. 2 averaged over the m hashes. causal: 0 every key; 1 keys j <= i;
+ * -1 keys j >= i (causal != 0 needs Nq == Nk: query i and key i are position i). */
 KY_EXPORT int32_t ky_lsh_cumulation(const KyTensor* query_mask, const KyTensor* query_codes,
                           const KyTensor* key_mask, const KyTensor* key_codes,
-                          const KyTensor* value, int64_t num_buckets, KyTensor* output,
-                          int32_t num_threads, char* error, int64_t error_size);
+                          const KyTensor* value, int64_t num_buckets, int64_t causal,
+                          KyTensor* output, int32_t num_threads, char* error, int64_t error_size);
 
 /* query_weight [B, Nq, W], key_weight [B, Nk, W], value [B, Nk, D] -> output [B, Nq, D]:
- * lsh_cumulation with each pair weighted by <query_weight_i, key_weight_j> (eq. 4's blocks). */
+ * lsh_cumulation with each pair weighted by <query_weight_i, key_weight_j> (eq. 4's blocks);
+ * causal as in ky_lsh_cumulation. */
 KY_EXPORT int32_t ky_weighted_lsh_cumulation(const KyTensor* query_mask, const KyTensor* query_codes,
                                    const KyTensor* query_weight, const KyTensor* key_mask,
                                    const KyTensor* key_codes, const KyTensor* key_weight,
-                                   const KyTensor* value, int64_t num_buckets, KyTensor* output,
-                                   int32_t num_threads, char* error, int64_t error_size);
+                                   const KyTensor* value, int64_t num_buckets, int64_t causal,
+                                   KyTensor* output, int32_t num_threads, char* error,
+                                   int64_t error_size);
 
 /* query [B, Nq, d], query_weight [B, Nq, W], key [B, Nk, d], key_weight [B, Nk, W]
  * -> output [B, Nq, d]: the *YOSO collision estimator (appendix eq. 2 on colliding pairs). */

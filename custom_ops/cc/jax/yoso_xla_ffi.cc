@@ -152,29 +152,76 @@ ffi::Error HashCodes(ffi::AnyBuffer x, ffi::AnyBuffer params, ffi::Result<ffi::A
   });
 }
 
+// The int64 attributes of the two LSH cumulations. They arrive as a dictionary so that `causal`
+// may be absent (0): custom calls traced before it existed (e.g. jax.export artifacts) keep
+// running. Every other attribute must be one of these, with an int64 value.
+struct CumulationAttrs {
+  int64_t num_buckets = 0;
+  int64_t num_threads = 0;
+  int64_t causal = 0;
+};
+
+ffi::Error ReadCumulationAttrs(const ffi::Dictionary& attrs, CumulationAttrs* out) {
+  struct Field {
+    const char* name;
+    int64_t* value;
+    bool required;
+  };
+  const Field fields[] = {{"num_buckets", &out->num_buckets, true},
+                          {"num_threads", &out->num_threads, true},
+                          {"causal", &out->causal, false}};
+  size_t found = 0;
+  for (const Field& field : fields) {
+    if (!attrs.contains(field.name)) {
+      if (!field.required) continue;
+      return ffi::Error(ffi::ErrorCode::kInvalidArgument,
+                        std::string("keras_yoso XLA FFI: missing attribute ") + field.name);
+    }
+    ffi::ErrorOr<int64_t> value = attrs.get<int64_t>(field.name);
+    if (value.has_error()) {
+      return ffi::Error(ffi::ErrorCode::kInvalidArgument,
+                        std::string("keras_yoso XLA FFI: attribute ") + field.name + " must be an int64 scalar");
+    }
+    *field.value = value.value();
+    ++found;
+  }
+  if (found != attrs.size()) {
+    return ffi::Error(ffi::ErrorCode::kInvalidArgument,
+                      "keras_yoso XLA FFI: unexpected attribute (the LSH cumulations take num_buckets, "
+                      "num_threads and causal)");
+  }
+  return ffi::Error::Success();
+}
+
 ffi::Error LshCumulation(ffi::AnyBuffer query_mask, ffi::AnyBuffer query_codes, ffi::AnyBuffer key_mask,
                          ffi::AnyBuffer key_codes, ffi::AnyBuffer value, ffi::Result<ffi::AnyBuffer> output,
-                         int64_t num_buckets, int64_t num_threads) {
+                         ffi::Dictionary attributes) {
+  CumulationAttrs a;
+  ffi::Error status = ReadCumulationAttrs(attributes, &a);
+  if (status.failure()) return status;
   const std::array<Operand, 5> inputs{{{query_mask, 2, "query_mask"}, {query_codes, 3, "query_codes"},
                                        {key_mask, 2, "key_mask"}, {key_codes, 3, "key_codes"},
                                        {value, 3, "value"}}};
   return RunBatched(inputs, *output, [&](std::array<KyTensor, 5>& in, KyTensor* out, char* error) {
-    return ky_lsh_cumulation(&in[0], &in[1], &in[2], &in[3], &in[4], num_buckets, out, Threads(num_threads), error,
-                             kErrorSize);
+    return ky_lsh_cumulation(&in[0], &in[1], &in[2], &in[3], &in[4], a.num_buckets, a.causal, out,
+                             Threads(a.num_threads), error, kErrorSize);
   });
 }
 
 ffi::Error WeightedLshCumulation(ffi::AnyBuffer query_mask, ffi::AnyBuffer query_codes, ffi::AnyBuffer query_weight,
                                  ffi::AnyBuffer key_mask, ffi::AnyBuffer key_codes, ffi::AnyBuffer key_weight,
-                                 ffi::AnyBuffer value, ffi::Result<ffi::AnyBuffer> output, int64_t num_buckets,
-                                 int64_t num_threads) {
+                                 ffi::AnyBuffer value, ffi::Result<ffi::AnyBuffer> output,
+                                 ffi::Dictionary attributes) {
+  CumulationAttrs a;
+  ffi::Error status = ReadCumulationAttrs(attributes, &a);
+  if (status.failure()) return status;
   const std::array<Operand, 7> inputs{{{query_mask, 2, "query_mask"}, {query_codes, 3, "query_codes"},
                                        {query_weight, 3, "query_weight"}, {key_mask, 2, "key_mask"},
                                        {key_codes, 3, "key_codes"}, {key_weight, 3, "key_weight"},
                                        {value, 3, "value"}}};
   return RunBatched(inputs, *output, [&](std::array<KyTensor, 7>& in, KyTensor* out, char* error) {
-    return ky_weighted_lsh_cumulation(&in[0], &in[1], &in[2], &in[3], &in[4], &in[5], &in[6], num_buckets, out,
-                                      Threads(num_threads), error, kErrorSize);
+    return ky_weighted_lsh_cumulation(&in[0], &in[1], &in[2], &in[3], &in[4], &in[5], &in[6], a.num_buckets,
+                                      a.causal, out, Threads(a.num_threads), error, kErrorSize);
   });
 }
 
@@ -221,8 +268,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(ky_xla_lsh_cumulation, keras_yoso::LshCumulation,
                                   .Arg<ffi::AnyBuffer>()  // key_codes int32 [B, m, Nk]
                                   .Arg<ffi::AnyBuffer>()  // value [B, Nk, D]
                                   .Ret<ffi::AnyBuffer>()  // output [B, Nq, D]
-                                  .Attr<int64_t>("num_buckets")
-                                  .Attr<int64_t>("num_threads"));
+                                  .Attrs());              // num_buckets, num_threads, causal (optional)
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(ky_xla_weighted_lsh_cumulation, keras_yoso::WeightedLshCumulation,
                               ffi::Ffi::Bind()
@@ -234,8 +280,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(ky_xla_weighted_lsh_cumulation, keras_yoso::Weight
                                   .Arg<ffi::AnyBuffer>()  // key_weight [B, Nk, W]
                                   .Arg<ffi::AnyBuffer>()  // value [B, Nk, D]
                                   .Ret<ffi::AnyBuffer>()  // output [B, Nq, D]
-                                  .Attr<int64_t>("num_buckets")
-                                  .Attr<int64_t>("num_threads"));
+                                  .Attrs());              // num_buckets, num_threads, causal (optional)
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(ky_xla_collision_cumulation, keras_yoso::CollisionCumulation,
                               ffi::Ffi::Bind()

@@ -113,6 +113,21 @@ inline std::string CheckBucketTable(int64_t weight_dim, int64_t value_dim) {
          " GiB); split weight_dim or value_dim into chunks";
 }
 
+// The direction attribute of the LSH cumulations: 0 every key, 1 keys j <= i (causal),
+// -1 keys j >= i (anti-causal, the transposed cumulations of a causal backward).
+inline std::string CheckCausalAttr(int64_t causal) {
+  if (causal >= -1 && causal <= 1) return "";
+  return "causal must be -1, 0 or 1, got " + std::to_string(causal);
+}
+
+// With causal != 0, query i and key i are the same position: Nq == Nk.
+inline std::string CheckCausalLengths(int64_t causal, int64_t num_queries, int64_t num_keys) {
+  if (causal == 0 || num_queries == num_keys) return "";
+  return "causal = " + std::to_string(causal) +
+         " needs as many queries as keys (query i and key i are position i), got num_queries = " +
+         std::to_string(num_queries) + " and num_keys = " + std::to_string(num_keys);
+}
+
 // `invalid` codes of input `name` lie outside [0, num_buckets).
 inline std::string InvalidCodesMessage(const char* name, int64_t invalid, int64_t num_buckets) {
   if (invalid == 0) return "";
@@ -182,14 +197,18 @@ inline std::string CheckCumulationSides(const Shape& query_mask, const Shape& qu
   return CheckShape(key_mask, "key_mask", "[batch, num_keys]", {d->batch, d->num_keys});
 }
 
-// lsh_cumulation: value [B, Nk, D]; fills d (num_buckets included).
+// lsh_cumulation: value [B, Nk, D], causal in {-1, 0, 1} (Nq == Nk unless 0); fills d
+// (num_buckets included).
 inline std::string CheckLshCumulation(const Shape& query_mask, const Shape& query_codes,
                                       const Shape& key_mask, const Shape& key_codes,
-                                      const Shape& value, int64_t num_buckets, CumulationDims* d) {
+                                      const Shape& value, int64_t num_buckets, CumulationDims* d,
+                                      int64_t causal = 0) {
   *d = CumulationDims{};
   d->num_buckets = num_buckets;
   std::string error = CheckNumBuckets(num_buckets);
+  if (error.empty()) error = CheckCausalAttr(causal);
   if (error.empty()) error = CheckCumulationSides(query_mask, query_codes, key_mask, key_codes, d);
+  if (error.empty()) error = CheckCausalLengths(causal, d->num_queries, d->num_keys);
   if (error.empty()) {
     error = CheckShape(value, "value", "[batch, num_keys, value_dim]", {d->batch, d->num_keys, -1});
   }
@@ -209,14 +228,14 @@ inline std::string CheckWeightPair(const Shape& query_weight, const Shape& key_w
 }
 
 // weighted_lsh_cumulation: query_weight [B, Nq, W], key_weight [B, Nk, W], value [B, Nk, D],
-// the per-bucket table W * D within its limit; fills d.
+// the per-bucket table W * D within its limit, causal as in CheckLshCumulation; fills d.
 inline std::string CheckWeightedLshCumulation(const Shape& query_mask, const Shape& query_codes,
                                               const Shape& query_weight, const Shape& key_mask,
                                               const Shape& key_codes, const Shape& key_weight,
                                               const Shape& value, int64_t num_buckets,
-                                              CumulationDims* d) {
-  std::string error =
-      CheckLshCumulation(query_mask, query_codes, key_mask, key_codes, value, num_buckets, d);
+                                              CumulationDims* d, int64_t causal = 0) {
+  std::string error = CheckLshCumulation(query_mask, query_codes, key_mask, key_codes, value,
+                                         num_buckets, d, causal);
   if (error.empty()) error = CheckWeightPair(query_weight, key_weight, *d, &d->weight_dim);
   return error.empty() ? CheckBucketTable(d->weight_dim, d->value_dim) : error;
 }

@@ -46,9 +46,11 @@ namespace keras_yoso {
 #endif
 #if defined(__GNUC__) || defined(__clang__)
 #define KY_CPU_INLINE inline __attribute__((always_inline))
+#define KY_NOINLINE __attribute__((noinline))
 #define KY_UNROLL _Pragma("GCC unroll 64")
 #else
 #define KY_CPU_INLINE inline
+#define KY_NOINLINE
 #define KY_UNROLL
 #endif
 
@@ -303,12 +305,15 @@ inline void PrefetchRow(const float* row, int64_t count) {
 }
 
 // *order = the positions p in [0, n) with keep[p] != 0 and a valid code,
-// stably sorted by codes[p] (LSD radix sort, O(n log2(num_buckets) / kRadixBits)).
+// stably sorted by codes[p] (LSD radix sort, O(n log2(num_buckets) / kRadixBits)):
+// ascending codes, and inside one code ascending positions (descending when
+// `descending`, the walk order of an anti-causal cumulation).
 inline void SortPositionsByCode(const int32_t* codes, const float* keep, int64_t n,
                                 int64_t num_buckets, std::vector<int64_t>* order,
-                                std::vector<int64_t>* scratch) {
+                                std::vector<int64_t>* scratch, bool descending = false) {
   order->clear();
-  for (int64_t p = 0; p < n; ++p) {
+  for (int64_t t = 0; t < n; ++t) {
+    const int64_t p = descending ? n - 1 - t : t;
     if (keep[p] != 0.0f && ValidCode(codes[p], num_buckets)) order->push_back(p);
   }
   const int64_t count = static_cast<int64_t>(order->size());
@@ -351,40 +356,65 @@ KY_CPU_INLINE void MultiplyAccumulateTile(float* const* rows, const float* const
   }
 }
 
+// MultiplyAccumulateTile as a function of its own, compiled for each x86-64 level.
+// GCC keeps a tile's sums in vector registers when it compiles the tile alone, but
+// not always once many tiles are inlined into one large function (GCC 12 leaves
+// some 1- and 2-row tiles scalar there); the causal kernel calls these instead.
+template <int R, int kVecs>
+KY_CPU_CLONES KY_NOINLINE void MultiplyAccumulateTileCall(float* const* rows,
+                                                          const float* const* coef, int64_t count,
+                                                          const float* const* vals, int64_t c0) {
+  MultiplyAccumulateTile<R, kVecs>(rows, coef, count, vals, c0);
+}
+
+// One tile, inlined into the caller or (kOutlined) called.
+template <int R, int kVecs, bool kOutlined>
+KY_CPU_INLINE void RunTile(float* const* rows, const float* const* coef, int64_t count,
+                           const float* const* vals, int64_t c0) {
+  if constexpr (kOutlined) {
+    MultiplyAccumulateTileCall<R, kVecs>(rows, coef, count, vals, c0);
+  } else {
+    MultiplyAccumulateTile<R, kVecs>(rows, coef, count, vals, c0);
+  }
+}
+
 // MultiplyAccumulate on the columns [c0, c0 + kVecs * kLanes), in row tiles of
 // up to 16 / kVecs rows (at most 8): about 16 vector registers of sums.
-template <int kVecs>
+template <int kVecs, bool kOutlined = false>
 KY_CPU_INLINE void MultiplyAccumulateColumns(float* const* rows, const float* const* coef,
                                              int64_t num_rows, int64_t count,
                                              const float* const* vals, int64_t c0) {
   constexpr int kRows = kVecs <= 2 ? 8 : 4;
   int64_t r = 0;
   for (; r + kRows <= num_rows; r += kRows) {
-    MultiplyAccumulateTile<kRows, kVecs>(rows + r, coef + r, count, vals, c0);
+    RunTile<kRows, kVecs, kOutlined>(rows + r, coef + r, count, vals, c0);
   }
   if (kRows == 8 && r + 4 <= num_rows) {
-    MultiplyAccumulateTile<4, kVecs>(rows + r, coef + r, count, vals, c0);
+    RunTile<4, kVecs, kOutlined>(rows + r, coef + r, count, vals, c0);
     r += 4;
   }
   if (r + 2 <= num_rows) {
-    MultiplyAccumulateTile<2, kVecs>(rows + r, coef + r, count, vals, c0);
+    RunTile<2, kVecs, kOutlined>(rows + r, coef + r, count, vals, c0);
     r += 2;
   }
-  if (r < num_rows) MultiplyAccumulateTile<1, kVecs>(rows + r, coef + r, count, vals, c0);
+  if (r < num_rows) RunTile<1, kVecs, kOutlined>(rows + r, coef + r, count, vals, c0);
 }
 
 // rows[r][c] += sum_{j < count} coef[r][j] * vals[j][c] for r < num_rows and
 // c < cols (a multiple of kLanes): a small matrix product over row pointers.
 // Every element is summed over j in order, whatever the tiling or vector width.
+// kOutlined: each register tile is a call (MultiplyAccumulateTileCall).
+template <bool kOutlined = false>
 KY_CPU_INLINE void MultiplyAccumulate(float* const* rows, const float* const* coef,
                                       int64_t num_rows, int64_t count, const float* const* vals,
                                       int64_t cols) {
   for (int64_t c0 = 0; c0 < cols; c0 += 4 * kLanes) {
+    const int64_t n = num_rows;
     switch ((cols - c0) / kLanes) {
-      case 1: MultiplyAccumulateColumns<1>(rows, coef, num_rows, count, vals, c0); break;
-      case 2: MultiplyAccumulateColumns<2>(rows, coef, num_rows, count, vals, c0); break;
-      case 3: MultiplyAccumulateColumns<3>(rows, coef, num_rows, count, vals, c0); break;
-      default: MultiplyAccumulateColumns<4>(rows, coef, num_rows, count, vals, c0); break;
+      case 1: MultiplyAccumulateColumns<1, kOutlined>(rows, coef, n, count, vals, c0); break;
+      case 2: MultiplyAccumulateColumns<2, kOutlined>(rows, coef, n, count, vals, c0); break;
+      case 3: MultiplyAccumulateColumns<3, kOutlined>(rows, coef, n, count, vals, c0); break;
+      default: MultiplyAccumulateColumns<4, kOutlined>(rows, coef, n, count, vals, c0); break;
     }
   }
 }
@@ -394,6 +424,11 @@ KY_CPU_INLINE void MultiplyAccumulate(float* const* rows, const float* const* co
 inline bool TableIsCheaper(int64_t nq, int64_t nk, int64_t w, int64_t padded_dim) {
   return (nq + nk) * w * padded_dim < nq * (RoundUp(nk, kLanes) * w + nk * padded_dim);
 }
+
+// Query rows of a causal bucket whose pair weights are computed and applied together.
+constexpr int64_t kCausalTile = 4;
+// Value columns of one causal LshCumulationCpu work unit: its running state [width].
+constexpr int64_t kCausalColumns = 64;
 
 // Working memory of one WeightedLshCumulationCpu worker. Dp = D rounded up to kLanes.
 struct WeightedScratch {
@@ -405,6 +440,11 @@ struct WeightedScratch {
   std::vector<float> pair_weights;                  // [nq, kKeyChunk]: <qw_i, kw_j> of a bucket
   std::vector<const float*> query_rows, value_rows, key_weight_rows;
   std::vector<float*> acc_rows, table_rows, pair_rows;
+  // Causal only (CausalWeightedCumulationHashes):
+  std::vector<int64_t> counts;              // [nq]: keys of a bucket each query sees
+  std::vector<float> tile_pairs;            // [kCausalTile, kKeyChunk]: <qw_i, kw_j> of a row tile
+  std::vector<float*> tile_rows;            // its rows
+  std::vector<const float*> shifted_rows;   // its rows from a key offset on
 };
 
 // acc [Nq, Dp] += the hashes [h0, h1) of batch row b of WeightedLshCumulationCpu
@@ -524,31 +564,330 @@ KY_CPU_CLONES inline void WeightedCumulationHashes(
   }
 }
 
+// ---------------------------------------------------------------------------
+// Causal cumulations (Zeng et al. 2021 eq. 2 / eq. 4, causal): key j counts for
+// query i only when j <= i (causal = 1) or j >= i (causal = -1, the transposed
+// cumulations of a causal backward). Queries and keys are the same positions
+// (Nq == Nk). Masked keys never count, masked queries read nothing.
+//
+// Per (row b, hash h) a stable radix sort by code (SortPositionsByCode) lists
+// each bucket's kept queries and keys in walk order: ascending positions for
+// causal = 1, descending for causal = -1. Walking a bucket in that order, the
+// keys query r may see are a prefix of the bucket's keys, counts[r] of them
+// (the keys at or before its position: a position adds its key before its query
+// reads, so j == i counts in both directions). A running state over that prefix
+// serves every query:
+//   eq. 2 (lsh): state = sum of the prefix's values [D]; out_i += state;
+//   eq. 4 blocks (weighted): state = sum of kw_j (x) v_j [W, D]; out_i += qw_i^T state,
+// and a small bucket is cheaper pair by pair, sum_{j in prefix} <qw_i, kw_j> v_j:
+// about s^2/2 (W + D) multiply-adds for s positions against s W D for the state,
+// so the weighted kernel picks the cheaper per bucket (CausalStateIsCheaper), as
+// the bidirectional kernel picks between pairs and its K^T V table. The lsh state
+// is small enough to keep one per bucket and walk all buckets at once, in position
+// order (CausalLshCumulationColumns): the same sums, with values and outputs read
+// in order. Memory per worker: O(Nq + Nk) for the sorts, O(2^tau) ints at most
+// (the sort's digit counts; the lsh code -> state map), the weighted kernel's
+// [W, D] state, the lsh states O(min(2^tau, Nk) D); no [2^tau, D] table.
+
+// True when key position `key` comes at or before query position `query` in the
+// walk order of direction `causal` (1: ascending positions, -1: descending).
+KY_CPU_INLINE bool KeyBeforeQuery(int64_t key, int64_t query, int64_t causal) {
+  return causal > 0 ? key <= query : key >= query;
+}
+
+// Working memory of one causal LshCumulationCpu worker.
+struct CausalLshScratch {
+  std::vector<int32_t> slot_of_code;  // [num_buckets]: a code's row of sums this hash, or -1
+  std::vector<float> sums;            // [min(num_buckets, Nk), wc]: each bucket's running sum
+};
+
+// acc [Nq, wc] = the unscaled causal LshCumulationCpu sum of batch row b, value
+// columns [c0, c0 + wc), wc <= kCausalColumns. The per-bucket walks of eq. 2 need
+// only the running sum state [wc] of each bucket, so they are interleaved: one pass
+// over the positions in walk order (ascending for causal = 1, descending for -1)
+// adds each key's value to its bucket's sum, then the query at that position adds
+// its bucket's sum. Each bucket's sum is thus built in its own walk order, as a
+// sort by code followed by one walk per bucket would build it, with the same
+// numbers, but values and outputs are read in position order. A bucket gets a row
+// of `sums` at its first key (code -> row in slot_of_code, O(2^tau) ints, reset
+// after each hash in O(Nk)), so the sums take O(min(2^tau, Nk) wc) floats. Time
+// O(m (Nq + Nk) wc); every element summed in a fixed order (hash, then walk order).
+KY_CPU_CLONES inline void CausalLshCumulationColumns(const CumulationDims& d, int64_t causal,
+                                                     int64_t b, int64_t c0, int64_t wc,
+                                                     const float* query_mask,
+                                                     const int32_t* query_codes,
+                                                     const float* key_mask,
+                                                     const int32_t* key_codes, const float* value,
+                                                     CausalLshScratch* s, float* acc) {
+  std::fill_n(acc, d.num_queries * wc, 0.0f);
+  if (static_cast<int64_t>(s->slot_of_code.size()) != d.num_buckets) {
+    s->slot_of_code.assign(d.num_buckets, -1);
+  }
+  s->sums.resize(std::min(d.num_buckets, d.num_keys) * wc);
+  int32_t* slot_of_code = s->slot_of_code.data();
+  float* sums = s->sums.data();
+  const int64_t n = d.num_keys;  // == d.num_queries
+  const float* qm = query_mask + b * n;
+  const float* km = key_mask + b * n;
+  const float* v = value + b * n * d.value_dim + c0;
+  for (int64_t h = 0; h < d.num_hashes; ++h) {
+    const int32_t* qc = query_codes + (b * d.num_hashes + h) * n;
+    const int32_t* kc = key_codes + (b * d.num_hashes + h) * n;
+    int32_t rows = 0;
+    for (int64_t t = 0; t < n; ++t) {
+      const int64_t p = causal > 0 ? t : n - 1 - t;
+      if (km[p] != 0.0f && ValidCode(kc[p], d.num_buckets)) {
+        int32_t& slot = slot_of_code[kc[p]];
+        float* sum = sums + static_cast<int64_t>(slot < 0 ? rows : slot) * wc;
+        const float* vp = v + p * d.value_dim;
+        if (slot < 0) {
+          slot = rows++;
+          for (int64_t c = 0; c < wc; ++c) sum[c] = vp[c];
+        } else {
+          for (int64_t c = 0; c < wc; ++c) sum[c] += vp[c];
+        }
+      }
+      if (qm[p] != 0.0f && ValidCode(qc[p], d.num_buckets)) {
+        const int32_t slot = slot_of_code[qc[p]];
+        if (slot < 0) continue;  // no key of its bucket yet
+        const float* sum = sums + static_cast<int64_t>(slot) * wc;
+        float* ap = acc + p * wc;
+        for (int64_t c = 0; c < wc; ++c) ap[c] += sum[c];
+      }
+    }
+    for (int64_t p = 0; p < n; ++p) {
+      if (ValidCode(kc[p], d.num_buckets)) slot_of_code[kc[p]] = -1;
+    }
+  }
+}
+
+// True when a causal bucket whose queries see counts[0, nq) of its keys (nondecreasing)
+// costs fewer multiply-adds with a running [W, D] state than pair by pair. Both walk the
+// keys in chunks of kKeyChunk; pair by pair, query r takes its counts[r] pairs (W + D each);
+// with the state, the chunks before a query's last chunk reach it through one read of the
+// state (W D), only its last chunk pair by pair, and each chunk before the last needed one
+// is added to the state (W D a key).
+inline bool CausalStateIsCheaper(const int64_t* counts, int64_t nq, int64_t w, int64_t padded_dim) {
+  const int64_t needed = counts[nq - 1];
+  if (needed <= kKeyChunk) return false;  // one chunk: the state would stay empty
+  int64_t pairs = 0, state_pairs = 0, reads = 0;
+  for (int64_t r = 0; r < nq; ++r) {
+    if (counts[r] == 0) continue;
+    const int64_t last_chunk = (counts[r] - 1) / kKeyChunk * kKeyChunk;
+    pairs += counts[r];
+    state_pairs += counts[r] - last_chunk;
+    reads += last_chunk > 0;
+  }
+  const int64_t updates = (needed - 1) / kKeyChunk * kKeyChunk;
+  return (updates + reads) * w * padded_dim + state_pairs * (w + padded_dim) <
+         pairs * (w + padded_dim);
+}
+
+// One tile of `rows` <= kCausalTile queries of a causal bucket, pair by pair over
+// the current key chunk: acc_rows[t] += sum_{j < local[t]} <query_rows[t], kw_j> v_j,
+// local nondecreasing. tile_rows = Q_tile K_chunk^T first (for each row's keys, in
+// whole kLanes columns), then applied in segments, rows [t, rows) over keys
+// [local[t-1], local[t]): each row sums its own keys in order and no others.
+KY_CPU_INLINE void CausalPairTile(const float* const* query_rows, float* const* acc_rows,
+                                  int64_t rows, const int64_t* local, int64_t w,
+                                  const float* const* key_weight_rows,
+                                  const float* const* value_rows, int64_t padded,
+                                  float* const* tile_rows, const float** shifted) {
+  const int64_t cols = RoundUp(local[rows - 1], kLanes);
+  for (int64_t t = 0; t < rows; ++t) std::fill_n(tile_rows[t], cols, 0.0f);
+  MultiplyAccumulate<true>(tile_rows, query_rows, rows, w, key_weight_rows, cols);
+  for (int64_t t = 0, j0 = 0; t < rows; ++t) {
+    const int64_t j1 = local[t];
+    if (j1 <= j0) continue;
+    for (int64_t u = t; u < rows; ++u) shifted[u - t] = tile_rows[u] + j0;
+    MultiplyAccumulate<true>(acc_rows + t, shifted, rows - t, j1 - j0, value_rows + j0,
+                             padded);
+    j0 = j1;
+  }
+}
+
+// acc [Nq, Dp] += the hashes [h0, h1) of batch row b of the causal
+// WeightedLshCumulationCpu (unscaled). Per bucket, queries in walk order with
+// counts[r] = the bucket's keys they see; the keys up to the last count are taken
+// in chunks of kKeyChunk, and each query is finished in the chunk that holds its
+// last key: acc_r += qw_r^T state (the [W, D] sum of kw_j (x) v_j over the earlier
+// chunks, when the state is cheaper) + sum_j <qw_r, kw_j> v_j over its keys of the
+// chunk (over all its keys, chunk by chunk, pair by pair). Pairs are computed for
+// kCausalTile queries at a time, then applied in segments of keys so that each query
+// sums exactly its own keys: no later key reaches it, not even with weight 0.
+// The products run on called register tiles (MultiplyAccumulate<true>): inlined
+// into this function, GCC left some of them scalar (2x slower on large buckets).
+KY_CPU_CLONES inline void CausalWeightedCumulationHashes(
+    const CumulationDims& d, int64_t causal, int64_t b, int64_t h0, int64_t h1,
+    const float* query_mask, const int32_t* query_codes, const float* query_weight,
+    const float* key_mask, const int32_t* key_codes, const float* key_weight, const float* value,
+    float* acc, WeightedScratch* s) {
+  const int64_t w = d.weight_dim, dim = d.value_dim, padded = RoundUp(dim, kLanes);
+  const bool copy_values = padded != dim;
+  s->key_offsets.resize(kKeyChunk);
+  s->key_weights.assign(w * kKeyChunk, 0.0f);
+  s->values.assign(copy_values ? kKeyChunk * padded : 0, 0.0f);
+  s->table.resize(w * padded);
+  s->value_rows.resize(kKeyChunk);
+  s->query_rows.resize(d.num_queries);
+  s->acc_rows.resize(d.num_queries);
+  s->key_weight_rows.resize(w);
+  s->table_rows.resize(w);
+  s->counts.resize(d.num_queries);
+  s->tile_pairs.assign(kCausalTile * kKeyChunk, 0.0f);
+  s->tile_rows.resize(kCausalTile);
+  s->shifted_rows.resize(kCausalTile);
+  for (int64_t k = 0; k < w; ++k) {
+    s->key_weight_rows[k] = s->key_weights.data() + k * kKeyChunk;
+    s->table_rows[k] = s->table.data() + k * padded;
+  }
+  for (int64_t t = 0; t < kCausalTile; ++t) s->tile_rows[t] = s->tile_pairs.data() + t * kKeyChunk;
+  int64_t* offsets = s->key_offsets.data();
+  int64_t* counts = s->counts.data();
+  float* key_weights = s->key_weights.data();
+  float* values = s->values.data();
+  float* table = s->table.data();
+  const float** value_rows = s->value_rows.data();
+  const float** query_rows = s->query_rows.data();
+  float** acc_rows = s->acc_rows.data();
+  const float* const* key_weight_rows = s->key_weight_rows.data();
+  float* const* table_rows = s->table_rows.data();
+  float* const* tile_rows = s->tile_rows.data();
+  const float** shifted = s->shifted_rows.data();
+
+  const float* qm = query_mask + b * d.num_queries;
+  const float* km = key_mask + b * d.num_keys;
+  const float* qw = query_weight + b * d.num_queries * w;
+  const float* kw = key_weight + b * d.num_keys * w;
+  const float* v = value + b * d.num_keys * dim;
+  for (int64_t h = h0; h < h1; ++h) {
+    const int32_t* qc = query_codes + (b * d.num_hashes + h) * d.num_queries;
+    const int32_t* kc = key_codes + (b * d.num_hashes + h) * d.num_keys;
+    SortPositionsByCode(qc, qm, d.num_queries, d.num_buckets, &s->queries, &s->sort_buffer,
+                        causal < 0);
+    SortPositionsByCode(kc, km, d.num_keys, d.num_buckets, &s->keys, &s->sort_buffer, causal < 0);
+    const int64_t* queries = s->queries.data();
+    const int64_t* keys = s->keys.data();
+    const int64_t num_q = static_cast<int64_t>(s->queries.size());
+    const int64_t num_k = static_cast<int64_t>(s->keys.size());
+    int64_t qa = 0, ka = 0;
+    while (qa < num_q && ka < num_k) {
+      const int32_t code = qc[queries[qa]];
+      if (code != kc[keys[ka]]) {
+        (code < kc[keys[ka]] ? qa : ka) += 1;
+        continue;
+      }
+      int64_t qb = qa + 1, kb = ka + 1;
+      while (qb < num_q && qc[queries[qb]] == code) ++qb;
+      while (kb < num_k && kc[keys[kb]] == code) ++kb;
+      // One bucket: queries[qa, qb) and keys[ka, kb), both in walk order.
+      const int64_t nq = qb - qa, nk = kb - ka;
+      for (int64_t r = 0, c = 0; r < nq; ++r) {
+        while (c < nk && KeyBeforeQuery(keys[ka + c], queries[qa + r], causal)) ++c;
+        counts[r] = c;
+      }
+      const int64_t needed = counts[nq - 1];  // keys the bucket's last query sees
+      const int64_t* bucket_queries = queries + qa;
+      const int64_t* bucket_keys = keys + ka;
+      const int64_t first_key = ka;
+      qa = qb;
+      ka = kb;
+      if (needed == 0) continue;
+      for (int64_t r = 0; r < nq; ++r) {
+        query_rows[r] = qw + bucket_queries[r] * w;
+        acc_rows[r] = acc + bucket_queries[r] * padded;
+      }
+      const bool use_state = CausalStateIsCheaper(counts, nq, w, padded);
+      if (use_state) std::fill_n(table, w * padded, 0.0f);
+      int64_t ra = 0;
+      for (int64_t k0 = 0; k0 < needed; k0 += kKeyChunk) {
+        const int64_t chunk = std::min(kKeyChunk, needed - k0);
+        for (int64_t j = 0; j < chunk; ++j) {
+          const int64_t ahead = first_key + k0 + j + kPrefetchKeys;
+          if (ahead < num_k) {
+            PrefetchRow(kw + keys[ahead] * w, w);
+            PrefetchRow(v + keys[ahead] * dim, dim);
+          }
+          const int64_t key = bucket_keys[k0 + j];
+          offsets[j] = key * w;
+          if (copy_values) {
+            std::copy(v + key * dim, v + (key + 1) * dim, values + j * padded);
+            value_rows[j] = values + j * padded;
+          } else {
+            value_rows[j] = v + key * dim;
+          }
+        }
+        // Transposed: row k of key_weights holds feature k of the chunk's keys.
+        for (int64_t k = 0; k < w; ++k) {
+          float* dst = key_weights + k * kKeyChunk;
+          for (int64_t j = 0; j < chunk; ++j) dst[j] = kw[offsets[j] + k];
+        }
+        // Queries [ra, rb) take keys of this chunk; with the state, only those whose last
+        // key is in it (the later ones read the state in a later chunk).
+        while (ra < nq && counts[ra] <= k0) ++ra;
+        int64_t rb = nq;
+        if (use_state) {
+          rb = ra;
+          while (rb < nq && counts[rb] <= k0 + chunk) ++rb;
+          // acc += Q state: the keys of the earlier chunks.
+          if (k0 > 0 && rb > ra) {
+            MultiplyAccumulate<true>(acc_rows + ra, query_rows + ra, rb - ra, w, table_rows,
+                                     padded);
+          }
+        }
+        for (int64_t r0 = ra; r0 < rb; r0 += kCausalTile) {
+          const int64_t rows = std::min(kCausalTile, rb - r0);
+          int64_t local[kCausalTile];  // keys of this chunk each row takes, nondecreasing
+          for (int64_t t = 0; t < rows; ++t) local[t] = std::min(counts[r0 + t], k0 + chunk) - k0;
+          CausalPairTile(query_rows + r0, acc_rows + r0, rows, local, w, key_weight_rows,
+                         value_rows, padded, tile_rows, shifted);
+        }
+        if (use_state && k0 + chunk < needed) {
+          // state += K_chunk^T V_chunk
+          MultiplyAccumulate<true>(table_rows, key_weight_rows, w, chunk, value_rows, padded);
+        }
+      }
+    }
+  }
+}
+
 }  // namespace internal
 
 // LSH cumulation, YOSO eq. 2 averaged over m hashes (paper §3.2, Figure 3):
-// out[b,i] = qmask[b,i] / m * sum_h sum_j kmask[b,j] [qc[b,h,i] == kc[b,h,j]] value[b,j].
+// out[b,i] = qmask[b,i] / m * sum_h sum_j kmask[b,j] [qc[b,h,i] == kc[b,h,j]] value[b,j],
+// over keys j <= i when causal = 1 and j >= i when causal = -1 (then Nq == Nk).
 // query_codes [B, m, Nq], key_codes [B, m, Nk], masks [B, N], value [B, Nk, D] -> out [B, Nq, D].
-// Time O(B m (Nq + Nk) D); memory one [2^tau, <=64] float table per worker.
+// Time O(B m (Nq + Nk) D); memory one [2^tau, <=64] float table per worker (causal: a
+// running sum of <= 64 floats per bucket that has keys, and a 2^tau int map from code to
+// sum, see CausalLshCumulationColumns).
 // Work unit (b, value column block) owns its output elements.
 template <typename T, typename ParallelFor>
-void LshCumulationCpu(const CumulationDims& d, const float* query_mask,
+void LshCumulationCpu(const CumulationDims& d, int64_t causal, const float* query_mask,
                       const int32_t* query_codes, const float* key_mask,
                       const int32_t* key_codes, const T* value, T* out, ParallelFor&& pf) {
   std::vector<float> v_f;
   const float* v = internal::AsFloat(value, d.batch * d.num_keys * d.value_dim, &v_f, pf);
-  const int64_t width = internal::ValueColumnBlock(d.num_buckets, d.value_dim, 1);
+  const int64_t width = causal == 0
+                            ? internal::ValueColumnBlock(d.num_buckets, d.value_dim, 1)
+                            : std::max<int64_t>(1, std::min(d.value_dim, internal::kCausalColumns));
   const int64_t blocks = (d.value_dim + width - 1) / width;
   const double unit_cost = static_cast<double>(d.num_hashes) *
                            static_cast<double>(d.num_queries + 2 * d.num_keys) *
                            static_cast<double>(width);
   pf(d.batch * blocks, internal::CostPerUnit(unit_cost), [&](int64_t begin, int64_t end) {
-    std::vector<float> table(d.num_buckets * width, 0.0f), acc(d.num_queries * width);
+    std::vector<float> table(causal == 0 ? d.num_buckets * width : 0, 0.0f);
+    std::vector<float> acc(d.num_queries * width);
+    internal::CausalLshScratch scratch;
     for (int64_t unit = begin; unit < end; ++unit) {
       const int64_t b = unit / blocks, c0 = (unit % blocks) * width;
       const int64_t wc = std::min(width, d.value_dim - c0);
-      internal::LshCumulationColumns(d, b, c0, wc, query_mask, query_codes, key_mask, key_codes,
-                                     v, table.data(), acc.data());
+      if (causal == 0) {
+        internal::LshCumulationColumns(d, b, c0, wc, query_mask, query_codes, key_mask,
+                                       key_codes, v, table.data(), acc.data());
+      } else {
+        internal::CausalLshCumulationColumns(d, causal, b, c0, wc, query_mask, query_codes,
+                                             key_mask, key_codes, v, &scratch, acc.data());
+      }
       const float scale = 1.0f / static_cast<float>(d.num_hashes);
       for (int64_t i = 0; i < d.num_queries; ++i) {
         T* o = out + (b * d.num_queries + i) * d.value_dim + c0;
@@ -559,10 +898,20 @@ void LshCumulationCpu(const CumulationDims& d, const float* query_mask,
   });
 }
 
+// LshCumulationCpu over every key (causal = 0).
+template <typename T, typename ParallelFor>
+void LshCumulationCpu(const CumulationDims& d, const float* query_mask,
+                      const int32_t* query_codes, const float* key_mask,
+                      const int32_t* key_codes, const T* value, T* out, ParallelFor&& pf) {
+  LshCumulationCpu<T>(d, 0, query_mask, query_codes, key_mask, key_codes, value, out,
+                      std::forward<ParallelFor>(pf));
+}
+
 // Weighted LSH cumulation: LshCumulationCpu with pair (i, j) weighted by
 // <query_weight[b,i], key_weight[b,j]> (the building block of the eq. 4 backward):
 // out[b,i] = qmask[b,i] / m * sum_h sum_j kmask[b,j] [qc[b,h,i] == kc[b,h,j]]
-//            <query_weight[b,i], key_weight[b,j]> value[b,j].
+//            <query_weight[b,i], key_weight[b,j]> value[b,j],
+// over keys j <= i when causal = 1 and j >= i when causal = -1 (then Nq == Nk).
 // query_weight [B, Nq, W], key_weight [B, Nk, W], value [B, Nk, D] -> out [B, Nq, D].
 //
 // Per hash, the unmasked queries and keys are sorted by code (radix sort), and
@@ -574,8 +923,10 @@ void LshCumulationCpu(const CumulationDims& d, const float* query_mask,
 // Work unit (b, g) sums hash group g (kHashGroups contiguous groups) for all queries
 // of row b; the groups' sums are then added in group order. The split depends
 // on m only, so every element is summed in the same order whatever the thread count.
+// Causal: the same units, with CausalWeightedCumulationHashes per hash group (a
+// running [W, D] state or pairs per bucket, in walk order).
 template <typename T, typename ParallelFor>
-void WeightedLshCumulationCpu(const CumulationDims& d, const float* query_mask,
+void WeightedLshCumulationCpu(const CumulationDims& d, int64_t causal, const float* query_mask,
                               const int32_t* query_codes, const T* query_weight,
                               const float* key_mask, const int32_t* key_codes,
                               const T* key_weight, const T* value, T* out, ParallelFor&& pf) {
@@ -599,9 +950,14 @@ void WeightedLshCumulationCpu(const CumulationDims& d, const float* query_mask,
       const int64_t b = unit / groups, g = unit % groups;
       float* acc = sums.get() + (g * d.batch + b) * d.num_queries * padded;
       std::fill_n(acc, d.num_queries * padded, 0.0f);
-      internal::WeightedCumulationHashes(d, b, g * d.num_hashes / groups,
-                                         (g + 1) * d.num_hashes / groups, query_mask, query_codes,
-                                         qw, key_mask, key_codes, kw, v, acc, &scratch);
+      const int64_t h0 = g * d.num_hashes / groups, h1 = (g + 1) * d.num_hashes / groups;
+      if (causal == 0) {
+        internal::WeightedCumulationHashes(d, b, h0, h1, query_mask, query_codes, qw, key_mask,
+                                           key_codes, kw, v, acc, &scratch);
+      } else {
+        internal::CausalWeightedCumulationHashes(d, causal, b, h0, h1, query_mask, query_codes,
+                                                 qw, key_mask, key_codes, kw, v, acc, &scratch);
+      }
     }
   });
   const float scale = 1.0f / static_cast<float>(d.num_hashes);
@@ -615,6 +971,16 @@ void WeightedLshCumulationCpu(const CumulationDims& d, const float* query_mask,
       }
     }
   });
+}
+
+// WeightedLshCumulationCpu over every key (causal = 0).
+template <typename T, typename ParallelFor>
+void WeightedLshCumulationCpu(const CumulationDims& d, const float* query_mask,
+                              const int32_t* query_codes, const T* query_weight,
+                              const float* key_mask, const int32_t* key_codes,
+                              const T* key_weight, const T* value, T* out, ParallelFor&& pf) {
+  WeightedLshCumulationCpu<T>(d, 0, query_mask, query_codes, query_weight, key_mask, key_codes,
+                              key_weight, value, out, std::forward<ParallelFor>(pf));
 }
 
 // First phase of the collision estimator: for each (b, h), the keys sorted by

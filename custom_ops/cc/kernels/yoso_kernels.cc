@@ -157,6 +157,17 @@ Status CheckNondeterminismAllowed(const char* op_name) {
       "(bitwise reproducible), or use implementation=\"composite\"."));
 }
 
+// The CUDA kernels sum over every key: the causal cumulations (causal != 0) run on the CPU
+// kernels or, through keras_yoso.ops, on the composite (keras_yoso/ops/_tf_kernels.py routes
+// causal calls on GPU tensors there).
+Status CheckGpuCausal(const char* op_name, int64_t causal) {
+  if (causal == 0) return absl::OkStatus();
+  return absl::UnimplementedError(absl::StrCat(
+      op_name, " has no GPU kernel for causal = ", causal,
+      " (the CUDA kernels take causal = 0 only). Run it on CPU, or call keras_yoso.ops, which "
+      "runs causal cumulations of GPU tensors on the composite."));
+}
+
 Status AllocateWorkspace(OpKernelContext* ctx, size_t bytes, Tensor* workspace) {
   return ctx->allocate_temp(tensorflow::DT_INT8,
                             TensorShape({static_cast<int64_t>(std::max<size_t>(bytes, 1))}),
@@ -253,19 +264,19 @@ struct CumulationFunctor;
 
 template <typename T>
 struct CumulationFunctor<CPUDevice, T> {
-  static Status Plain(OpKernelContext* ctx, const CumulationDims& d, const Tensor& qm,
-                      const Tensor& qc, const Tensor& km, const Tensor& kc, const Tensor& value,
-                      Tensor* out) {
-    LshCumulationCpu<T>(d, Ptr<float>(qm), Ptr<int32_t>(qc), Ptr<float>(km), Ptr<int32_t>(kc),
-                        Ptr<T>(value), MutablePtr<T>(out), TfParallelFor{ctx});
+  static Status Plain(OpKernelContext* ctx, const CumulationDims& d, int64_t causal,
+                      const Tensor& qm, const Tensor& qc, const Tensor& km, const Tensor& kc,
+                      const Tensor& value, Tensor* out) {
+    LshCumulationCpu<T>(d, causal, Ptr<float>(qm), Ptr<int32_t>(qc), Ptr<float>(km),
+                        Ptr<int32_t>(kc), Ptr<T>(value), MutablePtr<T>(out), TfParallelFor{ctx});
     return absl::OkStatus();
   }
-  static Status Weighted(OpKernelContext* ctx, const CumulationDims& d, const Tensor& qm,
-                         const Tensor& qc, const Tensor& qw, const Tensor& km, const Tensor& kc,
-                         const Tensor& kw, const Tensor& value, Tensor* out) {
-    WeightedLshCumulationCpu<T>(d, Ptr<float>(qm), Ptr<int32_t>(qc), Ptr<T>(qw), Ptr<float>(km),
-                                Ptr<int32_t>(kc), Ptr<T>(kw), Ptr<T>(value), MutablePtr<T>(out),
-                                TfParallelFor{ctx});
+  static Status Weighted(OpKernelContext* ctx, const CumulationDims& d, int64_t causal,
+                         const Tensor& qm, const Tensor& qc, const Tensor& qw, const Tensor& km,
+                         const Tensor& kc, const Tensor& kw, const Tensor& value, Tensor* out) {
+    WeightedLshCumulationCpu<T>(d, causal, Ptr<float>(qm), Ptr<int32_t>(qc), Ptr<T>(qw),
+                                Ptr<float>(km), Ptr<int32_t>(kc), Ptr<T>(kw), Ptr<T>(value),
+                                MutablePtr<T>(out), TfParallelFor{ctx});
     return absl::OkStatus();
   }
   static Status Collision(OpKernelContext* ctx, const CumulationDims& d, int tau, float eps,
@@ -288,9 +299,10 @@ struct CumulationFunctor<CPUDevice, T> {
 #if GOOGLE_CUDA
 template <typename T>
 struct CumulationFunctor<GPUDevice, T> {
-  static Status Plain(OpKernelContext* ctx, const CumulationDims& d, const Tensor& qm,
-                      const Tensor& qc, const Tensor& km, const Tensor& kc, const Tensor& value,
-                      Tensor* out) {
+  static Status Plain(OpKernelContext* ctx, const CumulationDims& d, int64_t causal,
+                      const Tensor& qm, const Tensor& qc, const Tensor& km, const Tensor& kc,
+                      const Tensor& value, Tensor* out) {
+    TF_RETURN_IF_ERROR(CheckGpuCausal("YosoLshCumulation", causal));
     TF_RETURN_IF_ERROR(CheckNondeterminismAllowed("YosoLshCumulation"));
     Tensor ws;
     const size_t bytes = LshCumulationWorkspaceBytes(d);
@@ -301,9 +313,10 @@ struct CumulationFunctor<GPUDevice, T> {
                          StreamOf(ctx)),
         "LshCumulationGpu");
   }
-  static Status Weighted(OpKernelContext* ctx, const CumulationDims& d, const Tensor& qm,
-                         const Tensor& qc, const Tensor& qw, const Tensor& km, const Tensor& kc,
-                         const Tensor& kw, const Tensor& value, Tensor* out) {
+  static Status Weighted(OpKernelContext* ctx, const CumulationDims& d, int64_t causal,
+                         const Tensor& qm, const Tensor& qc, const Tensor& qw, const Tensor& km,
+                         const Tensor& kc, const Tensor& kw, const Tensor& value, Tensor* out) {
+    TF_RETURN_IF_ERROR(CheckGpuCausal("YosoWeightedLshCumulation", causal));
     TF_RETURN_IF_ERROR(CheckNondeterminismAllowed("YosoWeightedLshCumulation"));
     Tensor ws;
     const size_t bytes = WeightedLshCumulationWorkspaceBytes(d);
@@ -344,16 +357,19 @@ Status CheckCodesAndAllocate(OpKernelContext* ctx, const Tensor& qc, const Tenso
   return absl::OkStatus();
 }
 
-// Base of the two table cumulations: parses and checks the num_buckets attr.
+// Base of the two table cumulations: parses and checks the num_buckets and causal attrs.
 class BucketedOpKernel : public OpKernel {
  public:
   explicit BucketedOpKernel(OpKernelConstruction* ctx) : OpKernel(ctx) {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("num_buckets", &num_buckets_));
     OP_REQUIRES_OK(ctx, Invalid(CheckNumBuckets(num_buckets_)));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("causal", &causal_));
+    OP_REQUIRES_OK(ctx, Invalid(CheckCausalAttr(causal_)));
   }
 
  protected:
   int64_t num_buckets_ = 0;
+  int64_t causal_ = 0;
 };
 
 template <typename Device, typename T>
@@ -368,12 +384,14 @@ class LshCumulationOp : public BucketedOpKernel {
     OP_REQUIRES_OK(ctx, InputShapes(ctx, {"query_mask", "query_codes", "key_mask", "key_codes",
                                           "value"}, s));
     CumulationDims d{};
-    OP_REQUIRES_OK(ctx, Invalid(CheckLshCumulation(s[0], s[1], s[2], s[3], s[4], num_buckets_, &d)));
+    OP_REQUIRES_OK(ctx, Invalid(CheckLshCumulation(s[0], s[1], s[2], s[3], s[4], num_buckets_, &d,
+                                                   causal_)));
     Tensor* out = nullptr;
     bool has_work = false;
     OP_REQUIRES_OK(ctx, CheckCodesAndAllocate<Device>(ctx, qc, kc, d, d.value_dim, &out, &has_work));
     if (!has_work) return;
-    OP_REQUIRES_OK(ctx, CumulationFunctor<Device, T>::Plain(ctx, d, qm, qc, km, kc, value, out));
+    OP_REQUIRES_OK(ctx, CumulationFunctor<Device, T>::Plain(ctx, d, causal_, qm, qc, km, kc, value,
+                                                            out));
   }
 };
 
@@ -391,13 +409,13 @@ class WeightedLshCumulationOp : public BucketedOpKernel {
                                           "key_codes", "key_weight", "value"}, s));
     CumulationDims d{};
     OP_REQUIRES_OK(ctx, Invalid(CheckWeightedLshCumulation(s[0], s[1], s[2], s[3], s[4], s[5], s[6],
-                                                           num_buckets_, &d)));
+                                                           num_buckets_, &d, causal_)));
     Tensor* out = nullptr;
     bool has_work = false;
     OP_REQUIRES_OK(ctx, CheckCodesAndAllocate<Device>(ctx, qc, kc, d, d.value_dim, &out, &has_work));
     if (!has_work) return;
-    OP_REQUIRES_OK(ctx, CumulationFunctor<Device, T>::Weighted(ctx, d, qm, qc, qw, km, kc, kw,
-                                                               value, out));
+    OP_REQUIRES_OK(ctx, CumulationFunctor<Device, T>::Weighted(ctx, d, causal_, qm, qc, qw, km, kc,
+                                                               kw, value, out));
   }
 };
 

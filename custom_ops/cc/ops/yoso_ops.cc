@@ -96,6 +96,18 @@ Status BucketTable(InferenceContext* c) {
   return Invalid(CheckBucketTable(c->Value(weight_dim), c->Value(value_dim)));
 }
 
+// The causal attr of the LSH cumulations is -1, 0 or 1; when it is not 0 the query and key
+// lengths (axis 2 of the codes at query_codes_index and key_codes_index) must agree where known.
+Status CausalAttr(InferenceContext* c, int query_codes_index, int key_codes_index) {
+  int64_t causal = 0;
+  TF_RETURN_IF_ERROR(c->GetAttr("causal", &causal));
+  TF_RETURN_IF_ERROR(Invalid(CheckCausalAttr(causal)));
+  const DimensionHandle num_queries = c->Dim(c->input(query_codes_index), 2);
+  const DimensionHandle num_keys = c->Dim(c->input(key_codes_index), 2);
+  if (!c->ValueKnown(num_queries) || !c->ValueKnown(num_keys)) return absl::OkStatus();
+  return Invalid(CheckCausalLengths(causal, c->Value(num_queries), c->Value(num_keys)));
+}
+
 Status CollisionAttrs(InferenceContext* c) {
   int64_t hash_code_len = 0;
   float epsilon = 0.0f;
@@ -157,14 +169,18 @@ REGISTER_OP("YosoLshCumulation")
     .Input("value: T")
     .Output("output: T")
     .Attr("num_buckets: int")
+    .Attr("causal: int = 0")
     .Attr("T: {float, half, bfloat16}")
     .SetShapeFn([](InferenceContext* c) {
       TF_RETURN_IF_ERROR(NumBucketsAttr(c));
-      return CumulationShape(c, 1, {}, 2, 3, {4}, {}, 4);
+      TF_RETURN_IF_ERROR(CumulationShape(c, 1, {}, 2, 3, {4}, {}, 4));
+      return CausalAttr(c, 1, 3);
     })
     .Doc(R"doc(
 LSH cumulation (YOSO eq. 2 averaged over hashes):
 output[b,i] = qmask[b,i]/m * sum_h sum_j kmask[b,j] [qc[b,h,i] == kc[b,h,j]] value[b,j].
+causal: 0 sums over every key; 1 over keys j <= i; -1 over keys j >= i (causal != 0 needs
+num_queries == num_keys: query i and key i are position i). The GPU kernel takes causal = 0 only.
 )doc");
 
 REGISTER_OP("YosoWeightedLshCumulation")
@@ -177,15 +193,17 @@ REGISTER_OP("YosoWeightedLshCumulation")
     .Input("value: T")
     .Output("output: T")
     .Attr("num_buckets: int")
+    .Attr("causal: int = 0")
     .Attr("T: {float, half, bfloat16}")
     .SetShapeFn([](InferenceContext* c) {
       TF_RETURN_IF_ERROR(NumBucketsAttr(c));
       TF_RETURN_IF_ERROR(CumulationShape(c, 1, {2}, 3, 4, {5, 6}, {{2, 5}}, 6));
+      TF_RETURN_IF_ERROR(CausalAttr(c, 1, 4));
       return BucketTable(c);
     })
     .Doc(R"doc(
 Weighted LSH cumulation: YosoLshCumulation with pair (i, j) weighted by
-<query_weight[b,i], key_weight[b,j]>.
+<query_weight[b,i], key_weight[b,j]>; causal as in YosoLshCumulation.
 )doc");
 
 REGISTER_OP("YosoCollisionCumulation")
