@@ -126,3 +126,9 @@ def test_decoding_quick_writes_json_and_png_with_constant_states(tmp_path):
     assert all(len(sizes[(part, a)]) == 1 for part in ("layer", "model") for a in ("yoso", "linear_relative"))
     assert all(len(sizes[(part, "softmax")]) == 2 for part in ("layer", "model"))
     assert [r["fill"] for r in rows if r["attention"] == "softmax"].count("direct") == 2
+
+
+def test_causal_yoso_at_tiny_lengths_prints_ratios_and_writes_json_and_png(tmp_path):
+    proc = _run("causal_yoso.py", tmp_path, "--lengths", "64", "--repeats", "1")
+    _assert_wrote(proc, tmp_path, "causal_yoso.json", "causal_yoso.png")
+    assert "causal/bidir" in proc.stdout
