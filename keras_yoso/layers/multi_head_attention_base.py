@@ -383,6 +383,43 @@ class MultiHeadAttentionBase(keras.layers.Layer):
                 _validation.mask_dtype(arguments[name], name, layer=True)
         return super().__call__(*args, **kwargs)
 
+    def _inputs_and_masks(self, query, value, key, query_mask, value_mask, key_mask, attention_mask):
+        """The call's tensors after every shape check, and its bool `[B, T]` query and `[B, S]` key masks
+        (value_mask & key_mask & the padding split of attention_mask; all true when absent). `key` is
+        None when it is `value`."""
+        query, value = ops.convert_to_tensor(query), ops.convert_to_tensor(value)
+        key_tensor = value if key is None else ops.convert_to_tensor(key)
+        masks = {name: _bool_mask(mask) for name, mask in
+                 (("query_mask", query_mask), ("value_mask", value_mask), ("key_mask", key_mask))}
+        checks = self._check_call_shapes(query, value, key_tensor, masks, attention_mask)
+        query, value, key_tensor = _runtime.after(checks, [query, value, key_tensor])
+        query_mask, key_mask = masks["query_mask"], masks["key_mask"]
+        batch = ops.shape(query)[0]
+        query_length, key_length = ops.shape(query)[1], ops.shape(value)[1]
+        if attention_mask is not None:
+            query_pad, key_pad = self._padding_masks_from_attention_mask(
+                attention_mask, batch, query_length, key_length)
+            query_mask = _merge_masks(query_mask, query_pad)
+            key_mask = _merge_masks(key_mask, key_pad)
+        key_mask = _merge_masks(masks["value_mask"], key_mask)
+        if query_mask is None:
+            query_mask = ops.ones((batch, query_length), "bool")
+        if key_mask is None:
+            key_mask = ops.ones((batch, key_length), "bool")
+        return query, value, None if key is None else key_tensor, query_mask, key_mask
+
+    def _projected_heads(self, query, value, key, query_mask, key_mask):
+        """float32 `[B, N, heads, dim]` query, key and value heads; padded rows zeroed before the
+        projections (where, not a product: their content, even NaN or Inf, reaches no output and no
+        gradient, of the weights either) and padded keys/values after them (bias-only rows)."""
+        query = _zero_padded_rows(query, query_mask)
+        value = _zero_padded_rows(value, key_mask)
+        key = value if key is None else _zero_padded_rows(key, key_mask)
+        query_heads = ops.cast(self._query_dense(query), "float32")
+        key_heads = ops.where(key_mask[:, :, None, None], ops.cast(self._key_dense(key), "float32"), 0.0)
+        value_heads = ops.where(key_mask[:, :, None, None], ops.cast(self._value_dense(value), "float32"), 0.0)
+        return query_heads, key_heads, value_heads
+
     def call(
         self,
         query,
@@ -406,43 +443,9 @@ class MultiHeadAttentionBase(keras.layers.Layer):
         elif cache_update_index is not None:
             raise ValueError(f"{type(self).__name__} received `cache_update_index` without `cache`: pass "
                              "cache=layer.init_cache(batch_size) to decode incrementally.")
-        key_is_value = key is None
-        if key_is_value:
-            key = value
-        query, value = ops.convert_to_tensor(query), ops.convert_to_tensor(value)
-        key = value if key_is_value else ops.convert_to_tensor(key)
-        masks = {name: _bool_mask(mask) for name, mask in
-                 (("query_mask", query_mask), ("value_mask", value_mask), ("key_mask", key_mask))}
-        checks = self._check_call_shapes(query, value, key, masks, attention_mask)
-        query, value, key = _runtime.after(checks, [query, value, key])
-        query_mask, value_mask, key_mask = masks["query_mask"], masks["value_mask"], masks["key_mask"]
-
-        batch = ops.shape(query)[0]
-        query_length, key_length = ops.shape(query)[1], ops.shape(value)[1]
-        if attention_mask is not None:
-            query_pad, key_pad = self._padding_masks_from_attention_mask(
-                attention_mask, batch, query_length, key_length)
-            query_mask = _merge_masks(query_mask, query_pad)
-            key_mask = _merge_masks(key_mask, key_pad)
-        key_mask = _merge_masks(value_mask, key_mask)
-        if query_mask is None:
-            query_mask = ops.ones((batch, query_length), "bool")
-        if key_mask is None:
-            key_mask = ops.ones((batch, key_length), "bool")
-
-        # Padded rows are zeroed before the projections (where, not a product), so their content,
-        # even NaN or Inf, reaches no output and no gradient (of the weights either).
-        query = _zero_padded_rows(query, query_mask)
-        value = _zero_padded_rows(value, key_mask)
-        key = value if key_is_value else _zero_padded_rows(key, key_mask)
-        # [B, N, heads, dim], then the attention core in float32.
-        query_heads = ops.cast(self._query_dense(query), "float32")
-        key_heads = ops.cast(self._key_dense(key), "float32")
-        value_heads = ops.cast(self._value_dense(value), "float32")
-        # Padded keys/values have bias-only projections: zero them too.
-        key_heads = ops.where(key_mask[:, :, None, None], key_heads, 0.0)
-        value_heads = ops.where(key_mask[:, :, None, None], value_heads, 0.0)
-
+        query, value, key, query_mask, key_mask = self._inputs_and_masks(
+            query, value, key, query_mask, value_mask, key_mask, attention_mask)
+        query_heads, key_heads, value_heads = self._projected_heads(query, value, key, query_mask, key_mask)
         if cache is not None:
             out, cache = self._attend_cached(query_heads, key_heads, value_heads, query_mask, key_mask, cache,
                                              index, use_causal_mask)
