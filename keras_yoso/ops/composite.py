@@ -350,6 +350,21 @@ def _chunk_hashes(batch, num_queries, num_keys, window, widths, num_hashes):
     return _hash_chunk(num_hashes, per_hash)
 
 
+def _pad_hashes(query_ids, key_ids, count, num_buckets):
+    """(query_ids, key_ids, number of chunks): bucket ids `[B, m, N]` padded along the hashes to a
+    multiple of `count` with hashes that hold only dropped codes (queries num_buckets + 1, keys
+    num_buckets), so every chunk of the hash loop has `count` hashes."""
+    num_hashes = query_ids.shape[1]
+    num_chunks = -(-num_hashes // count)
+    extra = num_chunks * count - num_hashes
+    if extra:
+        batch = ops.shape(query_ids)[0]
+        query_ids = ops.concatenate(
+            [query_ids, ops.full((batch, extra, ops.shape(query_ids)[2]), num_buckets + 1, "int32")], 1)
+        key_ids = ops.concatenate([key_ids, ops.full((batch, extra, ops.shape(key_ids)[2]), num_buckets, "int32")], 1)
+    return query_ids, key_ids, num_chunks
+
+
 def _for_hash_chunks(query_codes, key_codes, query_mask, key_mask, num_buckets, widths, step, init):
     """Runs step(h0, count, chunk, carry) -> carry over chunks of `count` hashes, chunk a
     _SortedChunk of hashes [h0, h0 + count), in a loop (the graph does not grow with m, and one
@@ -360,13 +375,9 @@ def _for_hash_chunks(query_codes, key_codes, query_mask, key_mask, num_buckets, 
     num_keys = ops.shape(key_codes)[2]
     rows, window = _tile_window(num_queries, num_keys, num_buckets)
     count = _chunk_hashes(batch, num_queries, num_keys, window, widths, num_hashes)
-    num_chunks = -(-num_hashes // count)
     query_ids = _bucket_ids(query_codes, query_mask, num_buckets, num_buckets + 1)
     key_ids = _bucket_ids(key_codes, key_mask, num_buckets, num_buckets)
-    extra = num_chunks * count - num_hashes
-    if extra:
-        query_ids = ops.concatenate([query_ids, ops.full((batch, extra, num_queries), num_buckets + 1, "int32")], 1)
-        key_ids = ops.concatenate([key_ids, ops.full((batch, extra, num_keys), num_buckets, "int32")], 1)
+    query_ids, key_ids, num_chunks = _pad_hashes(query_ids, key_ids, count, num_buckets)
 
     def body(index, carry):
         h0 = index * count
@@ -623,11 +634,7 @@ def causal_cumulation(query_codes, query_weight, key_codes, key_weight, value, n
     else:
         per_hash = None
     count = _hash_chunk(num_hashes, per_hash)
-    num_chunks = -(-num_hashes // count)
-    extra = num_chunks * count - num_hashes
-    if extra:
-        query_ids = ops.concatenate([query_ids, ops.full((batch, extra, length), num_buckets + 1, "int32")], 1)
-        key_ids = ops.concatenate([key_ids, ops.full((batch, extra, length), num_buckets, "int32")], 1)
+    query_ids, key_ids, num_chunks = _pad_hashes(query_ids, key_ids, count, num_buckets)
 
     def body(index, total):
         h0 = index * count
