@@ -2,10 +2,12 @@
 
 On the TensorFlow backend, importing the package loads the compiled custom ops (so SavedModels
 that use them load afterwards) and falls back to the `keras.ops` composite with a warning if they
-cannot be loaded. On JAX and PyTorch every op runs on the composite; TensorFlow need not be
-installed.
+cannot be loaded. On JAX and PyTorch the ops run the same native library's CPU kernels (XLA FFI,
+torch.library) where it is built, else the composite; TensorFlow need not be installed.
+`keras_yoso.distribution.SequenceParallel` splits long sequences over devices (JAX).
 """
 
+from keras_yoso import distribution
 from keras_yoso import layers
 from keras_yoso import models
 from keras_yoso import ops
@@ -24,4 +26,4 @@ def export_portable(model, filepath, **kwargs):
         return model.export(filepath, **kwargs)
 
 
-__all__ = ["LinearRelativeAttention", "TransformerEncoderBlock", "YosoAttention", "export_portable", "layers", "models", "ops"]
+__all__ = ["LinearRelativeAttention", "TransformerEncoderBlock", "YosoAttention", "distribution", "export_portable", "layers", "models", "ops"]

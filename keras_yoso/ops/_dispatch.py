@@ -15,6 +15,8 @@ import importlib
 
 from keras_yoso import _runtime
 from keras_yoso import _validation
+from keras_yoso.ops import _sequence_parallel
+from keras_yoso.ops import _sharding
 from keras_yoso.ops import composite
 
 # backend name -> module whose PROVIDER holds that backend's native kernels.
@@ -107,3 +109,33 @@ def supports_jit(implementation="auto"):
         return provider(implementation).supports_jit
     except (RuntimeError, ValueError):
         return False
+
+
+def on_mesh(provider, fn, args, roles, out_roles, split_sequence=True):
+    """`fn(provider, *args)`, placed on the active device mesh (`_sharding.plan()`).
+
+    Outside a distribution (or on TensorFlow and PyTorch, whose engines replicate the whole call
+    per device) this is the call itself. On a JAX mesh the call runs inside `jax.shard_map`
+    (`_sharding.run`; `roles` and `out_roles` name each axis "batch", "seq" or None) when the
+    provider's kernels cannot be partitioned by XLA (native custom calls: data parallel, per
+    block of the batch) or when the mesh splits the sequence and `split_sequence` is True: then
+    `fn` gets a `_sequence_parallel.SequenceShardedProvider`, which adds the other blocks'
+    contributions through bucket tables (ValueError when a sequence length does not divide
+    over the sequence axis). With `split_sequence=False` the sequence stays whole on each device.
+    """
+    active = _sharding.plan()
+    if active is None:
+        return fn(provider, *args)
+    split = split_sequence and active.seq is not None
+    if not split:
+        if provider is composite.PROVIDER:
+            return fn(provider, *args)  # XLA partitions keras.ops over the batch itself
+        roles = [tuple(None if r == "seq" else r for r in role) for role in roles]
+        out_roles = (tuple(None if r == "seq" else r for r in out_roles) if not isinstance(out_roles[0], tuple)
+                     else [tuple(None if r == "seq" else r for r in role) for role in out_roles])
+        return _sharding.run(active, lambda *blocks: fn(provider, *blocks), args, roles, out_roles)
+    for arg, role in zip(args, roles):
+        if "seq" in role:
+            _sharding.sequence_length_check(active, _runtime.static_shape(arg)[role.index("seq")], "a sequence")
+    sharded = _sequence_parallel.SequenceShardedProvider(provider, active.seq, active.seq_size)
+    return _sharding.run(active, lambda *blocks: fn(sharded, *blocks), args, roles, out_roles)

@@ -34,6 +34,7 @@ from keras import ops
 
 from keras_yoso import _runtime
 from keras_yoso import _validation
+from keras_yoso.ops import _sharding
 
 DEFAULT_CHUNK_SIZE = 64
 
@@ -259,15 +260,79 @@ def linear_relative_attention(query, key, value, relative_embeddings=None, horiz
     query, key, value, q_mask, k_mask = _runtime.after(checks, [query, key, value, q_mask, k_mask])
     phi_q, phi_k, v = _features(query, key, value, q_mask, k_mask)
 
-    chunk = _chunk_rows(chunk_size, ops.shape(query)[1])
+    scores = None if rel is None else _relative_scores(phi_q, rel)
+    active = _sharding.plan()
+    if active is not None and active.seq is not None:
+        total = _sequence_parallel_total(active, phi_q, phi_k, v, scores, horizon, causal, chunk_size)
+    else:
+        total = _total(phi_q, phi_k, v, scores, horizon, causal, _chunk_rows(chunk_size, ops.shape(query)[1]))
+    return ops.cast(_normalize(total, q_mask, epsilon), out_dtype)
+
+
+def _total(phi_q, phi_k, v, scores, horizon, causal, chunk):
+    """The numerator and denominator rows [B, Lq, dv + 1] of eq. 10: kernel term plus relative term."""
     if causal:
         total = _causal_kernel_term(phi_q, phi_k, v, chunk)
     else:
         state = ops.einsum("bjd,bje->bde", phi_k, v)
         total = ops.einsum("bid,bde->bie", phi_q, state)
-    if rel is not None:
-        total = total + _relative_term(_relative_scores(phi_q, rel), v, horizon, causal, chunk)
-    return ops.cast(_normalize(total, q_mask, epsilon), out_dtype)
+    if scores is not None:
+        total = total + _relative_term(scores, v, horizon, causal, chunk)
+    return total
+
+
+def _sequence_parallel_total(active, phi_q, phi_k, v, scores, horizon, causal, chunk_size):
+    """`_total` with the sequence split over the mesh axis `active.seq` (P devices, blocks of n rows).
+
+    Device s holds positions s n .. (s + 1) n - 1 of queries and keys (self-attention). Kernel term:
+    S = sum_j phi(K_j) (x) [V_j, 1] is a sum, so one psum (bidirectional), or the sum over the
+    earlier devices plus the local causal term (an exclusive scan over the devices). Relative term: the
+    k rows of [V, 1] just before and after the block come from the neighbours (two ppermutes, the
+    horizon halo), the band is computed on [halo, block, halo], and the keys beyond the halo
+    share rows 0 and 2k, i.e. the totals of the devices before (after) minus the halo (exclusive
+    scans of the [B, dv + 1] block totals). Needs n >= k (ValueError) and Lq == Lk.
+    """
+    size, axis = active.seq_size, active.seq
+    lengths = (_runtime.static_shape(phi_q)[1], _runtime.static_shape(phi_k)[1])
+    for length, name in zip(lengths, ("query", "key")):
+        _sharding.sequence_length_check(active, length, f"the {name}")
+    if (causal or scores is not None) and lengths[0] != lengths[1]:
+        raise ValueError("sequence-parallel linear_relative_attention with causal=True or relative positions "
+                         f"needs queries and keys at the same positions: query length {lengths[0]}, key length "
+                         f"{lengths[1]}")
+    if scores is not None and lengths[0] is not None and lengths[0] // size < horizon:
+        raise ValueError(f"sequence parallelism over {size} devices gives each device {lengths[0] // size} "
+                         f"positions of the {lengths[0]}, fewer than horizon={horizon}: the relative-position halo "
+                         f"comes from one neighbour, so the length must be at least {size} * {horizon} = "
+                         f"{size * horizon}")
+
+    def block(phi_q, phi_k, v, *scores):
+        chunk = _chunk_rows(chunk_size, ops.shape(phi_q)[1])
+        local = ops.einsum("bjd,bje->bde", phi_k, v)
+        if causal:
+            earlier = _sharding.exclusive_scan(local, axis, size)
+            total = _causal_kernel_term(phi_q, phi_k, v, chunk) + ops.einsum("bid,bde->bie", phi_q, earlier)
+        else:
+            total = ops.einsum("bid,bde->bie", phi_q, _sharding.psum(local, axis))
+        if not scores:
+            return total
+        w, = scores
+        before_halo = _sharding.from_neighbour(v[:, -horizon:], axis, size, 1)
+        after_halo = ops.zeros_like(before_halo) if causal else _sharding.from_neighbour(v[:, :horizon], axis, size,
+                                                                                       -1)
+        keys = ops.concatenate([before_halo, v, after_halo], axis=1)
+        total = total + _relative_term(w, keys, horizon, causal, chunk, key_offset=horizon)
+        block_total = ops.sum(v, axis=1)
+        earlier = _sharding.exclusive_scan(block_total, axis, size)
+        total = total + w[:, :, :1] * (earlier - ops.sum(before_halo, axis=1))[:, None, :]
+        if not causal:
+            later = _sharding.exclusive_scan(block_total, axis, size, -1)
+            total = total + w[:, :, -1:] * (later - ops.sum(after_halo, axis=1))[:, None, :]
+        return total
+
+    rows = ("batch", "seq", None)
+    args = (phi_q, phi_k, v) + (() if scores is None else (scores,))
+    return _sharding.run(active, block, args, (rows,) * len(args), rows)
 
 
 # ---------------------------------------------------------------------------- incremental decoding

@@ -98,6 +98,12 @@ def _lsh(provider, qc, kc, value, num_buckets, qm, km, causal):
     return cumulation(value)
 
 
+# Axis roles of the tensors of a call (`_dispatch.on_mesh`): codes [B, m, N], masks [B, N], rows [B, N, F].
+_CODES = ("batch", None, "seq")
+_MASK = ("batch", "seq")
+_ROWS = ("batch", "seq", None)
+
+
 def _direction(causal):
     """The providers' `causal` int (1 or 0) of the public `causal` flag."""
     return 1 if _validation.boolean(causal, "causal") else 0
@@ -136,7 +142,8 @@ def lsh_cumulation(query_codes, key_codes, value, num_buckets, query_mask=None, 
     provider = _dispatch.provider(implementation, (value,))
     qc, kc, qm, km, _, (value,) = _prepare_sides(query_codes, key_codes, query_mask, key_mask, [],
                                                  [("value", value)], num_buckets, provider, causal=causal)
-    return _lsh(provider, qc, kc, value, num_buckets, qm, km, causal)
+    return _dispatch.on_mesh(provider, lambda p, *t: _lsh(p, *t[:3], num_buckets, *t[3:], causal),
+                             (qc, kc, value, qm, km), (_CODES, _CODES, _ROWS, _MASK, _MASK), _ROWS)
 
 
 def _check_pair_table(provider, weight, value):
@@ -198,7 +205,9 @@ def weighted_lsh_cumulation(query_codes, query_weight, key_codes, key_weight, va
         [("key_weight", key_weight), ("value", value)], num_buckets, provider, widths)
     _check_pair_table(provider, query_weight, value)
     query_weight, key_weight = ops.cast(query_weight, value.dtype), ops.cast(key_weight, value.dtype)
-    return _weighted(provider, qc, query_weight, kc, key_weight, value, num_buckets, qm, km)
+    return _dispatch.on_mesh(provider, lambda p, *t: _weighted(p, *t[:5], num_buckets, *t[5:]),
+                             (qc, query_weight, kc, key_weight, value, qm, km),
+                             (_CODES, _ROWS, _CODES, _ROWS, _ROWS, _MASK, _MASK), _ROWS, split_sequence=False)
 
 
 def _lower_bound_gradients(provider, qc, q, kc, k, v, dy, num_buckets, scale, qm, km, causal):
@@ -266,21 +275,30 @@ def yoso_cumulation(query, key, value, query_codes, key_codes, hash_code_len, qu
     half_tau = hash_code_len / 2.0
     epsilon = _validation.COLLISION_EPSILON
 
-    @ops.custom_gradient
-    def attention(q, k, v):
-        def grad(*args, upstream=None):
-            dy = ops.cast(_upstream(args, upstream), v.dtype)
-            if backward == "lower_bound":
-                dq, dk = _lower_bound_gradients(provider, qc, q, kc, k, v, dy, num_buckets, half_tau, qm, km, causal)
-            else:
-                dq = provider.collision_cumulation(qc, q, dy, kc, k, v, hash_code_len, epsilon, qm, km)
-                dk = provider.collision_cumulation(kc, k, v, qc, q, dy, hash_code_len, epsilon, km, qm)
-            dv = provider.lsh_cumulation(kc, qc, dy, num_buckets, km, qm, causal=-causal)
-            return ops.cast(dq, q.dtype), ops.cast(dk, k.dtype), ops.cast(dv, v.dtype)
+    def run(provider, qc, kc, qm, km, query, key, value):
+        @ops.custom_gradient
+        def attention(q, k, v):
+            def grad(*args, upstream=None):
+                dy = ops.cast(_upstream(args, upstream), v.dtype)
+                if backward == "lower_bound":
+                    dq, dk = _lower_bound_gradients(provider, qc, q, kc, k, v, dy, num_buckets, half_tau, qm, km,
+                                                    causal)
+                else:
+                    dq = provider.collision_cumulation(qc, q, dy, kc, k, v, hash_code_len, epsilon, qm, km)
+                    dk = provider.collision_cumulation(kc, k, v, qc, q, dy, hash_code_len, epsilon, km, qm)
+                dv = provider.lsh_cumulation(kc, qc, dy, num_buckets, km, qm, causal=-causal)
+                return ops.cast(dq, q.dtype), ops.cast(dk, k.dtype), ops.cast(dv, v.dtype)
 
-        return ops.cast(provider.lsh_cumulation(qc, kc, v, num_buckets, qm, km, causal=causal), v.dtype), grad
+            return ops.cast(provider.lsh_cumulation(qc, kc, v, num_buckets, qm, km, causal=causal), v.dtype), grad
 
-    return attention(query, key, value)
+        return attention(query, key, value)
+
+    if backward == "collision":
+        # *YOSO weighs each colliding pair by <Q_i, K_j> itself: no bucket-sum form across devices.
+        return _dispatch.on_mesh(provider, run, (qc, kc, qm, km, query, key, value),
+                                 (_CODES, _CODES, _MASK, _MASK, _ROWS, _ROWS, _ROWS), _ROWS, split_sequence=False)
+    return _dispatch.on_mesh(provider, run, (qc, kc, qm, km, query, key, value),
+                             (_CODES, _CODES, _MASK, _MASK, _ROWS, _ROWS, _ROWS), _ROWS)
 
 
 def collision_cumulation(query_codes, query, query_weight, key_codes, key, key_weight, hash_code_len,
@@ -305,8 +323,10 @@ def collision_cumulation(query_codes, query, query_weight, key_codes, key, key_w
     qc, kc, qm, km, (query, query_weight), (key, key_weight) = _prepare_sides(
         query_codes, key_codes, query_mask, key_mask, [("query", query), ("query_weight", query_weight)],
         [("key", key), ("key_weight", key_weight)], num_buckets, provider, widths)
-    out = provider.collision_cumulation(qc, query, query_weight, kc, key, key_weight, hash_code_len,
-                                        _validation.COLLISION_EPSILON, qm, km)
+    out = _dispatch.on_mesh(
+        provider, lambda p, *t: p.collision_cumulation(*t[:6], hash_code_len, _validation.COLLISION_EPSILON, *t[6:]),
+        (qc, query, query_weight, kc, key, key_weight, qm, km),
+        (_CODES, _ROWS, _ROWS, _CODES, _ROWS, _ROWS, _MASK, _MASK), _ROWS, split_sequence=False)
     return ops.cast(out, dtype)
 
 

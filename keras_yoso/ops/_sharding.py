@@ -1,0 +1,164 @@
+"""How the ops run on a device mesh: the one place that knows `keras.distribution` and `jax.shard_map`.
+
+Under a `keras.distribution` on JAX, the dense parts of a model (projections, normalization,
+feed-forward) are partitioned by XLA (GSPMD) from the input and variable layouts. Two things
+are not:
+
+- an XLA FFI custom call (the native kernels) has no partitioning rule: under plain `jax.jit`
+  on sharded inputs XLA gathers its operands and runs it whole on every device. `run` puts it
+  inside `jax.shard_map`, so each device runs it on its own block (data parallel: blocks of the
+  batch);
+- under `keras_yoso.distribution.SequenceParallel` the sequence is split too, and attention
+  needs its cross-shard terms: YOSO's bucket tables (`_sequence_parallel`), and the kernel state
+  and horizon halo of LinearRelativeAttention (`ops/linear_relative.py`). Those run inside
+  `jax.shard_map` with the collectives below, over the mesh's sequence axis.
+
+`plan()` says which applies: None outside a distribution, on other backends, and inside a
+`shard_map` already running (nothing nests).
+"""
+
+import contextvars
+
+from keras_yoso import _runtime
+
+# True while a body of `run` is traced: the ops it calls run on their block, unsharded.
+_INSIDE = contextvars.ContextVar("keras_yoso_inside_shard_map", default=False)
+
+
+class Plan:
+    """The active device mesh and the roles of its axes.
+
+    mesh: the `jax.sharding.Mesh`; batch: the name of the axis that splits the batch (None if
+    the distribution names none); seq: the name of the axis that splits the sequence (None:
+    data parallel only); sizes: axis name -> number of devices along it.
+    """
+
+    def __init__(self, mesh, batch, seq):
+        self.mesh = mesh
+        self.batch = batch
+        self.seq = seq
+        self.sizes = dict(zip(mesh.axis_names, mesh.devices.shape))
+
+    @property
+    def seq_size(self):
+        return self.sizes[self.seq] if self.seq else 1
+
+
+def plan():
+    """The `Plan` of the active `keras.distribution` on JAX, or None (no distribution, another
+    backend, a one-device mesh, or inside a body of `run`)."""
+    if _runtime.backend() != "jax" or _INSIDE.get():
+        return None
+    import keras
+
+    distribution = keras.distribution.distribution()
+    if distribution is None:
+        return None
+    device_mesh = distribution.device_mesh
+    if device_mesh is None or device_mesh.devices.size <= 1:
+        return None
+    names = list(device_mesh.axis_names)
+    batch = distribution.batch_dim_name if distribution.batch_dim_name in names else None
+    seq = getattr(distribution, "sequence_dim_name", None)
+    return Plan(device_mesh.backend_mesh, batch, seq if seq in names else None)
+
+
+def sequence_length_check(active, length, what):
+    """ValueError when `length` (static) does not split evenly over the sequence axis of `active`."""
+    if active is None or not active.seq or length is None:
+        return
+    if length % active.seq_size:
+        raise ValueError(f"sequence parallelism splits {what} of length {length} over the {active.seq!r} axis of "
+                         f"the device mesh ({active.seq_size} devices): the length must be a multiple of "
+                         f"{active.seq_size}, received {length} (pad the sequences to a multiple of "
+                         f"{active.seq_size}, with a padding mask).")
+
+
+def _spec(active, roles, shape):
+    """The PartitionSpec of a tensor whose axes play `roles` ("batch", "seq" or None per axis): the
+    batch axis only when it divides the batch (else that axis stays whole on each device)."""
+    from jax.sharding import PartitionSpec
+
+    axes = []
+    for role, size in zip(roles, shape):
+        if role == "batch" and active.batch and size is not None and size % active.sizes[active.batch] == 0:
+            axes.append(active.batch)
+        elif role == "seq" and active.seq:
+            axes.append(active.seq)
+        else:
+            axes.append(None)
+    return PartitionSpec(*axes)
+
+
+def run(active, fn, args, roles, out_roles):
+    """`fn(*args)` inside `jax.shard_map` on `active.mesh`: each device gets its block of every
+    argument (axes split as `roles` say, one tuple per argument, e.g. ("batch", "seq", None)) and
+    returns its block of every output (`out_roles`, one tuple per output, or one tuple for a
+    single output). The ops `fn` calls see `plan()` None (they run on the block)."""
+    import jax
+
+    shapes = [_runtime.static_shape(a) for a in args]
+    in_specs = tuple(_spec(active, r, s) for r, s in zip(roles, shapes))
+    single = bool(out_roles) and not isinstance(out_roles[0], tuple)
+    # Outputs split their batch axis as the inputs do (all inputs of one call share the batch).
+    batch_sharded = active.batch is not None and any(
+        active.batch in tuple(spec) for spec, r in zip(in_specs, roles) if "batch" in r)
+    out_list = [out_roles] if single else list(out_roles)
+    out_specs = []
+    for r in out_list:
+        axes = [active.batch if (role == "batch" and batch_sharded) else (active.seq if role == "seq" else None)
+                for role in r]
+        out_specs.append(jax.sharding.PartitionSpec(*axes))
+
+    def body(*blocks):
+        token = _INSIDE.set(True)
+        try:
+            return fn(*blocks)
+        finally:
+            _INSIDE.reset(token)
+
+    mapped = jax.shard_map(body, mesh=active.mesh, in_specs=in_specs,
+                           out_specs=out_specs[0] if single else tuple(out_specs), check_vma=False)
+    return mapped(*args)
+
+
+# ---------------------------------------------------------------------------- collectives over the sequence axis
+# Called inside a body of `run` with the sequence axis name.
+
+def psum(x, axis):
+    """The sum of `x` over the devices of `axis` (an all-reduce)."""
+    import jax
+
+    return jax.lax.psum(x, axis)
+
+
+def shard_index(axis):
+    """This device's index along `axis` (int32 scalar): its block is positions index * n .. (index + 1) * n - 1."""
+    import jax
+
+    return jax.lax.axis_index(axis)
+
+
+def exclusive_scan(x, axis, size, direction=1):
+    """The sum of `x` over the devices before this one along `axis` (direction=1), or after it
+    (direction=-1); zeros on the first (last) device. One shift to the neighbour, then a
+    Hillis-Steele scan: 1 + ceil(log2(size)) ppermutes of x's size, no [size, ...] buffer."""
+    total = from_neighbour(x, axis, size, direction)
+    step = 1
+    while step < size - 1:
+        total = total + from_neighbour(total, axis, size, step * direction)
+        step *= 2
+    return total
+
+
+def from_neighbour(x, axis, size, offset):
+    """`x` of the device `offset` places before this one along `axis` (after it when offset < 0),
+    one ppermute; zeros on the devices that have no such neighbour (no wrap-around)."""
+    import jax
+
+    if offset > 0:
+        pairs = [(source, source + offset) for source in range(size - offset)]
+    else:
+        pairs = [(source, source + offset) for source in range(-offset, size)]
+    return jax.lax.ppermute(x, axis, pairs)
+
