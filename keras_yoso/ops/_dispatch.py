@@ -111,7 +111,7 @@ def supports_jit(implementation="auto"):
         return False
 
 
-def on_mesh(provider, fn, args, roles, out_roles, split_sequence=True):
+def on_mesh(provider, fn, args, roles, out_roles, split_sequence=True, pointwise=False):
     """`fn(provider, *args)`, placed on the active device mesh (`_sharding.plan()`).
 
     Outside a distribution (or on TensorFlow and PyTorch, whose engines replicate the whole call
@@ -122,20 +122,29 @@ def on_mesh(provider, fn, args, roles, out_roles, split_sequence=True):
     `fn` gets a `_sequence_parallel.SequenceShardedProvider`, which adds the other blocks'
     contributions through bucket tables (ValueError when a sequence length does not divide
     over the sequence axis). With `split_sequence=False` the sequence stays whole on each device.
+    `pointwise=True` (a per-position op, e.g. hashing) splits the sequence only where it divides
+    (one decoding token stays whole) and never needs the other blocks.
     """
     active = _sharding.plan()
     if active is None:
         return fn(provider, *args)
+    lengths = [_runtime.static_shape(arg)[role.index("seq")] for arg, role in zip(args, roles) if "seq" in role]
     split = split_sequence and active.seq is not None
+    if split and pointwise and any(n is None or n % active.seq_size for n in lengths):
+        split = False
+    if provider is composite.PROVIDER and (pointwise or not split):
+        return fn(provider, *args)  # XLA partitions keras.ops computations without cross-position terms
     if not split:
-        if provider is composite.PROVIDER:
-            return fn(provider, *args)  # XLA partitions keras.ops over the batch itself
-        roles = [tuple(None if r == "seq" else r for r in role) for role in roles]
-        out_roles = (tuple(None if r == "seq" else r for r in out_roles) if not isinstance(out_roles[0], tuple)
-                     else [tuple(None if r == "seq" else r for r in role) for role in out_roles])
-        return _sharding.run(active, lambda *blocks: fn(provider, *blocks), args, roles, out_roles)
-    for arg, role in zip(args, roles):
-        if "seq" in role:
-            _sharding.sequence_length_check(active, _runtime.static_shape(arg)[role.index("seq")], "a sequence")
-    sharded = _sequence_parallel.SequenceShardedProvider(provider, active.seq, active.seq_size)
-    return _sharding.run(active, lambda *blocks: fn(sharded, *blocks), args, roles, out_roles)
+        roles, out_roles = _whole_sequence(roles), _whole_sequence(out_roles)
+    elif not pointwise:
+        for length in lengths:
+            _sharding.sequence_length_check(active, length, "a sequence")
+        provider = _sequence_parallel.SequenceShardedProvider(provider, active.seq, active.seq_size)
+    return _sharding.run(active, lambda *blocks: fn(provider, *blocks), args, roles, out_roles)
+
+
+def _whole_sequence(roles):
+    """`roles` (one tuple, or a list of tuples) with the "seq" axes kept whole."""
+    if roles and isinstance(roles[0], tuple):
+        return [_whole_sequence(role) for role in roles]
+    return tuple(None if r == "seq" else r for r in roles)

@@ -137,4 +137,4 @@ def hash_codes(x, num_hashes, hash_code_len, seed, method=_validation.DEFAULT_HA
     # Per position: on a mesh each device hashes its own block with the same (replicated) functions.
     params_roles = (None,) * len(_runtime.static_shape(params))
     return _dispatch.on_mesh(provider, lambda p, x, params: p.hash_codes(x, params, num_hashes, hash_code_len, method),
-                             (x, params), (("batch", "seq", None), params_roles), ("batch", None, "seq"))
+                             (x, params), (("batch", "seq", None), params_roles), ("batch", None, "seq"), pointwise=True)
