@@ -102,6 +102,19 @@ for name, f in cases:
         lengths = {s[-1] for s in shapes if len(s) == 3 and s[1] == m} | {s[1] for s in shapes if len(s) == 3 and s[2] == d}
         assert lengths == {N // seq}, (name, lengths, shapes)
     print(name, "max diff", diff, collectives)
+
+# Small limits: the tables in several hash groups (one collective each), positions in several chunks.
+from keras_yoso.ops import _sequence_parallel
+_sequence_parallel.TABLE_FLOATS_PER_COLLECTIVE, _sequence_parallel.CHUNK_FLOATS = 2 ** 8, 2 ** 6
+for causal in (False, True):
+    f = yoso("custom_op", causal)
+    def forward_backward(q, k, v, f=f):
+        out, vjp = jax.vjp(f, q, k, v)
+        return (out,) + vjp(cotangent)
+    want = jax.jit(forward_backward)(q, k, v)
+    with dist.scope():
+        got = jax.jit(lambda q, k, v: forward_backward(q, k, v))(q, k, v)
+    assert max_diff(want, got) <= TOL, ("small limits", causal, max_diff(want, got))
 print("ops ok")
 """
 

@@ -14,7 +14,10 @@ R is one psum (psum(T) - T), or an exclusive scan over the devices (1 + ceil(log
 same with other tables: dV with the tables of dY (by query code), dQ_i = (tau/2)(1/m) sum_h
 <dY_i, TVK_h[qc_hi]> with TVK the sums of V_j (x) K_j per bucket, dK_j = (tau/2)(1/m) sum_h
 <V_j, TYQ_h[kc_hj]> with TYQ the sums of dY_i (x) Q_i: three collectives of
-B m 2^tau Dv (1 + 2 dk) floats in all, independent of the sequence length.
+B m 2^tau Dv (1 + 2 dk) floats in all, independent of the sequence length (the outer-product
+tables go in groups of hashes of at most TABLE_FLOATS_PER_COLLECTIVE floats, one collective each).
+Positions are scattered into the tables and read back in chunks (CHUNK_FLOATS), so a device's
+memory is its block's activations plus the tables: nothing of size n x m x D or n x Dv x dk.
 """
 
 from keras import ops
@@ -23,18 +26,13 @@ from keras_yoso import _runtime
 from keras_yoso.ops import _sharding
 from keras_yoso.ops import composite
 
-# Largest outer-product table of one collective in the backward, in floats (64 MiB of float32): hashes
-# are reduced in groups that fit.
+# Largest table of one collective, in floats (64 MiB of float32): the outer-product tables of the
+# backward are reduced in groups of hashes that fit.
 TABLE_FLOATS_PER_COLLECTIVE = 2 ** 24
-
-
-def _table_rows(codes, mask, num_buckets):
-    """Flat table row of each (row b, hash h, position n): (b m + h) (num_buckets + 1) + code, masked
-    positions in the spare row num_buckets of their (b, h) (never read back)."""
-    batch, num_hashes = ops.shape(codes)[0], codes.shape[1]
-    ids = composite._bucket_ids(codes, mask, num_buckets, num_buckets)
-    base = ops.reshape(ops.arange(batch * num_hashes, dtype="int32") * (num_buckets + 1), (batch, num_hashes, 1))
-    return ids + base
+# Largest per-position temporary of one step, in floats (16 MiB of float32): positions are scattered
+# into the tables and read back in chunks that fit, so memory stays O(tables + block), not
+# O(block x hashes x table width).
+CHUNK_FLOATS = 2 ** 22
 
 
 def _remote(table, axis, size, causal):
@@ -42,6 +40,41 @@ def _remote(table, axis, size, causal):
     if causal == 0:
         return _sharding.psum(table, axis) - table
     return _sharding.exclusive_scan(table, axis, size, causal)
+
+
+class _Chunks:
+    """Positions 0 .. n-1 of one device's block in chunks of `size` rows (the last padded)."""
+
+    def __init__(self, length, floats_per_row):
+        self.size = max(1, min(length, CHUNK_FLOATS // max(1, floats_per_row)))
+        self.count = -(-length // self.size)
+        self.padded = self.count * self.size
+
+    def pad(self, x, axis):
+        """`x` padded with zeros (False) along `axis` to the chunked length."""
+        extra = self.padded - x.shape[axis]
+        if extra == 0:
+            return x
+        widths = [(0, 0)] * len(x.shape)
+        widths[axis] = (0, extra)
+        return ops.pad(x, widths)
+
+    def table_rows(self, codes, mask, num_buckets):
+        """int32 [B, g, padded]: the flat table row (b g + h) (num_buckets + 1) + code of each (row b,
+        hash h of the group, position); masked and padding positions go to the spare row num_buckets of
+        their (b, h), which is never read back."""
+        batch, group = ops.shape(codes)[0], codes.shape[1]
+        ids = composite._bucket_ids(self.pad(codes, 2), self.pad(mask, 1), num_buckets, num_buckets)
+        base = ops.reshape(ops.arange(batch * group, dtype="int32") * (num_buckets + 1), (batch, group, 1))
+        return ids + base
+
+    def at(self, x, index, axis=1):
+        """Chunk `index` of `x` (padded) along `axis`."""
+        start = [0] * len(x.shape)
+        start[axis] = index * self.size
+        shape = list(ops.shape(x))
+        shape[axis] = self.size
+        return ops.slice(x, start, shape)
 
 
 class SequenceShardedProvider:
@@ -56,23 +89,53 @@ class SequenceShardedProvider:
                      "deterministic"):
             setattr(self, name, getattr(inner, name))
 
-    def _tables(self, codes, mask, vectors, num_buckets, causal):
-        """R of the module docstring for `vectors` [B, n, F] scattered by `codes` [B, m, n]: float32
-        [B * m * (num_buckets + 1), F] (the remote sums of each (row, hash, bucket))."""
-        batch, num_hashes, width = ops.shape(codes)[0], codes.shape[1], ops.shape(vectors)[2]
-        length = ops.shape(codes)[2]
-        data = ops.reshape(ops.broadcast_to(composite._keep_rows(mask, composite._f32(vectors))[:, None],
-                                            (batch, num_hashes, length, width)), (-1, width))
-        table = _runtime.segment_sum(data, ops.reshape(_table_rows(codes, mask, num_buckets), (-1,)),
-                                     batch * num_hashes * (num_buckets + 1))
-        return _remote(table, self.axis, self.size, causal)
+    def _remote_term(self, write, reads, make_rows, combine, width, out_width, num_buckets, causal):
+        """(1/m) sum_h combine(R_h rows at the read codes, *read tensors) `[B, n, out_width]` float32.
 
-    def _read(self, table, codes, mask, num_buckets):
-        """(1/m) sum_h table[row of (b, h, qc_hi)] for the queries `codes` [B, m, n]: [B, n, F], masked queries 0."""
-        batch, num_hashes, length = ops.shape(codes)[0], codes.shape[1], ops.shape(codes)[2]
-        rows = ops.take(table, ops.reshape(_table_rows(codes, mask, num_buckets), (-1,)), axis=0)
-        out = ops.mean(ops.reshape(rows, (batch, num_hashes, length, -1)), axis=1)
-        return composite._keep_rows(mask, out)
+        write = (codes [B, m, n], mask [B, n], tensors [B, n, *]): R_h[b] = the other devices' sum over
+        positions j with code_hj = b of make_rows(*tensors at j) (`width` floats); reads = (codes,
+        mask, tensors): combine(rows [B, g, chunk, width], *tensors of the chunk) -> [B, chunk,
+        out_width]; masked reads give 0. Hashes go in groups whose tables hold at most
+        TABLE_FLOATS_PER_COLLECTIVE floats (one collective per group), positions in chunks of at most
+        CHUNK_FLOATS per-position floats, so nothing of size n x m x width is ever formed.
+        """
+        write_codes, write_mask, write_tensors = write
+        read_codes, read_mask, read_tensors = reads
+        batch, num_hashes, length = ops.shape(write_codes)[0], write_codes.shape[1], ops.shape(write_codes)[2]
+        group = max(1, min(num_hashes, TABLE_FLOATS_PER_COLLECTIVE // max(1, batch * (num_buckets + 1) * width)))
+        chunks = _Chunks(length, batch * group * max(width, out_width))
+        write_tensors = [chunks.pad(composite._keep_rows(write_mask, composite._f32(t)), 1) for t in write_tensors]
+        read_tensors = [chunks.pad(composite._keep_rows(read_mask, composite._f32(t)), 1) for t in read_tensors]
+        num_rows = lambda count: batch * count * (num_buckets + 1)  # noqa: E731
+
+        def scatter(ids):
+            def add(index, table):
+                values = make_rows(*(chunks.at(t, index) for t in write_tensors))         # [B, chunk, width]
+                block = chunks.at(ids, index, 2)                                          # [B, g, chunk]
+                data = ops.broadcast_to(values[:, None], (batch, block.shape[1], chunks.size, width))
+                return table + _runtime.segment_sum(ops.reshape(data, (-1, width)), ops.reshape(block, (-1,)),
+                                                    num_rows(block.shape[1]))
+
+            return ops.fori_loop(0, chunks.count, add, ops.zeros((num_rows(ids.shape[1]), width), "float32"))
+
+        def gather(table, ids, total):
+            def read(index, total):
+                block = chunks.at(ids, index, 2)
+                rows = ops.reshape(ops.take(table, ops.reshape(block, (-1,)), axis=0),
+                                   (batch, block.shape[1], chunks.size, width))
+                part = combine(rows, *(chunks.at(t, index) for t in read_tensors))
+                start, size = (0, index * chunks.size, 0), (batch, chunks.size, out_width)
+                return ops.slice_update(total, start, ops.slice(total, start, size) + part)
+
+            return ops.fori_loop(0, chunks.count, read, total)
+
+        total = ops.zeros((batch, chunks.padded, out_width), "float32")
+        for h0 in range(0, num_hashes, group):
+            h1 = min(num_hashes, h0 + group)
+            table = scatter(chunks.table_rows(write_codes[:, h0:h1], write_mask, num_buckets))
+            table = _remote(table, self.axis, self.size, causal)
+            total = gather(table, chunks.table_rows(read_codes[:, h0:h1], read_mask, num_buckets), total)
+        return composite._keep_rows(read_mask, total[:, :length] / num_hashes)
 
     def hash_codes(self, x, params, num_hashes, hash_code_len, method):
         return self.inner.hash_codes(x, params, num_hashes, hash_code_len, method)
@@ -80,36 +143,25 @@ class SequenceShardedProvider:
     def lsh_cumulation(self, query_codes, key_codes, value, num_buckets, query_mask, key_mask, causal=0):
         own = self.inner.lsh_cumulation(query_codes, key_codes, value, num_buckets, query_mask, key_mask,
                                         causal=causal)
-        remote = self._tables(key_codes, key_mask, value, num_buckets, causal)
-        return composite._f32(own) + self._read(remote, query_codes, query_mask, num_buckets)
+        width = value.shape[-1]
+        remote = self._remote_term((key_codes, key_mask, [value]), (query_codes, query_mask, []), lambda v: v,
+                                   lambda rows: ops.sum(rows, axis=1), width, width, num_buckets, causal)
+        return composite._f32(own) + remote
 
-    def _outer_term(self, table_codes, table_mask, left, right, read_codes, read_mask, weight, num_buckets, causal):
-        """(1/m) sum_h <weight_i, O_h[code_hi]> over the remote outer-product tables
-        O_h[b] = sum_{j: code_hj = b} left_j (x) right_j: [B, n, E] for left [B, n, W], right [B, n, E],
-        weight [B, n, W]; hashes reduced in groups of at most TABLE_FLOATS_PER_COLLECTIVE floats."""
-        batch, num_hashes, length = ops.shape(table_codes)[0], table_codes.shape[1], ops.shape(table_codes)[2]
-        left = composite._keep_rows(table_mask, composite._f32(left))
-        right = composite._keep_rows(table_mask, composite._f32(right))
-        width, depth = ops.shape(left)[2], ops.shape(right)[2]
-        outer = ops.reshape(left[:, :, :, None] * right[:, :, None, :], (batch * length, width * depth))
-        weight = composite._keep_rows(read_mask, composite._f32(weight))
-        per_hash = batch * (num_buckets + 1) * width * depth
-        group = max(1, min(num_hashes, TABLE_FLOATS_PER_COLLECTIVE // max(1, per_hash)))
-        total = None
-        for h0 in range(0, num_hashes, group):
-            h1 = min(num_hashes, h0 + group)
-            count = h1 - h0
-            base = ops.reshape(ops.arange(batch * count, dtype="int32") * (num_buckets + 1), (batch, count, 1))
-            write = composite._bucket_ids(table_codes[:, h0:h1], table_mask, num_buckets, num_buckets) + base
-            data = ops.reshape(ops.broadcast_to(ops.reshape(outer, (batch, 1, length, width * depth)),
-                                                (batch, count, length, width * depth)), (-1, width * depth))
-            table = _runtime.segment_sum(data, ops.reshape(write, (-1,)), batch * count * (num_buckets + 1))
-            table = _remote(table, self.axis, self.size, causal)
-            read = composite._bucket_ids(read_codes[:, h0:h1], read_mask, num_buckets, num_buckets) + base
-            rows = ops.reshape(ops.take(table, ops.reshape(read, (-1,)), axis=0), (batch, count, length, width, depth))
-            part = ops.einsum("bnw,bhnwe->bne", weight, rows)
-            total = part if total is None else total + part
-        return composite._keep_rows(read_mask, total / num_hashes)
+    def _outer_term(self, write_codes, write_mask, left, right, read_codes, read_mask, weight, num_buckets, causal):
+        """(1/m) sum_h <weight_i, O_h[code_hi]> `[B, n, E]` over the other devices' outer-product tables
+        O_h[b] = sum_{j: code_hj = b} left_j (x) right_j (left, weight [B, n, W]; right [B, n, E])."""
+        width, depth = left.shape[-1], right.shape[-1]
+
+        def outer(left, right):
+            return ops.reshape(left[:, :, :, None] * right[:, :, None, :], (ops.shape(left)[0], -1, width * depth))
+
+        def combine(rows, weight):
+            batch, group, size = ops.shape(rows)[0], rows.shape[1], ops.shape(rows)[2]
+            return ops.einsum("bnw,bhnwe->bne", weight, ops.reshape(rows, (batch, group, size, width, depth)))
+
+        return self._remote_term((write_codes, write_mask, [left, right]), (read_codes, read_mask, [weight]), outer,
+                                 combine, width * depth, depth, num_buckets, causal)
 
     def lower_bound_gradients(self, query_codes, query, key_codes, key, value, output_gradient, num_buckets,
                               scale, query_mask, key_mask, causal=0):
