@@ -25,34 +25,54 @@ the *wire* bytes are what one device sends (or receives) for it:
     all-gather of a per-device piece S:               (P - 1) * S     (received)
     reduce-scatter to a per-device piece S:           (P - 1) * S     (the all-gather's transpose)
     ppermute of S:                                    S               (0 when P = 1)
-With P = 1 there are no collectives: every payload and wire term is 0.
+    exclusive scan of S (`keras_yoso.ops._sharding.exclusive_scan`: the sum over the devices
+    before this one, or after it): one shift to the neighbour, then a Hillis-Steele scan, i.e.
+    s(P) = 1 + ceil(log2(P - 1)) ppermutes of S (P >= 2; = 1 + log2 P for P a power of two >= 4,
+    1 at P = 2; 4 at P = 8):                          s(P) * S        (an upper bound: the end
+    devices send less); memory: one extra payload (the running total), no [P, S] buffer.
+With P = 1 there are no collectives: every payload and wire term is 0. Each collective row also
+says how it appears in the compiled HLO (`hlo_op`: all-reduce or collective-permute; `hlo_count`
+instructions; `hlo_operand_bytes`, the sum of their operand sizes), which
+benchmarks/sequence_parallel.py compares with the compiled train step (`hlo_operand_bytes_by_op`).
 
-YOSO (bidirectional), all independent of N:
+YOSO (bidirectional), all independent of N. The implementation's tables carry one spare row per
+(batch, head, hash) for masked positions: R + 1 rows, R = 2**tau (+0.4% at tau = 8).
     forward:  one psum of the bucket tables T[h, b] = sum_{j in block, code_h(K_j) = b} V_j,
-              payload B H m R dv floats.
-    backward: psum of the dY tables (by query code, for dV): B H m R dv floats, and two psums of
+              payload B H m (R + 1) dv floats.
+    backward: psum of the dY tables (by query code, for dV): B H m (R + 1) dv floats, and the
               outer-product tables (sum over the keys of a bucket of V_j (x) K_j, for dQ; of
-              dY_i (x) Q_i, for dK): B H m R dv dk floats each.
-    causal:   the same tables, each through an all-gather (the exclusive scan over the devices
-              before this one) instead of a psum: wire (P - 1) * payload.
+              dY_i (x) Q_i, for dK): B H m (R + 1) dv dk floats each.
+    Every table is reduced in groups of g = min(m, floor(2**24 / (B H (R + 1) width))) hashes
+    (<= 2**24 floats, 64 MiB of float32, per collective; width dv or dv dk): the same bytes in all,
+    ceil(m / g) collectives per table.
+    causal:   the same tables, each through an exclusive scan (earlier devices for the forward
+              and dQ tables, later devices for the dY and dK tables) instead of a psum: s(P)
+              ppermutes of the payload, wire s(P) * payload.
     activation per device: q, k, v  B n H (2 dk + dv) f  +  codes 2 B H m n * 4  +  output B n H dv f
-              + the forward table B H m R dv f;
-    working set (transient, backward): the dY table B H m R dv f + the two outer tables
-              2 B H m R dv dk f.
-    causal: the all-gather result holds the P devices' tables ([P, table]), so the table terms of
-              the activation and the working set are P times larger.
+              + the forward table B H m (R + 1) dv f;
+    working set (transient, backward): the dY table B H m (R + 1) dv f + one group's outer table
+              and its reduced copy 2 B H g (R + 1) dv dk f; causal: + one scan buffer (the largest
+              scanned payload). P > 1 also what the sequence-parallel provider
+              (keras_yoso/ops/_sequence_parallel.py) holds around its tables: it scatters positions
+              into a group's table and reads them back in chunks of c = min(n, floor(2**22 /
+              (B H g width))) positions, so one step's per-position temporary (the rows broadcast
+              over the group's hashes, or gathered back) is <= 2**22 floats, 16 MiB
+              (`provider_chunk`), beside the block's zero-padded inputs and accumulator,
+              B H n (2 dv + 2 dk) f (`provider_block`). P = 1 runs the native kernels on the
+              whole sequence (no tables across devices): these terms are 0 there.
 LinearRelativeAttention (phi(x) = elu(x) + 1, relative positions clipped to k):
-    forward:  psum of S = sum_j phi(K_j) (x) [V_j, 1]: B H dk (dv + 1) floats; an all-gather of the
-              per-shard value totals sum_j [V_j, 1] (B H (dv + 1) per device: the prefix/suffix sums
-              of the clipped relative rows); two ppermutes (left and right neighbour) of the
-              horizon halo, B H k (dv + 1) floats each (assumes n >= k: one neighbour holds it).
-    backward: the transposes, the same sizes again: psum of dS, reduce-scatter of the totals'
-              gradients (payload counted as the per-device piece, as in the forward), two ppermutes.
-    causal:   S is a prefix sum over devices: an all-gather (exclusive scan) instead of the psum;
-              the totals all-gather stays; one halo (from the left neighbour) instead of two.
-              The backward mirrors it (reduce-scatters, one ppermute).
+    forward:  psum of S = sum_j phi(K_j) (x) [V_j, 1]: B H dk (dv + 1) floats; two exclusive scans
+              (one from the devices before, one from those after) of the per-shard value totals
+              sum_j [V_j, 1], B H (dv + 1) floats each (the rows beyond the halo that share
+              relative row 0 or 2k); two ppermutes (left and right neighbour) of the horizon halo,
+              B H k (dv + 1) floats each (needs n >= k: one neighbour holds it).
+    backward: the transposes (JAX autodiff of the shard_map body), the same collectives and sizes:
+              psum of dS, two exclusive scans (reversed) of the totals' gradients, two ppermutes.
+    causal:   S is an exclusive scan over the earlier devices instead of the psum; one scan of the
+              totals (earlier devices) and one halo (from the left neighbour); the backward mirrors it.
     activation per device: B n H (2 dk + dv + 1 + 2 k + 1) f + the S state B H dk (dv + 1) f;
-    working set: the received halos and the gathered totals (P B H (dv + 1) f).
+    working set: the received halos, the scanned totals (1 or 2) B H (dv + 1) f, and one scan buffer
+              (the largest scanned payload: S when causal).
 Ring attention with softmax (flash-style blocks):
     forward:  each device passes its K and V block around the ring P - 1 times:
               payload B n H (dk + dv) f per step, wire (P - 1) B n H (dk + dv) f.
@@ -68,11 +88,9 @@ Ring attention with softmax (flash-style blocks):
 Self-check (in `main`): no field is negative, and YOSO's payloads and wire bytes are the same at
 N / 2, N and 2 N for every P.
 
-Notes on the implementation in keras_yoso/ops/_sequence_parallel.py: its tables carry one spare
-bucket row per (batch, head, hash) for masked positions (R + 1 rows, +0.4% at tau = 8), and it
-reduces the outer-product tables in groups of hashes of at most 2**24 floats per collective, so
-its transient outer tables are at most 64 MiB (times P when causal) at once; the total bytes on
-the wire are the same. The formulas here use R rows and whole tables, as written above.
+Not counted: the gradients of the layer's replicated weights (projections, relative embeddings),
+which XLA all-reduces over the sequence axis like data-parallel weight gradients (one all-reduce
+per weight, the weight's size: 2 (P - 1) / P * S wire each), and the all-reduce of the scalar loss.
 """
 
 import argparse
@@ -83,6 +101,10 @@ import os
 ATTENTIONS = ("yoso", "linear_relative", "ring_softmax")
 LABELS = {"yoso": "YOSO", "linear_relative": "LinearRelative", "ring_softmax": "Ring softmax"}
 CODE_BYTES = 4  # int32 hash codes
+# keras_yoso/ops/_sequence_parallel.py: the most floats of one collective's table, and of one step's
+# per-position temporary in the provider's chunked scatter / gather.
+TABLE_FLOATS_PER_COLLECTIVE = 2 ** 24
+CHUNK_FLOATS = 2 ** 22
 MIB = 2.0 ** 20
 
 DEFAULTS = dict(heads=8, key_dim=64, value_dim=64, num_hashes=32, hash_code_len=8, horizon=64, batch=1,
@@ -119,16 +141,57 @@ def ppermute_wire(payload, devices):
     return float(payload) if devices > 1 else 0.0
 
 
+def exclusive_scan_steps(devices):
+    """The ppermutes of one `keras_yoso.ops._sharding.exclusive_scan` over P devices: one shift to the
+    neighbour, then Hillis-Steele steps of 1, 2, 4, ... while the step is < P - 1, i.e.
+    1 + ceil(log2(P - 1)) for P >= 2 (1 at P = 2, 4 at P = 8), 0 at P = 1."""
+    _positive(devices, "devices")
+    if devices == 1:
+        return 0
+    steps, step = 1, 1
+    while step < devices - 1:
+        steps += 1
+        step *= 2
+    return steps
+
+
+def exclusive_scan_wire(payload, devices):
+    """Bytes one device sends in an exclusive scan (prefix sum over the devices before it, or after it)
+    of `payload` bytes: exclusive_scan_steps(P) * S (the end devices send less: an upper bound)."""
+    return float(exclusive_scan_steps(devices) * payload)
+
+
 _WIRE = {"psum": allreduce_wire, "all_gather": allgather_wire, "reduce_scatter": reduce_scatter_wire,
-         "ppermute": ppermute_wire}
+         "ppermute": ppermute_wire, "exclusive_scan": exclusive_scan_wire}
+# How each collective appears in compiled HLO: the instruction and how many of them one call takes.
+_HLO_OP = {"psum": "all-reduce", "all_gather": "all-gather", "reduce_scatter": "reduce-scatter",
+           "ppermute": "collective-permute", "exclusive_scan": "collective-permute"}
 
 
 def _collective(phase, op, what, payload, devices, count=1):
-    """One row of a collective list: `count` collectives `op` of `payload` bytes each in `phase`."""
+    """One row of a collective list: `count` collectives `op` of `payload` bytes each in `phase`.
+
+    payload_bytes and wire_bytes are summed over the `count` collectives; hlo_op, hlo_count and
+    hlo_operand_bytes say how they appear in compiled HLO (an exclusive scan is
+    exclusive_scan_steps(P) collective-permutes of the payload each)."""
     if devices == 1:
         payload = 0
+    per_call = exclusive_scan_steps(devices) if op == "exclusive_scan" else 1
+    hlo_count = count * per_call if devices > 1 else 0
     return dict(phase=phase, op=op, what=what, count=count, payload_bytes=int(payload) * count,
-                wire_bytes=_WIRE[op](payload, devices) * count)
+                wire_bytes=_WIRE[op](payload, devices) * count, hlo_op=_HLO_OP[op], hlo_count=hlo_count,
+                hlo_operand_bytes=int(payload) * hlo_count)
+
+
+def hlo_operand_bytes_by_op(result):
+    """{HLO collective kind: summed operand bytes per device} of one `per_layer_bytes` result: what the
+    attention's own collectives hand to all-reduce / collective-permute / ... in one forward + backward
+    (the weight-gradient and loss all-reduces XLA adds are not included)."""
+    totals = {}
+    for c in result["collectives"]:
+        if c["hlo_count"]:
+            totals[c["hlo_op"]] = totals.get(c["hlo_op"], 0) + c["hlo_operand_bytes"]
+    return totals
 
 
 def _positive(value, name):
@@ -154,32 +217,79 @@ def _summary(attention, tokens, devices, causal, n, activation, working, collect
 
 # ---------------------------------------------------------------------------------------------- attentions
 
+def table_group(batch, heads, width, hash_code_len, num_hashes):
+    """g: the hashes per collective of a YOSO table of `width` floats per row (keras_yoso/ops/_sequence_parallel.py,
+    TABLE_FLOATS_PER_COLLECTIVE = 2**24 floats): min(m, max(1, floor(2**24 / (B H (R + 1) width))))."""
+    per_hash = batch * heads * (2 ** hash_code_len + 1) * width
+    return max(1, min(num_hashes, TABLE_FLOATS_PER_COLLECTIVE // max(1, per_hash)))
+
+
+def outer_table_group(batch, heads, key_dim, value_dim, hash_code_len, num_hashes):
+    """g of the backward's outer-product tables (rows of dv dk floats): `table_group` at width dv dk."""
+    return table_group(batch, heads, value_dim * key_dim, hash_code_len, num_hashes)
+
+
+def chunk_rows(batch, heads, group, width, tokens_local):
+    """The positions per step of the provider's scatter / gather loops: min(n, max(1, floor(CHUNK_FLOATS /
+    (B H g width)))), so one step's per-position temporary [B H, g, chunk, width] holds <= CHUNK_FLOATS floats."""
+    return max(1, min(tokens_local, CHUNK_FLOATS // max(1, batch * heads * group * width)))
+
+
+def _grouped(phase, op, what, batch, heads, width, hash_code_len, num_hashes, f, devices):
+    """The collectives of one YOSO table of `width` floats per row (R + 1 rows per hash), in groups of hashes."""
+    g = table_group(batch, heads, width, hash_code_len, num_hashes)
+    groups = -(-num_hashes // g)
+    per_hash = batch * heads * (2 ** hash_code_len + 1) * width * f
+    rows = []
+    hashes = lambda count: f"{count} hash{'es' if count > 1 else ''}"  # noqa: E731
+    if groups > 1:
+        rows.append(_collective(phase, op, what + f", groups of {hashes(g)}", g * per_hash, devices,
+                                count=groups - 1))
+    last = num_hashes - (groups - 1) * g
+    rows.append(_collective(phase, op, what + (f", last group ({hashes(last)})" if groups > 1 else ""),
+                            last * per_hash, devices))
+    return rows
+
+
 def yoso_bytes(tokens, devices, heads=8, key_dim=64, value_dim=64, num_hashes=32, hash_code_len=8, batch=1,
                bytes_per_float=4, causal=False, **unused):
     """YOSO-m, one layer, forward + backward, per device (n = ceil(N / P), R = 2**tau, f bytes per float).
 
-    Collectives (none when P = 1), all independent of N:
-        forward:  psum of the bucket tables, payload B H m R dv f;
-        backward: psum of the dY tables B H m R dv f (dV) and two psums of outer-product tables
-                  B H m R dv dk f each (V (x) K for dQ, dY (x) Q for dK);
-        causal:   each psum an all-gather instead (exclusive scan): wire (P - 1) * payload.
+    Collectives (none when P = 1), all independent of N; tables of R + 1 rows (the spare row), each
+    reduced in groups of hashes of <= 2**24 floats (`table_group`; one group at these sizes except the
+    outer-product tables of large heads):
+        forward:  psum of the bucket tables, payload B H m (R + 1) dv f;
+        backward: psum of the dY tables B H m (R + 1) dv f (dV) and the outer-product tables
+                  B H m (R + 1) dv dk f each (V (x) K for dQ, dY (x) Q for dK);
+        causal:   each psum an exclusive scan instead: exclusive_scan_steps(P) ppermutes of the payload.
     Activation: q, k, v B n H (2 dk + dv) f + codes 2 B H m n * 4 + output B n H dv f + the forward
-    table B H m R dv f. Working set (backward, transient): dY table B H m R dv f + two outer tables
-    2 B H m R dv dk f. Causal: the gathered tables are [P, table], P times each table term.
-    Returns the dict of `per_layer_bytes`.
+    table B H m (R + 1) dv f. Working set (backward, transient): dY table B H m (R + 1) dv f + one
+    group's outer table and its reduced copy 2 B H g (R + 1) dv dk f (+ one scan buffer, causal);
+    P > 1: one step of the provider's chunked scatter / gather, <= CHUNK_FLOATS floats
+    (`provider_chunk`), and the block's padded inputs and accumulator B H n (2 dv + 2 dk) f
+    (`provider_block`). Returns the dict of `per_layer_bytes`.
     """
     B, H, dk, dv, m, f, P = batch, heads, key_dim, value_dim, num_hashes, bytes_per_float, devices
     n, R = local_length(tokens, devices), 2 ** hash_code_len
-    table = B * H * m * R * dv * f
-    outer = B * H * m * R * dv * dk * f
-    copies = P if (causal and P > 1) else 1
+    g = outer_table_group(B, H, dk, dv, hash_code_len, m)
+    table = B * H * m * (R + 1) * dv * f
+    group_outer = B * H * g * (R + 1) * dv * dk * f    # one collective's share of an outer-product table
+    split = P > 1
+    chunk = 0
+    if split:  # the largest per-step temporary over the three kinds of table (rows of dv or dv dk floats)
+        for width in (dv, dv * dk):
+            group = table_group(B, H, width, hash_code_len, m)
+            chunk = max(chunk, B * H * group * chunk_rows(B, H, group, width, n) * width * f)
     activation = dict(qkv=B * n * H * (2 * dk + dv) * f, codes=2 * B * H * m * n * CODE_BYTES,
-                      output=B * n * H * dv * f, forward_table=copies * table)
-    working = dict(dy_table=copies * table, outer_tables=copies * 2 * outer)
-    op = "all_gather" if causal else "psum"
-    collectives = [_collective("forward", op, "bucket tables of V", table, P),
-                   _collective("backward", op, "bucket tables of dY (dV)", table, P),
-                   _collective("backward", op, "outer tables V (x) K (dQ), dY (x) Q (dK)", outer, P, count=2)]
+                      output=B * n * H * dv * f, forward_table=table)
+    working = dict(dy_table=table, outer_tables=2 * group_outer,
+                   scan_buffer=max(table, group_outer) if (causal and split) else 0,
+                   provider_chunk=chunk, provider_block=B * H * n * (2 * dv + 2 * dk) * f if split else 0)
+    op = "exclusive_scan" if causal else "psum"
+    collectives = (_grouped("forward", op, "bucket tables of V", B, H, dv, hash_code_len, m, f, P)
+                   + _grouped("backward", op, "bucket tables of dY (dV)", B, H, dv, hash_code_len, m, f, P)
+                   + _grouped("backward", op, "outer tables V (x) K (dQ)", B, H, dv * dk, hash_code_len, m, f, P)
+                   + _grouped("backward", op, "outer tables dY (x) Q (dK)", B, H, dv * dk, hash_code_len, m, f, P))
     return _summary("yoso", tokens, devices, causal, n, activation, working, collectives)
 
 
@@ -188,32 +298,34 @@ def linear_relative_bytes(tokens, devices, heads=8, key_dim=64, value_dim=64, ho
     """LinearRelativeAttention (phi = elu + 1, horizon k), one layer, forward + backward, per device.
 
     Collectives (none when P = 1):
-        forward:  psum of S = sum_j phi(K_j) (x) [V_j, 1], payload B H dk (dv + 1) f; all-gather of the
-                  shard totals sum_j [V_j, 1], piece B H (dv + 1) f; two ppermutes of the horizon halo
-                  B H k (dv + 1) f each (assumes n >= k);
-        backward: the transposes, same sizes: psum, reduce-scatter (piece B H (dv + 1) f), two ppermutes;
-        causal:   S through an all-gather (prefix over devices) instead of the psum, one halo (left
-                  neighbour) instead of two; the backward mirrors it.
-    Activation: B n H (2 dk + dv + 1 + 2 k + 1) f + the S state B H dk (dv + 1) f. Working set: the
-    received halos and the gathered totals P B H (dv + 1) f (P > 1 only).
-    Returns the dict of `per_layer_bytes`.
+        forward:  psum of S = sum_j phi(K_j) (x) [V_j, 1], payload B H dk (dv + 1) f; two exclusive scans
+                  (earlier devices, later devices) of the shard totals sum_j [V_j, 1], B H (dv + 1) f each;
+                  two ppermutes of the horizon halo B H k (dv + 1) f each (assumes n >= k);
+        backward: the transposes, same collectives and sizes: psum of dS, two exclusive scans, two ppermutes;
+        causal:   S through an exclusive scan (earlier devices) instead of the psum, one scan of the totals,
+                  one halo (left neighbour); the backward mirrors it.
+    Activation: B n H (2 dk + dv + 1 + 2 k + 1) f + the S state B H dk (dv + 1) f. Working set (P > 1):
+    the received halos, the scanned totals (1 or 2) B H (dv + 1) f, one scan buffer (S when causal,
+    else the totals). Returns the dict of `per_layer_bytes`.
     """
     B, H, dk, dv, k, f, P = batch, heads, key_dim, value_dim, horizon, bytes_per_float, devices
     n = local_length(tokens, devices)
     state = B * H * dk * (dv + 1) * f
     totals = B * H * (dv + 1) * f
     halo = B * H * k * (dv + 1) * f
-    halos = 1 if causal else 2
+    sides = 1 if causal else 2  # halos and totals scans
+    split = P > 1
     activation = dict(features=B * n * H * (2 * dk + dv + 1 + 2 * k + 1) * f, state=state)
-    working = dict(halos=halos * halo if P > 1 else 0, gathered_totals=P * totals if P > 1 else 0)
-    collectives = [
-        _collective("forward", "all_gather" if causal else "psum", "kernel state S", state, P),
-        _collective("forward", "all_gather", "shard value totals", totals, P),
-        _collective("forward", "ppermute", "horizon halo", halo, P, count=halos),
-        _collective("backward", "reduce_scatter" if causal else "psum", "dS", state, P),
-        _collective("backward", "reduce_scatter", "d shard totals", totals, P),
-        _collective("backward", "ppermute", "d horizon halo", halo, P, count=halos),
-    ]
+    working = dict(halos=sides * halo if split else 0, scanned_totals=sides * totals if split else 0,
+                   scan_buffer=(state if causal else totals) if split else 0)
+    state_op = "exclusive_scan" if causal else "psum"
+    collectives = []
+    for phase, prefix in (("forward", ""), ("backward", "d ")):
+        collectives += [
+            _collective(phase, state_op, prefix + "kernel state S", state, P),
+            _collective(phase, "exclusive_scan", prefix + "shard value totals", totals, P, count=sides),
+            _collective(phase, "ppermute", prefix + "horizon halo", halo, P, count=sides),
+        ]
     return _summary("linear_relative", tokens, devices, causal, n, activation, working, collectives)
 
 
@@ -278,8 +390,8 @@ def depends_on_tokens(attention, tokens=2 ** 20, devices=8, **params):
 
 def break_even_tokens(devices=8, **params):
     """The N above which ring attention puts more bytes on the wire per device than YOSO (N-independent):
-    N* = yoso_wire(P) / (ring wire per token at P). Bidirectional: 2 m R dv (2 + 2 dk) / (3 (dk + dv)),
-    independent of P; causal: P times the YOSO all-gather bytes over the same per-token ring cost.
+    N* = yoso_wire(P) / (ring wire per token at P). Bidirectional: 2 m (R + 1) dv (2 + 2 dk) / (3 (dk + dv)),
+    independent of P; causal: exclusive_scan_steps(P) m (R + 1) dv (2 + 2 dk) P / (3 (P - 1) (dk + dv)).
     None when P = 1."""
     if devices == 1:
         return None
@@ -442,13 +554,16 @@ def main(argv=None):
           f"k = {args.horizon}, {args.bytes_per_float} bytes/float")
     print(format_table(rows))
     print("act: kept per device (YOSO: + forward table; LinearRelative: + state S); work: transient "
-          "(YOSO: backward dY + outer tables; LinearRelative: halos + gathered totals; ring: the n x n "
-          "block scores if materialized). Payloads per collective call summed over the layer's calls "
-          "(ring: one step's block); P = 1 rows (ref) have no collectives.")
+          "(YOSO: backward dY + outer tables, causal scan buffer, and for P > 1 the provider's per-position "
+          "chunked scatter / gather step and padded block; LinearRelative: halos + scanned totals + "
+          "scan buffer; ring: the n x n block scores if materialized). Payloads per collective call summed "
+          "over the layer's calls (ring: one step's block; an exclusive scan counts its payload once, its "
+          f"wire {exclusive_scan_steps(max(devices))} times at P = {max(devices)}); P = 1 rows (ref) have no "
+          "collectives.")
     short = [P for P in devices if P > 1 and local_length(args.tokens, P) < args.horizon]
     if short:
-        print(f"note: n < k = {args.horizon} at P = {short}: the LinearRelative halo then spans more than one "
-              f"neighbour; its bytes are still counted as k rows per side")
+        print(f"note: n < k = {args.horizon} at P = {short}: keras_yoso's sequence-parallel LinearRelativeAttention "
+              f"raises ValueError there (the halo comes from one neighbour); its bytes are counted as k rows per side")
     for P, n_star in break_even.items():
         print(f"P = {P}: ring attention sends more than YOSO per device above N = {n_star:,.0f} tokens "
               f"(2**{math.log2(n_star):.2f})")

@@ -28,7 +28,7 @@ class SequenceParallel(keras.distribution.ModelParallel):
     and combines them with one psum per call (forward; the eq. 4 backward reduces the tables of
     dY and the outer-product tables of (V, K) and (dY, Q)), native kernels running on each
     device's block inside `jax.shard_map`; causal YOSO takes the tables of the earlier devices
-    (an exclusive scan: 1 + ceil(log2 P) ppermutes); `keras_yoso.layers.LinearRelativeAttention` psums its
+    (an exclusive scan: 1 + ceil(log2(P - 1)) ppermutes); `keras_yoso.layers.LinearRelativeAttention` psums its
     kernel state S = sum phi(k) [v, 1] and exchanges the `horizon` rows at each block edge with
     its neighbours (ppermute). Hash functions are the same on every device (same seed and
     step). Results equal the one-device run to float32 rounding.

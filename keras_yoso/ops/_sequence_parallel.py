@@ -10,9 +10,9 @@ reach every query only through the tables T_s[h, b] = sum_{j in s, kc_hj = b} V_
                                                 R = sum_{s' > s} T_s'    (anti-causal: j >= i)
 
 where own(i) is the provider's cumulation of the local block (the native kernels where loaded).
-R is one psum (psum(T) - T), or an exclusive scan over the devices (1 + ceil(log2 P) ppermutes). The eq. 4 backward is the
-same with other tables: dV with the tables of dY (by query code), dQ_i = (tau/2)(1/m) sum_h
-<dY_i, TVK_h[qc_hi]> with TVK the sums of V_j (x) K_j per bucket, dK_j = (tau/2)(1/m) sum_h
+R is one psum (psum(T) - T), or an exclusive scan over the devices (1 + ceil(log2(P - 1))
+ppermutes, `_sharding.exclusive_scan`). The eq. 4 backward is the same with other tables: dV
+with the tables of dY (by query code), dQ_i = (tau/2)(1/m) sum_h <dY_i, TVK_h[qc_hi]> with TVK the sums of V_j (x) K_j per bucket, dK_j = (tau/2)(1/m) sum_h
 <V_j, TYQ_h[kc_hj]> with TYQ the sums of dY_i (x) Q_i: three collectives of
 B m 2^tau Dv (1 + 2 dk) floats in all, independent of the sequence length (the outer-product
 tables go in groups of hashes of at most TABLE_FLOATS_PER_COLLECTIVE floats, one collective each).
@@ -29,10 +29,10 @@ from keras_yoso.ops import composite
 # Largest table of one collective, in floats (64 MiB of float32): the outer-product tables of the
 # backward are reduced in groups of hashes that fit.
 TABLE_FLOATS_PER_COLLECTIVE = 2 ** 24
-# Largest per-position temporary of one step, in floats (16 MiB of float32): positions are scattered
+# Largest per-position temporary of one step, in floats (4 MiB of float32): positions are scattered
 # into the tables and read back in chunks that fit, so memory stays O(tables + block), not
 # O(block x hashes x table width).
-CHUNK_FLOATS = 2 ** 22
+CHUNK_FLOATS = 2 ** 20
 
 
 def _remote(table, axis, size, causal):

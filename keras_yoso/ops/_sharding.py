@@ -142,7 +142,8 @@ def shard_index(axis):
 def exclusive_scan(x, axis, size, direction=1):
     """The sum of `x` over the devices before this one along `axis` (direction=1), or after it
     (direction=-1); zeros on the first (last) device. One shift to the neighbour, then a
-    Hillis-Steele scan: 1 + ceil(log2(size)) ppermutes of x's size, no [size, ...] buffer."""
+    Hillis-Steele scan over distances up to size - 2: 1 + ceil(log2(size - 1)) ppermutes of x's
+    size (1 for 2 devices, 4 for 8), no [size, ...] buffer."""
     total = from_neighbour(x, axis, size, direction)
     step = 1
     while step < size - 1:
