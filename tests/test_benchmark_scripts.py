@@ -132,3 +132,26 @@ def test_causal_yoso_at_tiny_lengths_prints_ratios_and_writes_json_and_png(tmp_p
     proc = _run("causal_yoso.py", tmp_path, "--lengths", "64", "--repeats", "1")
     _assert_wrote(proc, tmp_path, "causal_yoso.json", "causal_yoso.png")
     assert "causal/bidir" in proc.stdout
+
+
+def test_sequence_parallel_scale_simulation_keeps_yoso_bytes_independent_of_length(tmp_path):
+    proc = _run("sequence_parallel_scale.py", tmp_path)
+    _assert_wrote(proc, tmp_path, "sequence_parallel_scale.json", "sequence_parallel_scale.png")
+    sys.path.insert(0, os.path.join(REPO, "benchmarks"))
+    try:
+        import sequence_parallel_scale as scale
+    finally:
+        sys.path.pop(0)
+    short, long = (scale.per_layer_bytes("yoso", n, 8) for n in (2 ** 16, 2 ** 20))
+    assert short["wire_bytes"] == long["wire_bytes"] > 0
+    ring = [scale.per_layer_bytes("ring_softmax", n, 8)["wire_bytes"] for n in (2 ** 16, 2 ** 20)]
+    assert ring[1] == 16 * ring[0]
+
+
+@pytest.mark.slow  # ~50 s on 2 cores: 8 virtual JAX devices, several compiles
+def test_sequence_parallel_measurement_quick_matches_the_formulas(tmp_path):
+    proc = _run("sequence_parallel.py", tmp_path, "--quick", timeout=600)
+    _assert_wrote(proc, tmp_path, "sequence_parallel.json", "sequence_parallel.png")
+    verdicts = json.loads((tmp_path / "sequence_parallel.json").read_text())["verdicts"]
+    assert verdicts["communication_independent_of_length"] == "MET" and verdicts["formula_agrees"], verdicts
+    assert verdicts["custom_calls_per_shard"], verdicts
