@@ -11,7 +11,10 @@ They differ only in their data and tokenizer. This module holds everything else:
   function of --seed and s, so training split into pieces (`--checkpoint-dir`,
   `--stop-after-steps`) is the same training as one run;
 - `model.fit` in intervals of --eval-every steps, with validation after each, checkpoints, and
-  the outputs written to --output-dir:
+  the outputs written to --output-dir;
+- `--mesh data=D,seq=S` (scripts that call `add_mesh_argument`; JAX only): the same training
+  run data and sequence parallel on D*S devices under `keras_yoso.distribution.SequenceParallel`
+  (`mesh_distribution`). The outputs:
 
     model.keras    the trained classifier, every backend (keras.saving.load_model)
     metrics.json   test accuracy and loss, examples/s, peak RSS, validation history, all arguments
@@ -74,7 +77,7 @@ _FIRST_BUCKET_BOUNDARY = 128
 # The training options a checkpoint must agree with to be continued.
 _RESUME_KEYS = ("attention", "num_hashes", "hash_code_len", "conv_window", "backward", "num_layers", "hidden_dim",
                 "embedding_scale", "ffn_dim", "num_heads", "dropout", "max_length", "steps", "batch_size", "learning_rate",
-                "warmup_steps", "validation_fraction", "seed", "eval_every")
+                "warmup_steps", "validation_fraction", "seed", "eval_every", "mesh")
 
 
 # ----------------------------------------------------------------------------- command line
@@ -200,7 +203,118 @@ def parse_args(parser, argv, lra_preset):
         parser.set_defaults(**lra_preset)
         args = parser.parse_args(argv)
     check_model_arguments(parser, args)
+    if getattr(args, "mesh", None) is not None:
+        check_mesh_arguments(parser, args)
     return args
+
+
+# ----------------------------------------------------------------------------- device mesh (JAX)
+
+# The user-facing axis names of --mesh and the keras.distribution.DeviceMesh axes they become.
+MESH_AXES = {"data": "batch", "seq": "seq"}
+DISTRIBUTED_DOC = "docs/distributed.md"
+
+
+def add_mesh_argument(parser):
+    """--mesh data=D,seq=S: data and sequence parallel training on D*S devices (JAX)."""
+    group = parser.add_argument_group("devices (JAX)")
+    group.add_argument("--mesh", default=None, metavar="data=D,seq=S",
+                       help="train data and sequence parallel on a D x S device mesh "
+                            "(keras_yoso.distribution.SequenceParallel; KERAS_BACKEND=jax): each batch is split in D "
+                            "row blocks and each sequence in S blocks; --batch-size must be a multiple of D, "
+                            "--max-length of S. An axis left out is 1. With fewer devices than D*S on CPU, the script "
+                            "makes D*S virtual CPU devices (XLA_FLAGS=--xla_force_host_platform_device_count). "
+                            f"Default: one device. TensorFlow / PyTorch: see {DISTRIBUTED_DOC}")
+
+
+def parse_mesh(text):
+    """{"data": D, "seq": S} of a --mesh value such as "data=2,seq=4" (an axis left out is 1);
+    ValueError saying what is wrong."""
+    sizes = {}
+    for item in text.split(","):
+        name, equals, value = item.strip().partition("=")
+        name = name.strip()
+        if not equals or name not in MESH_AXES:
+            raise ValueError(f"{item.strip()!r} is not an axis: write data=D,seq=S (axes {', '.join(MESH_AXES)})")
+        if name in sizes:
+            raise ValueError(f"the axis {name} is given twice")
+        try:
+            sizes[name] = int(value)
+        except ValueError:
+            raise ValueError(f"{name}={value.strip()!r}: the number of devices must be an integer") from None
+        if sizes[name] < 1:
+            raise ValueError(f"{name}={sizes[name]}: the number of devices must be >= 1")
+    return {name: sizes.get(name, 1) for name in MESH_AXES}
+
+
+def _mesh_text(sizes):
+    return ",".join(f"{name}={size}" for name, size in sizes.items())
+
+
+def check_mesh_arguments(parser, args):
+    """parser.error() unless --mesh can run: a well-formed mesh, --max-length a multiple of seq,
+    --batch-size of data, the JAX backend, and data*seq devices (virtual CPU devices are asked for
+    when JAX has not started yet). Normalizes args.mesh to "data=D,seq=S"."""
+    try:
+        sizes = parse_mesh(args.mesh)
+    except ValueError as error:
+        parser.error(f"--mesh {args.mesh}: {error}")
+    args.mesh = _mesh_text(sizes)
+    if args.max_length % sizes["seq"]:
+        parser.error(f"--max-length {args.max_length} must be a multiple of the seq axis of --mesh {args.mesh} "
+                     f"({sizes['seq']}): each sequence is split in {sizes['seq']} equal blocks")
+    if args.batch_size % sizes["data"]:
+        parser.error(f"--batch-size {args.batch_size} must be a multiple of the data axis of --mesh {args.mesh} "
+                     f"({sizes['data']}): each batch is split in {sizes['data']} equal row blocks")
+    if keras.backend.backend() != "jax":
+        parser.error(f"--mesh (sequence parallelism, keras_yoso.distribution.SequenceParallel) needs KERAS_BACKEND=jax, "
+                     f"this is KERAS_BACKEND={keras.backend.backend()}. For data parallel training on TensorFlow "
+                     f"(tf.distribute) or PyTorch (DistributedDataParallel), see {DISTRIBUTED_DOC}")
+    count = sizes["data"] * sizes["seq"]
+    devices = mesh_devices(count)
+    if len(devices) < count:
+        platform = devices[0].platform if devices else "?"
+        hint = (f" JAX had started before the script could ask for {count} virtual CPU devices: set "
+                f"XLA_FLAGS=--xla_force_host_platform_device_count={count} in the environment before Python imports "
+                "jax (run as a script, long_text_classifier.py does this itself)." if platform == "cpu" else "")
+        parser.error(f"--mesh {args.mesh} needs {sizes['data']} x {sizes['seq']} = {count} devices, JAX has "
+                     f"{len(devices)} ({platform}).{hint}")
+
+
+def mesh_devices(count):
+    """JAX's devices, after asking for `count` virtual CPU devices if JAX has not started yet and
+    XLA_FLAGS does not say how many (on a GPU machine the CPU count is unused)."""
+    import jax
+
+    if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
+        try:
+            if jax.config.jax_num_cpu_devices < count:
+                jax.config.update("jax_num_cpu_devices", count)
+        except (RuntimeError, AttributeError):  # JAX's backends are up already (or an older JAX): count as they are
+            pass
+    return jax.devices()
+
+
+def mesh_distribution(args):
+    """The `keras_yoso.distribution.SequenceParallel` of --mesh (axes "batch" and "seq" of a
+    keras.distribution.DeviceMesh on the first data*seq devices), or None without --mesh."""
+    if getattr(args, "mesh", None) is None:
+        return None
+    sizes = parse_mesh(args.mesh)
+    count = sizes["data"] * sizes["seq"]
+    mesh = keras.distribution.DeviceMesh((sizes["data"], sizes["seq"]), [MESH_AXES[name] for name in sizes],
+                                         keras.distribution.list_devices()[:count])
+    return keras_yoso.distribution.SequenceParallel(mesh, batch_dim_name="batch", sequence_dim_name="seq")
+
+
+def mesh_rows(args):
+    """Rows of a batch must be a multiple of this: the data axis of --mesh (1 without)."""
+    return parse_mesh(args.mesh)["data"] if getattr(args, "mesh", None) else 1
+
+
+def mesh_length_multiple(args):
+    """Padded lengths must be a multiple of this: the seq axis of --mesh (1 without)."""
+    return parse_mesh(args.mesh)["seq"] if getattr(args, "mesh", None) else 1
 
 
 def encoder_attention(args):
@@ -450,11 +564,14 @@ def hold_out(train, fraction, seed):
     return train.subset(np.sort(order[num_validation:])), train.subset(np.sort(order[:num_validation]))
 
 
-def bucket_boundaries(max_length):
-    """Upper length bounds of the buckets: 128, 256, ... and max_length (the last bucket)."""
+def bucket_boundaries(max_length, multiple=1):
+    """Upper length bounds of the buckets: 128, 256, ... and max_length (the last bucket), each
+    rounded up to a multiple of `multiple` (the seq axis of --mesh; max_length is one already)."""
     boundaries, boundary = [], _FIRST_BUCKET_BOUNDARY
     while boundary < max_length:
-        boundaries.append(boundary)
+        rounded = -(-boundary // multiple) * multiple
+        if rounded < max_length and (not boundaries or rounded > boundaries[-1]):
+            boundaries.append(rounded)
         boundary *= 2
     return boundaries + [max_length]
 
@@ -467,13 +584,21 @@ class Batches(keras.utils.PyDataset):
     with NumPy generators seeded by (seed, p); item i is the batch of global step first_step + i, so
     any range of steps can be taken in any invocation. Evaluation (`seed` None): one pass in a
     fixed order.
+
+    On a device mesh (--mesh) every batch must split evenly over the data axis: `row_multiple`.
+    A training batch of a bucket's last few examples is then cut to a multiple of it (each pass's
+    shuffle picks the examples cut; a bucket of fewer than `row_multiple` examples is not trained);
+    an evaluation batch is padded with rows of padding to a multiple of it (`real_rows` says how
+    many rows of item i are examples). Bucket lengths are multiples of `length_multiple` (the seq axis).
     """
 
-    def __init__(self, token_ids, labels, batch_size, max_length, seed=None, first_step=0, num_steps=None):
+    def __init__(self, token_ids, labels, batch_size, max_length, seed=None, first_step=0, num_steps=None,
+                 row_multiple=1, length_multiple=1):
         super().__init__(workers=1, use_multiprocessing=False)
         self.token_ids, self.labels = token_ids, np.asarray(labels, np.int32)
         self.batch_size, self.seed, self.first_step = batch_size, seed, first_step
-        self.boundaries = bucket_boundaries(max_length)
+        self.row_multiple = row_multiple
+        self.boundaries = bucket_boundaries(max_length, length_multiple)
         lengths = np.array([max(1, len(ids)) for ids in token_ids])
         self.bucket_of = np.searchsorted(self.boundaries, lengths, side="left")
         self._pass = None
@@ -491,6 +616,9 @@ class Batches(keras.utils.PyDataset):
             if rng is not None:
                 members = rng.permutation(members)
             batches += [(bucket, members[i:i + self.batch_size]) for i in range(0, len(members), self.batch_size)]
+        if rng is not None and self.row_multiple > 1:  # training on a mesh: whole row blocks only
+            batches = [(bucket, members[:len(members) - len(members) % self.row_multiple])
+                       for bucket, members in batches if len(members) >= self.row_multiple]
         if rng is not None:
             batches = [batches[i] for i in rng.permutation(len(batches))]
         self._pass = (index, batches)
@@ -502,10 +630,18 @@ class Batches(keras.utils.PyDataset):
     def __getitem__(self, item):
         step = self.first_step + item
         bucket, members = self._batches_of_pass(step // self.batches_per_pass)[step % self.batches_per_pass]
-        ids = np.full((len(members), self.boundaries[bucket]), PAD_ID, np.int32)
+        rows = -(-len(members) // self.row_multiple) * self.row_multiple  # padded rows: evaluation on a mesh
+        ids = np.full((rows, self.boundaries[bucket]), PAD_ID, np.int32)
         for row, index in enumerate(members):
             ids[row, :len(self.token_ids[index])] = self.token_ids[index]
-        return ids, self.labels[members]
+        labels = np.zeros(rows, np.int32)
+        labels[:len(members)] = self.labels[members]
+        return ids, labels
+
+    def real_rows(self, item):
+        """How many rows of item `item` are examples (the rest: padding rows of evaluation on a mesh)."""
+        step = self.first_step + item
+        return len(self._batches_of_pass(step // self.batches_per_pass)[step % self.batches_per_pass][1])
 
 
 # ----------------------------------------------------------------------------- training
@@ -593,7 +729,7 @@ def _plot_history(history, path, title):
 
 
 def _fingerprint(args, task, data_digest):
-    return {"task": task, "data": data_digest, **{key: getattr(args, key) for key in _RESUME_KEYS}}
+    return {"task": task, "data": data_digest, **{key: getattr(args, key, None) for key in _RESUME_KEYS}}
 
 
 def _data_digest(*splits):
@@ -670,12 +806,89 @@ class RunResult:
 
 def train_and_export(task, args, tokenizer, class_names, train, validation, test):
     """Trains (resuming from --checkpoint-dir), evaluates on `test` once --steps are done, writes the
-    outputs to `args.output_dir`; a RunResult (finished=False when --stop-after-steps stopped it)."""
+    outputs to `args.output_dir`; a RunResult (finished=False when --stop-after-steps stopped it).
+
+    With --mesh, all of it (building or loading the model, training, evaluation, saving) runs
+    under its `keras_yoso.distribution.SequenceParallel` (`mesh_distribution`); the returned
+    classifier's variables stay on the mesh's devices (call it under that distribution, or load
+    model.keras, which any process can use without one)."""
+    distribution = mesh_distribution(args)
+    if distribution is None:
+        return _train_and_export(task, args, tokenizer, class_names, train, validation, test)
+    with distribution.scope():
+        return _train_and_export(task, args, tokenizer, class_names, train, validation, test)
+
+
+def _batches(args, encoded, split, **kwargs):
+    """Batches of one split, whose rows and lengths split evenly over --mesh."""
+    return Batches(encoded, split.labels, args.batch_size, args.max_length, row_multiple=mesh_rows(args),
+                   length_multiple=mesh_length_multiple(args), **kwargs)
+
+
+def evaluate(classifier, batches):
+    """(loss, accuracy) of `classifier` on `batches`: `model.evaluate`; with padding rows (evaluation
+    on a --mesh whose data axis is > 1), from `model.predict` on the examples' rows only, with the
+    loss of keras.losses.sparse_categorical_crossentropy (probabilities clipped to [1e-7, 1 - 1e-7])."""
+    callbacks = [_OneStepInFlight()] if keras.distribution.distribution() is not None else []
+    if batches.row_multiple == 1:
+        loss, accuracy = classifier.evaluate(batches, verbose=0, callbacks=callbacks)
+        return float(loss), float(accuracy)
+    probabilities = classifier.predict(batches, verbose=0, callbacks=callbacks)
+    rows, labels, offset = [], [], 0
+    for item in range(len(batches)):
+        batch_labels, real = batches[item][1], batches.real_rows(item)
+        rows.append(offset + np.arange(real))
+        labels.append(batch_labels[:real])
+        offset += len(batch_labels)
+    rows, labels = np.concatenate(rows), np.concatenate(labels)
+    probabilities = probabilities[rows].astype(np.float32)
+    probabilities = np.clip(probabilities / probabilities.sum(axis=-1, keepdims=True), 1e-7, 1.0 - 1e-7)
+    loss = -np.log(probabilities[np.arange(len(labels)), labels]).astype(np.float64).mean()
+    accuracy = (probabilities.argmax(axis=-1) == labels).mean()
+    return float(loss), float(accuracy)
+
+
+def _describe_mesh(args, probe, num_train):
+    """Prints how --mesh splits the batches, and how many training examples a pass leaves out."""
+    sizes = parse_mesh(args.mesh)
+    mesh = keras.distribution.distribution().device_mesh
+    platform = str(mesh.devices.flat[0]).split(":")[0]
+    print(f"--mesh {args.mesh}: data and sequence parallel on {mesh.devices.size} {platform} devices "
+          f"(keras_yoso.distribution.SequenceParallel, mesh axes {list(mesh.axis_names)} of shape {tuple(mesh.shape)}): "
+          f"each device holds {args.batch_size // sizes['data']} row(s) x 1/{sizes['seq']} of each sequence "
+          f"({args.max_length // sizes['seq']} of {args.max_length} positions at the longest)", flush=True)
+    kept = sum(len(rows) for _, rows in probe._batches_of_pass(0))
+    if kept < num_train:
+        print(f"note: {num_train - kept} of {num_train} training examples per pass are left out (a bucket's last batch "
+              f"is cut to a multiple of data={sizes['data']} rows; the shuffle of each pass picks which)", flush=True)
+
+
+class _OneStepInFlight(keras.callbacks.Callback):
+    """Waits for each evaluation or prediction step before Keras dispatches the next (training
+    steps are waited for already: the progress callbacks read their loss). On a device mesh of
+    virtual CPU devices, XLA:CPU's collectives deadlock when several steps of a model this size are
+    in flight (observed with JAX 0.10.2, 8 devices on 2 cores: "Termination timeout for all
+    reduce ... only 3 of them arrived", the process aborts)."""
+
+    def on_test_batch_end(self, batch, logs=None):
+        _wait(logs)
+
+    def on_predict_batch_end(self, batch, logs=None):
+        _wait(logs)
+
+
+def _wait(logs):
+    import jax
+
+    jax.block_until_ready(logs)
+
+
+def _train_and_export(task, args, tokenizer, class_names, train, validation, test):
     keras.utils.set_random_seed(args.seed)
     os.makedirs(args.output_dir, exist_ok=True)
     encoded = {name: tokenizer.encode(split.texts) for name, split in
                (("train", train), ("validation", validation), ("test", test))}
-    probe = Batches(encoded["train"], train.labels, args.batch_size, args.max_length, seed=args.seed)
+    probe = _batches(args, encoded["train"], train, seed=args.seed)
     args.steps = args.steps or probe.batches_per_pass * args.epochs
     args.warmup_steps = args.warmup_steps if args.warmup_steps is not None else round(args.warmup_fraction * args.steps)
     args.eval_every = args.eval_every or max(1, -(-args.steps // 10))
@@ -690,18 +903,20 @@ def train_and_export(task, args, tokenizer, class_names, train, validation, test
         state = {"step": 0, "train_seconds": 0.0, "train_cpu_seconds": 0.0, "invocations": 0,
                  "history": {key: [] for key in ("step", "train_loss", "train_accuracy", "val_loss", "val_accuracy")}}
     state["invocations"] += 1
-    validation_batches = Batches(encoded["validation"], validation.labels, args.batch_size, args.max_length)
+    validation_batches = _batches(args, encoded["validation"], validation)
     stop = args.steps if args.stop_after_steps is None else min(args.steps, state["step"] + args.stop_after_steps)
     print(f"{task}: {len(train)} train / {len(validation)} validation / {len(test)} test examples; "
           f"attention={args.attention}, {classifier.count_params():,} parameters, Keras backend "
           f"{keras.backend.backend()}, YOSO ops: {keras_yoso.ops.implementation_in_use()}; "
           f"steps {state['step']} -> {stop} of {args.steps} (batch {args.batch_size}, "
           f"{probe.batches_per_pass} per pass over the training split)", flush=True)
+    if getattr(args, "mesh", None):
+        _describe_mesh(args, probe, len(train))
 
     while state["step"] < stop:
         until = min(stop, (state["step"] // args.eval_every + 1) * args.eval_every)
-        batches = Batches(encoded["train"], train.labels, args.batch_size, args.max_length, seed=args.seed,
-                          first_step=state["step"], num_steps=until - state["step"])
+        batches = _batches(args, encoded["train"], train, seed=args.seed, first_step=state["step"],
+                           num_steps=until - state["step"])
         interval = _IntervalMetrics()
         start, start_cpu = time.perf_counter(), process_cpu_seconds()
         # shuffle=False: Keras would reorder the PyDataset batches with Python's random; Batches orders them.
@@ -712,7 +927,7 @@ def train_and_export(task, args, tokenizer, class_names, train, validation, test
         state["train_cpu_seconds"] += process_cpu_seconds() - start_cpu
         state["step"] = until
         if until % args.eval_every == 0 or until == args.steps:
-            val_loss, val_accuracy = classifier.evaluate(validation_batches, verbose=0)
+            val_loss, val_accuracy = evaluate(classifier, validation_batches)
             means = interval.means()
             for key, value in (("step", until), ("train_loss", means["loss"]), ("train_accuracy", means["accuracy"]),
                                ("val_loss", val_loss), ("val_accuracy", val_accuracy)):
@@ -731,9 +946,9 @@ def train_and_export(task, args, tokenizer, class_names, train, validation, test
 def _finish(task, args, tokenizer, class_names, classifier, state, encoded, train, validation, test):
     """Test evaluation, then the outputs, most valuable first: model.keras (every backend), the SavedModel
     (TensorFlow), metrics.json, and last history.png (a plot that cannot be drawn only warns)."""
-    test_batches = Batches(encoded["test"], test.labels, args.batch_size, args.max_length)
+    test_batches = _batches(args, encoded["test"], test)
     start, start_cpu = time.perf_counter(), process_cpu_seconds()
-    test_loss, test_accuracy = classifier.evaluate(test_batches, verbose=0)
+    test_loss, test_accuracy = evaluate(classifier, test_batches)
     test_seconds, test_cpu_seconds = time.perf_counter() - start, process_cpu_seconds() - start_cpu
     model_path = os.path.join(args.output_dir, "model.keras")
     classifier.save(model_path)
@@ -760,6 +975,7 @@ def _finish(task, args, tokenizer, class_names, classifier, state, encoded, trai
         "num_parameters": int(classifier.count_params()),
         "keras_backend": keras.backend.backend(),
         "yoso_ops": keras_yoso.ops.implementation_in_use(),
+        "mesh": _mesh_metrics(args),
         "model": model_path,
         "export": export,
         "class_names": list(class_names),
@@ -779,6 +995,15 @@ def _finish(task, args, tokenizer, class_names, classifier, state, encoded, trai
           f"(keras.saving.load_model, any backend, after importing keras_yoso and this example's modules) | "
           f"{args.output_dir}", flush=True)
     return RunResult(metrics, classifier, args.output_dir, finished=True)
+
+
+def _mesh_metrics(args):
+    """metrics.json's "mesh": None on one device, else the axes and the devices of --mesh."""
+    if not getattr(args, "mesh", None):
+        return None
+    mesh = keras.distribution.distribution().device_mesh
+    return {**parse_mesh(args.mesh), "axis_names": list(mesh.axis_names),
+            "devices": [str(device) for device in mesh.devices.flat]}
 
 
 def _backend_version():
