@@ -28,6 +28,10 @@ The denominator rides along as an extra all-ones value column (masked like the v
 goes through the same sums: width d in the kernel states, not d * dv. Everything is computed
 in float32; the output has value's dtype. One implementation on every backend (there is no
 custom op for it: `benchmarks/linear_relative_op.py` shows these ops are fast enough).
+
+Under `keras_yoso.distribution.SequenceParallel` (JAX), `linear_relative_attention` splits the
+sequence over the mesh: a psum (or exclusive scan) of the kernel state and a `horizon` halo from
+each neighbour (`_sequence_parallel_total`).
 """
 
 from keras import ops

@@ -13,6 +13,12 @@ providers is read from their declarations (`_provider.Provider`).
 numeric (any nonzero keeps the position). float16, bfloat16 and float32 inputs are accumulated in
 float32; outputs keep the input dtype. Paper: Zeng et al., "You Only Sample (Almost) Once",
 ICML 2021.
+
+Device meshes (JAX): under a `keras.distribution` every call is placed by `_dispatch.on_mesh`:
+native kernels run per device block inside `jax.shard_map` (never gathered); under
+`keras_yoso.distribution.SequenceParallel` `hash_codes`, `lsh_cumulation` and `yoso_cumulation`
+(lower-bound backward) split the sequence too, adding the other devices' keys through their
+bucket tables (`_sequence_parallel`); the weighted and collision cumulations keep it whole.
 """
 
 from keras import ops
