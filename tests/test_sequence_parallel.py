@@ -239,6 +239,21 @@ def test_sequence_parallel_rejects_bad_lengths_and_meshes_naming_the_numbers(tmp
             keras_yoso.distribution.SequenceParallel(mesh, batch_dim_name="seq")
         # Outside the distribution the same layer runs as always (any length).
         assert layer(x, x).shape == (2, 66, 16)
+
+        # layout_map: a variable it names is sharded as it says, the others stay replicated.
+        layout_map = keras.distribution.LayoutMap(mesh)
+        layout_map[".*ffn.*kernel"] = (None, "seq")
+        with keras_yoso.distribution.SequenceParallel(mesh, layout_map=layout_map).scope():
+            tokens = keras.Input((32,), dtype="int32")
+            h = YosoAttention(2, 8, num_hashes=4, hash_code_len=3, seed=3)(*[keras.layers.Embedding(32, 16)(tokens)] * 2)
+            h = keras.layers.Dense(32, name="ffn")(h)
+            model = keras.Model(tokens, keras.layers.Dense(1)(keras.layers.GlobalAveragePooling1D()(h)))
+            model.compile(optimizer="sgd", loss="mse")
+            loss = model.fit(np.ones((8, 32), "int32"), np.zeros((8, 1)), batch_size=8, verbose=0).history["loss"]
+            specs = {v.path: tuple(v.value.sharding.spec) for v in model.weights}
+        assert np.isfinite(loss).all(), loss
+        assert specs["ffn/kernel"] == (None, "seq"), specs
+        assert all(not any(spec) for path, spec in specs.items() if path != "ffn/kernel"), specs
         print("errors ok")
     """.replace("\n        ", "\n"), tmp_path, backend="jax", env=DEVICES, timeout=300)
     assert "errors ok" in output, output
