@@ -46,6 +46,11 @@ class SequenceParallel(keras.distribution.ModelParallel):
     """
 
     def __init__(self, device_mesh, batch_dim_name="batch", sequence_dim_name="seq", layout_map=None):
+        if keras.backend.backend() != "jax":
+            raise ValueError(f"SequenceParallel runs on the JAX backend (keras.distribution, jax.shard_map); this is "
+                             f"KERAS_BACKEND={keras.backend.backend()}. Train data parallel with "
+                             "tf.distribute.MirroredStrategy (TensorFlow) or torch DistributedDataParallel "
+                             "(PyTorch): docs/distributed.md.")
         if not isinstance(device_mesh, keras.distribution.DeviceMesh):
             raise ValueError("SequenceParallel needs device_mesh: a keras.distribution.DeviceMesh, received "
                              f"{type(device_mesh).__name__}")

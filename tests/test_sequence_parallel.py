@@ -257,3 +257,15 @@ def test_sequence_parallel_rejects_bad_lengths_and_meshes_naming_the_numbers(tmp
         print("errors ok")
     """.replace("\n        ", "\n"), tmp_path, backend="jax", env=DEVICES, timeout=300)
     assert "errors ok" in output, output
+
+
+def test_sequence_parallel_on_another_backend_says_it_needs_jax(tmp_path):
+    output = run_python("""
+        import keras, pytest
+        import keras_yoso
+        mesh = keras.distribution.DeviceMesh((1, 1), ["batch", "seq"], keras.distribution.list_devices()[:1])
+        with pytest.raises(ValueError, match="JAX backend.*KERAS_BACKEND=tensorflow"):
+            keras_yoso.distribution.SequenceParallel(mesh)
+        print("needs jax ok")
+    """, tmp_path, backend="tensorflow")
+    assert "needs jax ok" in output, output
