@@ -103,6 +103,23 @@ for name, f in cases:
         assert lengths == {N // seq}, (name, lengths, shapes)
     print(name, "max diff", diff, collectives)
 
+# Cross-attention: 32 queries over the 64 keys (each side in blocks of its own length).
+short = q[:, :32]
+cross_cases = [
+    ("yoso cross", lambda q, k, v: yops.yoso_cumulation(
+        q, k, v, yops.hash_codes(q, m, tau, 7), yops.hash_codes(k, m, tau, 7), tau, None, mask)),
+    ("linear cross", lambda q, k, v: yops.linear_relative_attention(q, k, v, key_mask=mask)),
+    ("linear_relative cross (sequence kept whole)", lambda q, k, v: yops.linear_relative_attention(
+        q, k, v, rel, horizon, key_mask=mask))]
+for name, f in cross_cases:
+    def forward_backward(q, k, v, f=f):
+        out, vjp = jax.vjp(f, q, k, v)
+        return (out,) + vjp(cotangent[:, :32])
+    want = jax.jit(forward_backward)(short, k, v)
+    with dist.scope():
+        got = jax.jit(lambda q, k, v: forward_backward(q, k, v))(short, k, v)
+    assert max_diff(want, got) <= TOL, (name, max_diff(want, got))
+
 # Small limits: the tables in several hash groups (one collective each), positions in several chunks.
 from keras_yoso.ops import _sequence_parallel
 _sequence_parallel.TABLE_FLOATS_PER_COLLECTIVE, _sequence_parallel.CHUNK_FLOATS = 2 ** 8, 2 ** 6

@@ -81,7 +81,7 @@ class SequenceShardedProvider:
     """A provider (`_provider.Provider`) for one device's block of a split sequence: `inner` (the
     provider chosen for the op) on the block, the other blocks through bucket tables reduced over
     the mesh axis `axis` of `size` devices. Codes and masks are the block's; queries and keys are
-    at the same positions (self-attention layout)."""
+    in the same blocks of the sequence axis (cross-attention: blocks of each side's own length)."""
 
     def __init__(self, inner, axis, size):
         self.inner, self.axis, self.size = inner, axis, size
@@ -101,41 +101,43 @@ class SequenceShardedProvider:
         """
         write_codes, write_mask, write_tensors = write
         read_codes, read_mask, read_tensors = reads
-        batch, num_hashes, length = ops.shape(write_codes)[0], write_codes.shape[1], ops.shape(write_codes)[2]
+        batch, num_hashes = ops.shape(write_codes)[0], write_codes.shape[1]
         group = max(1, min(num_hashes, TABLE_FLOATS_PER_COLLECTIVE // max(1, batch * (num_buckets + 1) * width)))
-        chunks = _Chunks(length, batch * group * max(width, out_width))
-        write_tensors = [chunks.pad(composite._keep_rows(write_mask, composite._f32(t)), 1) for t in write_tensors]
-        read_tensors = [chunks.pad(composite._keep_rows(read_mask, composite._f32(t)), 1) for t in read_tensors]
+        # Keys and queries may differ in length (cross-attention): each side has its own chunks.
+        writes = _Chunks(ops.shape(write_codes)[2], batch * group * width)
+        reads_at = _Chunks(ops.shape(read_codes)[2], batch * group * max(width, out_width))
+        write_tensors = [writes.pad(composite._keep_rows(write_mask, composite._f32(t)), 1) for t in write_tensors]
+        read_tensors = [reads_at.pad(composite._keep_rows(read_mask, composite._f32(t)), 1) for t in read_tensors]
         num_rows = lambda count: batch * count * (num_buckets + 1)  # noqa: E731
 
         def scatter(ids):
             def add(index, table):
-                values = make_rows(*(chunks.at(t, index) for t in write_tensors))         # [B, chunk, width]
-                block = chunks.at(ids, index, 2)                                          # [B, g, chunk]
-                data = ops.broadcast_to(values[:, None], (batch, block.shape[1], chunks.size, width))
+                values = make_rows(*(writes.at(t, index) for t in write_tensors))         # [B, chunk, width]
+                block = writes.at(ids, index, 2)                                          # [B, g, chunk]
+                data = ops.broadcast_to(values[:, None], (batch, block.shape[1], writes.size, width))
                 return table + _runtime.segment_sum(ops.reshape(data, (-1, width)), ops.reshape(block, (-1,)),
                                                     num_rows(block.shape[1]))
 
-            return ops.fori_loop(0, chunks.count, add, ops.zeros((num_rows(ids.shape[1]), width), "float32"))
+            return ops.fori_loop(0, writes.count, add, ops.zeros((num_rows(ids.shape[1]), width), "float32"))
 
         def gather(table, ids, total):
             def read(index, total):
-                block = chunks.at(ids, index, 2)
+                block = reads_at.at(ids, index, 2)
                 rows = ops.reshape(ops.take(table, ops.reshape(block, (-1,)), axis=0),
-                                   (batch, block.shape[1], chunks.size, width))
-                part = combine(rows, *(chunks.at(t, index) for t in read_tensors))
-                start, size = (0, index * chunks.size, 0), (batch, chunks.size, out_width)
+                                   (batch, block.shape[1], reads_at.size, width))
+                part = combine(rows, *(reads_at.at(t, index) for t in read_tensors))
+                start, size = (0, index * reads_at.size, 0), (batch, reads_at.size, out_width)
                 return ops.slice_update(total, start, ops.slice(total, start, size) + part)
 
-            return ops.fori_loop(0, chunks.count, read, total)
+            return ops.fori_loop(0, reads_at.count, read, total)
 
-        total = ops.zeros((batch, chunks.padded, out_width), "float32")
+        total = ops.zeros((batch, reads_at.padded, out_width), "float32")
         for h0 in range(0, num_hashes, group):
             h1 = min(num_hashes, h0 + group)
-            table = scatter(chunks.table_rows(write_codes[:, h0:h1], write_mask, num_buckets))
+            table = scatter(writes.table_rows(write_codes[:, h0:h1], write_mask, num_buckets))
             table = _remote(table, self.axis, self.size, causal)
-            total = gather(table, chunks.table_rows(read_codes[:, h0:h1], read_mask, num_buckets), total)
-        return composite._keep_rows(read_mask, total[:, :length] / num_hashes)
+            total = gather(table, reads_at.table_rows(read_codes[:, h0:h1], read_mask, num_buckets), total)
+        return composite._keep_rows(read_mask, total[:, :ops.shape(read_codes)[2]] / num_hashes)
 
     def hash_codes(self, x, params, num_hashes, hash_code_len, method):
         return self.inner.hash_codes(x, params, num_hashes, hash_code_len, method)

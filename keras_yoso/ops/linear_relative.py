@@ -266,7 +266,10 @@ def linear_relative_attention(query, key, value, relative_embeddings=None, horiz
 
     scores = None if rel is None else _relative_scores(phi_q, rel)
     active = _sharding.plan()
-    if active is not None and active.seq is not None:
+    # Positions meet across blocks through sums only when queries and keys share positions (or
+    # neither the order nor the distance matters): else XLA partitions the whole-sequence form.
+    same_positions = _runtime.static_shape(query)[1] == _runtime.static_shape(key)[1]
+    if active is not None and active.seq is not None and (same_positions or (not causal and scores is None)):
         total = _sequence_parallel_total(active, phi_q, phi_k, v, scores, horizon, causal, chunk_size)
     else:
         total = _total(phi_q, phi_k, v, scores, horizon, causal, _chunk_rows(chunk_size, ops.shape(query)[1]))
@@ -294,16 +297,13 @@ def _sequence_parallel_total(active, phi_q, phi_k, v, scores, horizon, causal, c
     k rows of [V, 1] just before and after the block come from the neighbours (two ppermutes, the
     horizon halo), the band is computed on [halo, block, halo], and the keys beyond the halo
     share rows 0 and 2k, i.e. the totals of the devices before (after) minus the halo (exclusive
-    scans of the [B, dv + 1] block totals). Needs n >= k (ValueError) and Lq == Lk.
+    scans of the [B, dv + 1] block totals). Needs n >= k (ValueError); Lq == Lk unless bidirectional
+    without relative positions (the caller keeps other sequences whole).
     """
     size, axis = active.seq_size, active.seq
     lengths = (_runtime.static_shape(phi_q)[1], _runtime.static_shape(phi_k)[1])
     for length, name in zip(lengths, ("query", "key")):
         _sharding.sequence_length_check(active, length, f"the {name}")
-    if (causal or scores is not None) and lengths[0] != lengths[1]:
-        raise ValueError("sequence-parallel linear_relative_attention with causal=True or relative positions "
-                         f"needs queries and keys at the same positions: query length {lengths[0]}, key length "
-                         f"{lengths[1]}")
     if scores is not None and lengths[0] is not None and lengths[0] // size < horizon:
         raise ValueError(f"sequence parallelism over {size} devices gives each device {lengths[0] // size} "
                          f"positions of the {lengths[0]}, fewer than horizon={horizon}: the relative-position halo "
