@@ -447,17 +447,10 @@ struct WeightedScratch {
   std::vector<const float*> shifted_rows;   // its rows from a key offset on
 };
 
-// acc [Nq, Dp] += the hashes [h0, h1) of batch row b of WeightedLshCumulationCpu
-// (unscaled). Float only, so it can be compiled for several x86-64 levels
-// (KY_CPU_CLONES) and picked at load time.
-KY_CPU_CLONES inline void WeightedCumulationHashes(
-    const CumulationDims& d, int64_t b, int64_t h0, int64_t h1, const float* query_mask,
-    const int32_t* query_codes, const float* query_weight, const float* key_mask,
-    const int32_t* key_codes, const float* key_weight, const float* value, float* acc,
-    WeightedScratch* s) {
-  const int64_t w = d.weight_dim, dim = d.value_dim, padded = RoundUp(dim, kLanes);
-  // Value rows are read in place when they are whole register tiles, else copied padded.
-  const bool copy_values = padded != dim;
+// Sizes the buffers of *s shared by both weighted walks (bidirectional and causal) for
+// weight width w and padded value width Dp, and points the row tables into them.
+inline void PrepareWeightedScratch(const CumulationDims& d, int64_t w, int64_t padded, bool copy_values,
+                                   WeightedScratch* s) {
   s->key_offsets.resize(kKeyChunk);
   s->key_weights.assign(w * kKeyChunk, 0.0f);
   s->values.assign(copy_values ? kKeyChunk * padded : 0, 0.0f);
@@ -471,13 +464,99 @@ KY_CPU_CLONES inline void WeightedCumulationHashes(
     s->key_weight_rows[k] = s->key_weights.data() + k * kKeyChunk;
     s->table_rows[k] = s->table.data() + k * padded;
   }
+}
+
+// The buckets of one (row, hash) of a weighted walk, in ascending code order. SortBuckets
+// sorts the kept queries and keys by code (SortPositionsByCode into s->queries / s->keys;
+// inside a code, descending positions when `descending`); each Next() then finds the next
+// code both sides hold: the bucket s->queries[qa, qb) and s->keys[ka, kb). An iterator,
+// not a callback, so the bucket's work stays in the caller's KY_CPU_CLONES code.
+struct SharedBuckets {
+  const int32_t* qc;
+  const int32_t* kc;
+  const int64_t* queries;
+  const int64_t* keys;
+  int64_t num_q, num_k;
+  int64_t qa = 0, qb = 0, ka = 0, kb = 0;
+
+  KY_CPU_INLINE bool Next() {
+    qa = qb;
+    ka = kb;
+    while (qa < num_q && ka < num_k) {
+      const int32_t code = qc[queries[qa]];
+      if (code != kc[keys[ka]]) {
+        (code < kc[keys[ka]] ? qa : ka) += 1;
+        continue;
+      }
+      qb = qa + 1;
+      kb = ka + 1;
+      while (qb < num_q && qc[queries[qb]] == code) ++qb;
+      while (kb < num_k && kc[keys[kb]] == code) ++kb;
+      return true;
+    }
+    return false;
+  }
+};
+
+inline SharedBuckets SortBuckets(const int32_t* qc, const float* qm, int64_t num_queries, const int32_t* kc,
+                                 const float* km, int64_t num_keys, int64_t num_buckets, bool descending,
+                                 WeightedScratch* s) {
+  SortPositionsByCode(qc, qm, num_queries, num_buckets, &s->queries, &s->sort_buffer, descending);
+  SortPositionsByCode(kc, km, num_keys, num_buckets, &s->keys, &s->sort_buffer, descending);
+  return SharedBuckets{qc, kc, s->queries.data(), s->keys.data(), static_cast<int64_t>(s->queries.size()),
+                       static_cast<int64_t>(s->keys.size())};
+}
+
+// Loads the keys s->keys[start, start + chunk) of a weighted walk for the products:
+// s->value_rows[j] -> their values (copied padded to Dp when D != Dp), and their
+// weights transposed into s->key_weights (row k: feature k of the chunk's keys).
+// Prefetches the rows kPrefetchKeys keys ahead in s->keys.
+KY_CPU_INLINE void LoadKeyChunk(int64_t start, int64_t chunk, const float* kw, const float* v, int64_t w, int64_t dim,
+                                int64_t padded, bool copy_values, WeightedScratch* s) {
+  // Local pointers: the stores below must not make the compiler re-read the vectors' fields.
+  const int64_t* keys = s->keys.data();
+  const int64_t num_k = static_cast<int64_t>(s->keys.size());
   int64_t* offsets = s->key_offsets.data();
   float* key_weights = s->key_weights.data();
   float* values = s->values.data();
-  float* table = s->table.data();
   const float** value_rows = s->value_rows.data();
+  for (int64_t j = 0; j < chunk; ++j) {
+    if (start + j + kPrefetchKeys < num_k) {
+      const int64_t ahead = keys[start + j + kPrefetchKeys];
+      PrefetchRow(kw + ahead * w, w);
+      PrefetchRow(v + ahead * dim, dim);
+    }
+    const int64_t key = keys[start + j];
+    offsets[j] = key * w;
+    if (copy_values) {
+      std::copy(v + key * dim, v + (key + 1) * dim, values + j * padded);
+      value_rows[j] = values + j * padded;
+    } else {
+      value_rows[j] = v + key * dim;
+    }
+  }
+  for (int64_t k = 0; k < w; ++k) {
+    float* dst = key_weights + k * kKeyChunk;
+    for (int64_t j = 0; j < chunk; ++j) dst[j] = kw[offsets[j] + k];
+  }
+}
+
+// acc [Nq, Dp] += the hashes [h0, h1) of batch row b of WeightedLshCumulationCpu
+// (unscaled). Float only, so it can be compiled for several x86-64 levels
+// (KY_CPU_CLONES) and picked at load time.
+KY_CPU_CLONES inline void WeightedCumulationHashes(
+    const CumulationDims& d, int64_t b, int64_t h0, int64_t h1, const float* query_mask,
+    const int32_t* query_codes, const float* query_weight, const float* key_mask,
+    const int32_t* key_codes, const float* key_weight, const float* value, float* acc,
+    WeightedScratch* s) {
+  const int64_t w = d.weight_dim, dim = d.value_dim, padded = RoundUp(dim, kLanes);
+  // Value rows are read in place when they are whole register tiles, else copied padded.
+  const bool copy_values = padded != dim;
+  PrepareWeightedScratch(d, w, padded, copy_values, s);
+  float* table = s->table.data();
   const float** query_rows = s->query_rows.data();
   float** acc_rows = s->acc_rows.data();
+  const float* const* value_rows = s->value_rows.data();
   const float* const* key_weight_rows = s->key_weight_rows.data();
   float* const* table_rows = s->table_rows.data();
 
@@ -489,29 +568,15 @@ KY_CPU_CLONES inline void WeightedCumulationHashes(
   for (int64_t h = h0; h < h1; ++h) {
     const int32_t* qc = query_codes + (b * d.num_hashes + h) * d.num_queries;
     const int32_t* kc = key_codes + (b * d.num_hashes + h) * d.num_keys;
-    SortPositionsByCode(qc, qm, d.num_queries, d.num_buckets, &s->queries, &s->sort_buffer);
-    SortPositionsByCode(kc, km, d.num_keys, d.num_buckets, &s->keys, &s->sort_buffer);
-    const int64_t* queries = s->queries.data();
-    const int64_t* keys = s->keys.data();
-    const int64_t num_q = static_cast<int64_t>(s->queries.size());
-    const int64_t num_k = static_cast<int64_t>(s->keys.size());
-    int64_t qa = 0, ka = 0;
-    while (qa < num_q && ka < num_k) {
-      const int32_t code = qc[queries[qa]];
-      if (code != kc[keys[ka]]) {
-        (code < kc[keys[ka]] ? qa : ka) += 1;
-        continue;
-      }
-      int64_t qb = qa + 1, kb = ka + 1;
-      while (qb < num_q && qc[queries[qb]] == code) ++qb;
-      while (kb < num_k && kc[keys[kb]] == code) ++kb;
+    SharedBuckets bucket = SortBuckets(qc, qm, d.num_queries, kc, km, d.num_keys, d.num_buckets, false, s);
+    while (bucket.Next()) {
       // One bucket: queries[qa, qb) and keys[ka, kb).
-      const int64_t nq = qb - qa;
+      const int64_t nq = bucket.qb - bucket.qa;
       for (int64_t r = 0; r < nq; ++r) {
-        query_rows[r] = qw + queries[qa + r] * w;
-        acc_rows[r] = acc + queries[qa + r] * padded;
+        query_rows[r] = qw + bucket.queries[bucket.qa + r] * w;
+        acc_rows[r] = acc + bucket.queries[bucket.qa + r] * padded;
       }
-      const bool use_table = TableIsCheaper(nq, kb - ka, w, padded);
+      const bool use_table = TableIsCheaper(nq, bucket.kb - bucket.ka, w, padded);
       if (use_table) {
         std::fill_n(table, w * padded, 0.0f);
       } else if (static_cast<int64_t>(s->pair_rows.size()) < nq) {
@@ -521,45 +586,24 @@ KY_CPU_CLONES inline void WeightedCumulationHashes(
           s->pair_rows[r] = s->pair_weights.data() + r * kKeyChunk;
         }
       }
-      for (int64_t k0 = ka; k0 < kb; k0 += kKeyChunk) {
-        const int64_t chunk = std::min(kKeyChunk, kb - k0);
-        for (int64_t j = 0; j < chunk; ++j) {
-          if (k0 + j + kPrefetchKeys < num_k) {
-            const int64_t ahead = keys[k0 + j + kPrefetchKeys];
-            PrefetchRow(kw + ahead * w, w);
-            PrefetchRow(v + ahead * dim, dim);
-          }
-          const int64_t key = keys[k0 + j];
-          offsets[j] = key * w;
-          if (copy_values) {
-            std::copy(v + key * dim, v + (key + 1) * dim, values + j * padded);
-            value_rows[j] = values + j * padded;
-          } else {
-            value_rows[j] = v + key * dim;
-          }
-        }
-        // Transposed: row k of key_weights holds feature k of the chunk's keys.
-        for (int64_t k = 0; k < w; ++k) {
-          float* dst = key_weights + k * kKeyChunk;
-          for (int64_t j = 0; j < chunk; ++j) dst[j] = kw[offsets[j] + k];
-        }
+      for (int64_t k0 = bucket.ka; k0 < bucket.kb; k0 += kKeyChunk) {
+        const int64_t chunk = std::min(kKeyChunk, bucket.kb - k0);
+        LoadKeyChunk(k0, chunk, kw, v, w, dim, padded, copy_values, s);
         if (use_table) {
           // table += K_chunk^T V_chunk
-          MultiplyAccumulate(table_rows, key_weight_rows, w, chunk, value_rows, padded);
+          MultiplyAccumulate<true>(table_rows, key_weight_rows, w, chunk, value_rows, padded);
           continue;
         }
         // pair_weights = Q K_chunk^T, then acc += pair_weights V_chunk.
         float* const* pair_rows = s->pair_rows.data();
         std::fill_n(s->pair_weights.data(), nq * kKeyChunk, 0.0f);
-        MultiplyAccumulate(pair_rows, query_rows, nq, w, key_weight_rows, RoundUp(chunk, kLanes));
-        MultiplyAccumulate(acc_rows, pair_rows, nq, chunk, value_rows, padded);
+        MultiplyAccumulate<true>(pair_rows, query_rows, nq, w, key_weight_rows, RoundUp(chunk, kLanes));
+        MultiplyAccumulate<true>(acc_rows, pair_rows, nq, chunk, value_rows, padded);
       }
       if (use_table) {
         // acc += Q table
-        MultiplyAccumulate(acc_rows, query_rows, nq, w, table_rows, padded);
+        MultiplyAccumulate<true>(acc_rows, query_rows, nq, w, table_rows, padded);
       }
-      qa = qb;
-      ka = kb;
     }
   }
 }
@@ -724,28 +768,13 @@ KY_CPU_CLONES inline void CausalWeightedCumulationHashes(
     float* acc, WeightedScratch* s) {
   const int64_t w = d.weight_dim, dim = d.value_dim, padded = RoundUp(dim, kLanes);
   const bool copy_values = padded != dim;
-  s->key_offsets.resize(kKeyChunk);
-  s->key_weights.assign(w * kKeyChunk, 0.0f);
-  s->values.assign(copy_values ? kKeyChunk * padded : 0, 0.0f);
-  s->table.resize(w * padded);
-  s->value_rows.resize(kKeyChunk);
-  s->query_rows.resize(d.num_queries);
-  s->acc_rows.resize(d.num_queries);
-  s->key_weight_rows.resize(w);
-  s->table_rows.resize(w);
+  PrepareWeightedScratch(d, w, padded, copy_values, s);
   s->counts.resize(d.num_queries);
   s->tile_pairs.assign(kCausalTile * kKeyChunk, 0.0f);
   s->tile_rows.resize(kCausalTile);
   s->shifted_rows.resize(kCausalTile);
-  for (int64_t k = 0; k < w; ++k) {
-    s->key_weight_rows[k] = s->key_weights.data() + k * kKeyChunk;
-    s->table_rows[k] = s->table.data() + k * padded;
-  }
   for (int64_t t = 0; t < kCausalTile; ++t) s->tile_rows[t] = s->tile_pairs.data() + t * kKeyChunk;
-  int64_t* offsets = s->key_offsets.data();
   int64_t* counts = s->counts.data();
-  float* key_weights = s->key_weights.data();
-  float* values = s->values.data();
   float* table = s->table.data();
   const float** value_rows = s->value_rows.data();
   const float** query_rows = s->query_rows.data();
@@ -763,35 +792,17 @@ KY_CPU_CLONES inline void CausalWeightedCumulationHashes(
   for (int64_t h = h0; h < h1; ++h) {
     const int32_t* qc = query_codes + (b * d.num_hashes + h) * d.num_queries;
     const int32_t* kc = key_codes + (b * d.num_hashes + h) * d.num_keys;
-    SortPositionsByCode(qc, qm, d.num_queries, d.num_buckets, &s->queries, &s->sort_buffer,
-                        causal < 0);
-    SortPositionsByCode(kc, km, d.num_keys, d.num_buckets, &s->keys, &s->sort_buffer, causal < 0);
-    const int64_t* queries = s->queries.data();
-    const int64_t* keys = s->keys.data();
-    const int64_t num_q = static_cast<int64_t>(s->queries.size());
-    const int64_t num_k = static_cast<int64_t>(s->keys.size());
-    int64_t qa = 0, ka = 0;
-    while (qa < num_q && ka < num_k) {
-      const int32_t code = qc[queries[qa]];
-      if (code != kc[keys[ka]]) {
-        (code < kc[keys[ka]] ? qa : ka) += 1;
-        continue;
-      }
-      int64_t qb = qa + 1, kb = ka + 1;
-      while (qb < num_q && qc[queries[qb]] == code) ++qb;
-      while (kb < num_k && kc[keys[kb]] == code) ++kb;
+    SharedBuckets bucket = SortBuckets(qc, qm, d.num_queries, kc, km, d.num_keys, d.num_buckets, causal < 0, s);
+    while (bucket.Next()) {
       // One bucket: queries[qa, qb) and keys[ka, kb), both in walk order.
-      const int64_t nq = qb - qa, nk = kb - ka;
+      const int64_t nq = bucket.qb - bucket.qa, nk = bucket.kb - bucket.ka;
+      const int64_t* bucket_queries = bucket.queries + bucket.qa;
+      const int64_t* bucket_keys = bucket.keys + bucket.ka;
       for (int64_t r = 0, c = 0; r < nq; ++r) {
-        while (c < nk && KeyBeforeQuery(keys[ka + c], queries[qa + r], causal)) ++c;
+        while (c < nk && KeyBeforeQuery(bucket_keys[c], bucket_queries[r], causal)) ++c;
         counts[r] = c;
       }
       const int64_t needed = counts[nq - 1];  // keys the bucket's last query sees
-      const int64_t* bucket_queries = queries + qa;
-      const int64_t* bucket_keys = keys + ka;
-      const int64_t first_key = ka;
-      qa = qb;
-      ka = kb;
       if (needed == 0) continue;
       for (int64_t r = 0; r < nq; ++r) {
         query_rows[r] = qw + bucket_queries[r] * w;
@@ -802,26 +813,7 @@ KY_CPU_CLONES inline void CausalWeightedCumulationHashes(
       int64_t ra = 0;
       for (int64_t k0 = 0; k0 < needed; k0 += kKeyChunk) {
         const int64_t chunk = std::min(kKeyChunk, needed - k0);
-        for (int64_t j = 0; j < chunk; ++j) {
-          const int64_t ahead = first_key + k0 + j + kPrefetchKeys;
-          if (ahead < num_k) {
-            PrefetchRow(kw + keys[ahead] * w, w);
-            PrefetchRow(v + keys[ahead] * dim, dim);
-          }
-          const int64_t key = bucket_keys[k0 + j];
-          offsets[j] = key * w;
-          if (copy_values) {
-            std::copy(v + key * dim, v + (key + 1) * dim, values + j * padded);
-            value_rows[j] = values + j * padded;
-          } else {
-            value_rows[j] = v + key * dim;
-          }
-        }
-        // Transposed: row k of key_weights holds feature k of the chunk's keys.
-        for (int64_t k = 0; k < w; ++k) {
-          float* dst = key_weights + k * kKeyChunk;
-          for (int64_t j = 0; j < chunk; ++j) dst[j] = kw[offsets[j] + k];
-        }
+        LoadKeyChunk(bucket.ka + k0, chunk, kw, v, w, dim, padded, copy_values, s);
         // Queries [ra, rb) take keys of this chunk; with the state, only those whose last
         // key is in it (the later ones read the state in a later chunk).
         while (ra < nq && counts[ra] <= k0) ++ra;
