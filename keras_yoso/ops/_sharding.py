@@ -74,41 +74,26 @@ def sequence_length_check(active, length, what):
                          f"{active.seq_size}, with a padding mask).")
 
 
-def _spec(active, roles, shape):
-    """The PartitionSpec of a tensor whose axes play `roles` ("batch", "seq" or None per axis): the
-    batch axis only when it divides the batch (else that axis stays whole on each device)."""
-    from jax.sharding import PartitionSpec
-
-    axes = []
-    for role, size in zip(roles, shape):
-        if role == "batch" and active.batch and size is not None and size % active.sizes[active.batch] == 0:
-            axes.append(active.batch)
-        elif role == "seq" and active.seq:
-            axes.append(active.seq)
-        else:
-            axes.append(None)
-    return PartitionSpec(*axes)
-
-
 def run(active, fn, args, roles, out_roles):
     """`fn(*args)` inside `jax.shard_map` on `active.mesh`: each device gets its block of every
     argument (axes split as `roles` say, one tuple per argument, e.g. ("batch", "seq", None)) and
     returns its block of every output (`out_roles`, one tuple per output, or one tuple for a
-    single output). The ops `fn` calls see `plan()` None (they run on the block)."""
+    single output). The batch axis is split only when it divides over the mesh's batch axis (else
+    every device holds all rows). The ops `fn` calls see `plan()` None (they run on the block)."""
     import jax
+    from jax.sharding import PartitionSpec
 
-    shapes = [_runtime.static_shape(a) for a in args]
-    in_specs = tuple(_spec(active, r, s) for r, s in zip(roles, shapes))
+    batches = [_runtime.static_shape(arg)[role.index("batch")] for arg, role in zip(args, roles) if "batch" in role]
+    split_batch = active.batch is not None and all(
+        n is not None and n % active.sizes[active.batch] == 0 for n in batches)
+
+    def spec(axis_roles):
+        return PartitionSpec(*(active.batch if role == "batch" and split_batch else
+                               active.seq if role == "seq" and active.seq else None for role in axis_roles))
+
+    in_specs = tuple(spec(role) for role in roles)
     single = bool(out_roles) and not isinstance(out_roles[0], tuple)
-    # Outputs split their batch axis as the inputs do (all inputs of one call share the batch).
-    batch_sharded = active.batch is not None and any(
-        active.batch in tuple(spec) for spec, r in zip(in_specs, roles) if "batch" in r)
-    out_list = [out_roles] if single else list(out_roles)
-    out_specs = []
-    for r in out_list:
-        axes = [active.batch if (role == "batch" and batch_sharded) else (active.seq if role == "seq" else None)
-                for role in r]
-        out_specs.append(jax.sharding.PartitionSpec(*axes))
+    out_specs = spec(out_roles) if single else tuple(spec(role) for role in out_roles)
 
     def body(*blocks):
         token = _INSIDE.set(True)
@@ -117,7 +102,6 @@ def run(active, fn, args, roles, out_roles):
         finally:
             _INSIDE.reset(token)
 
-    out_specs = out_specs[0] if single else tuple(out_specs)
     # The bodies write their own cross-device sums (and the gradients' in custom_gradient), so JAX's
     # replication checks are off: check_vma (jax >= 0.7), check_rep (jax.experimental before).
     if hasattr(jax, "shard_map"):

@@ -299,12 +299,11 @@ def yoso_cumulation(query, key, value, query_codes, key_codes, hash_code_len, qu
 
         return attention(query, key, value)
 
-    if backward == "collision":
-        # *YOSO weighs each colliding pair by <Q_i, K_j> itself: no bucket-sum form across devices.
-        return _dispatch.on_mesh(provider, run, (qc, kc, qm, km, query, key, value),
-                                 (_CODES, _CODES, _MASK, _MASK, _ROWS, _ROWS, _ROWS), _ROWS, split_sequence=False)
+    # *YOSO (collision) weighs each colliding pair by <Q_i, K_j> itself: no bucket-sum form across
+    # devices, so it keeps the sequence whole.
     return _dispatch.on_mesh(provider, run, (qc, kc, qm, km, query, key, value),
-                             (_CODES, _CODES, _MASK, _MASK, _ROWS, _ROWS, _ROWS), _ROWS)
+                             (_CODES, _CODES, _MASK, _MASK, _ROWS, _ROWS, _ROWS), _ROWS,
+                             split_sequence=backward == "lower_bound")
 
 
 def collision_cumulation(query_codes, query, query_weight, key_codes, key, key_weight, hash_code_len,
