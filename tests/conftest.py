@@ -10,6 +10,7 @@ KERAS_YOSO_DISABLE_CUSTOM_OPS=1), the `implementation` fixture includes "custom_
 not the library loaded, so every op test fails with the load error when it did not.
 """
 
+import importlib.util
 import os
 import subprocess
 import sys
@@ -163,9 +164,35 @@ def numerical_jacobian_check(fn, arrays, delta=1e-3, atol=2e-3, rtol=2e-3):
         np.testing.assert_allclose(grads[index], numeric, atol=atol, rtol=rtol, err_msg=f"gradient {index}")
 
 
+# The package each Keras backend needs, and the extra of setup.py that installs it.
+_BACKEND_PACKAGES = {"tensorflow": ("tensorflow", "tensorflow"), "jax": ("jax", "jax"), "torch": ("torch", "torch")}
+_current_test = None
+
+
+def pytest_runtest_setup(item):
+    global _current_test
+    _current_test = item
+
+
+def _skip_unless_backend_installed(backend):
+    """Skips the running test when `backend`'s package is not installed (the README's test command
+    installs TensorFlow only). Such a test must be marked `other_backends`, so that CI runs it where
+    all three are installed (.ci/run); an unmarked one fails here instead of skipping unseen."""
+    package, extra = _BACKEND_PACKAGES[backend]
+    if importlib.util.find_spec(package) is not None:
+        return
+    if _current_test is not None and _current_test.get_closest_marker("other_backends") is None:
+        pytest.fail(f"{_current_test.nodeid} starts KERAS_BACKEND={backend} but is not marked "
+                    "@pytest.mark.other_backends (the marker CI uses to run it where every backend is installed)")
+    pytest.skip(f"needs {package} for KERAS_BACKEND={backend}, which is not installed "
+                f"(`pip install \".[{extra}]\"`; `bash .ci/run` runs every backend)")
+
+
 def run_python(code, cwd, backend=None, env=None, timeout=300):
     """Runs `code` in a fresh interpreter (so it imports only what it names), on `backend` (default:
-    this one); returns stdout, and fails with the interpreter's stderr."""
+    this one); returns stdout, and fails with the interpreter's stderr. Skips the test when
+    `backend`'s package is not installed (see `_skip_unless_backend_installed`)."""
+    _skip_unless_backend_installed(backend or BACKEND)
     environment = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", KERAS_BACKEND=backend or BACKEND, **(env or {}))
     result = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=cwd, env=environment,
                             capture_output=True, text=True, timeout=timeout)
