@@ -35,6 +35,8 @@ mismatch is a discrete jump far above rounding, to be avoided by other data, not
 
 import textwrap
 
+import pytest
+
 from conftest import IMPLEMENTATIONS, run_python
 
 # The tiny models, their data and training schedule, shared by both backends' scripts: an embedding
@@ -233,6 +235,7 @@ _TORCH_WORKER = _COMMON + """
 """
 
 
+@pytest.mark.other_backends
 def test_torch_ddp_on_two_gloo_processes_matches_one_process(tmp_path):
     (tmp_path / "ddp_worker.py").write_text(_script(_TORCH_WORKER))
     output = run_python("""
