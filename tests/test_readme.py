@@ -24,11 +24,13 @@ def _python_blocks():
     text = open(README, encoding="utf-8").read()
     blocks = []
     for match in _BLOCK.finditer(text):
-        headings = re.findall(r"^#+ (.+)$", text[:match.start()], re.M)
+        prose = re.sub(r"^```.*?^```", "", text[:match.start()], flags=re.S | re.M)  # no code comments
+        headings = re.findall(r"^#+ (.+)$", prose, re.M)
         code = match.group(1)
         named = re.match(r"# (TensorFlow|JAX|PyTorch)\b", code)
         section = re.sub(r"\W+", "-", headings[-1] if headings else "top").strip("-").lower()
-        blocks.append((f"{len(blocks)}-{section}", code, _BACKEND_NAMES[named.group(1)] if named else None))
+        backend = _BACKEND_NAMES[named.group(1)] if named else None
+        blocks.append((f"{len(blocks)}-{section}" + (f"-{backend}-only" if backend else ""), code, backend))
     return blocks
 
 
