@@ -20,8 +20,13 @@ loop of single-token decoding steps through the layers' caches).
 
 Outputs (`--output-dir`, default runs/causal_lm-<attention>-<backend>/):
     metrics.json   task accuracy of the generated answers (exact key, per digit), bits per byte on
-                   the test sequences, time, all arguments, the history
-    history.png    training loss per step and the validation bits per byte
+                   the test sequences, time, all arguments, the history (training loss of every step,
+                   validation bits per byte at each evaluation)
+    history.png    one curve per metric against the training step: the training loss of each step, the
+                   validation bits per byte
+
+It prints what it is doing from the start (each phase with its sizes), then the training loss every
+--progress-every steps with the elapsed time.
 """
 
 import argparse
@@ -69,9 +74,13 @@ def parse_args(argv=None):
     parser.add_argument("--horizon", type=int, default=16, help="LinearRelativeAttention horizon. Default: %(default)s")
     parser.add_argument("--seed", type=int, default=0, help="Default: %(default)s")
     parser.add_argument("--output-dir", default=None, help="Default: runs/causal_lm-<attention>-<backend>")
+    parser.add_argument("--progress-every", type=int, default=None,
+                        help="steps between progress lines (default: steps // 20, at most 10)")
     args = parser.parse_args(argv)
+    if args.progress_every is None:
+        args.progress_every = max(1, min(10, args.steps // 20))
     for name in ("sequence_length", "train_sequences", "test_sequences", "steps", "batch_size", "hidden_dim",
-                 "num_layers", "num_heads", "num_hashes", "hash_code_len", "horizon"):
+                 "num_layers", "num_heads", "num_hashes", "hash_code_len", "horizon", "progress_every"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     if args.sequence_length < 512:
@@ -179,20 +188,38 @@ def answer_accuracy(model, x, keys, starts, batch_size):
     return exact / len(x), digits / (len(x) * KEY_DIGITS), answers
 
 
+def progress(message, started):
+    """One progress line, with the seconds since the run started."""
+    print(f"[{time.time() - started:6.1f} s] {message}", flush=True)
+
+
+def step_losses(running_means):
+    """The loss of each step from Keras' running means of one epoch (`logs["loss"]` after batch k is
+    the mean of its first k losses, and restarts at every epoch): loss_k = k mean_k - (k - 1) mean_(k-1)."""
+    means = np.asarray(running_means, np.float64)
+    counts = np.arange(1, len(means) + 1)
+    return means * counts - np.concatenate([[0.0], means[:-1] * counts[:-1]])
+
+
 def save_history(path, losses, validation, title):
+    """One curve per metric against the training step: the loss of every step (left), the validation
+    bits per byte at each evaluation (right)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4))
-    ax.plot(np.arange(1, len(losses) + 1), losses, label="training loss (weighted, nats)", alpha=0.7)
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    left.plot(np.arange(1, len(losses) + 1), losses, alpha=0.8)
+    left.set_ylabel("training loss per step (weighted, nats)")
     if validation:
         steps, values = zip(*validation)
-        ax.plot(steps, values, "o-", label="test bits per byte")
-    ax.set_xlabel("step")
-    ax.set_title(title)
-    ax.legend()
+        right.plot(steps, values, "o-")
+    right.set_ylabel("validation bits per byte")
+    for axis in (left, right):
+        axis.set_xlabel("training step")
+        axis.grid(alpha=0.3)
+    fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -200,6 +227,8 @@ def save_history(path, losses, validation, title):
 
 def main(argv=None):
     args = parse_args(argv)
+    run_started = time.time()
+    progress("importing Keras and keras_yoso", run_started)
     import keras
 
     import keras_yoso
@@ -208,46 +237,73 @@ def main(argv=None):
     backend = keras.backend.backend()
     output_dir = pathlib.Path(args.output_dir or f"runs/causal_lm-{args.attention}-{backend}")
     output_dir.mkdir(parents=True, exist_ok=True)
+    progress(f"generating {args.train_sequences} training and {args.test_sequences} test passkey sequences of "
+             f"{args.sequence_length} bytes", run_started)
     rng = np.random.default_rng(args.seed)
     filler = FillerSource(args.data_dir)
     x, y, w, _, _ = make_split(rng, args.train_sequences, args.sequence_length, filler, args.answer_weight)
     tx, ty, _, test_keys, test_starts = make_split(np.random.default_rng(args.seed + 10_000), args.test_sequences,
                                                    args.sequence_length, filler, 1.0)
+    progress("building the model", run_started)
     model = build_model(args, keras_yoso)
+    model(np.zeros((1, 1), "int32"))  # builds the weights (one token), so that the parameters can be counted
+    progress(f"model: {args.attention} attention, {args.num_layers} layers of width {args.hidden_dim}, "
+             f"{model.count_params():,} parameters, Keras backend {backend}", run_started)
     schedule = keras.optimizers.schedules.CosineDecay(0.0, args.steps, alpha=0.05, warmup_target=args.learning_rate,
                                                       warmup_steps=max(1, args.steps // 10))
     model.compile(optimizer=keras.optimizers.Adam(schedule, clipnorm=1.0),
                   loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), jit_compile="auto")
     validation, losses = [], []
-    evaluations = min(4, args.steps)
+    every = -(-args.steps // min(4, args.steps))  # steps between validations: 4 validations at most
+    batch_rng = np.random.default_rng(args.seed + 1)
 
     class Batches(keras.utils.PyDataset):
-        """Random training batches (sequences drawn with replacement), `steps // evaluations` per epoch."""
+        """`count` random training batches (sequences drawn with replacement)."""
 
-        def __init__(self):
+        def __init__(self, count):
             super().__init__()
-            self.rng = np.random.default_rng(args.seed + 1)
+            self.count = count
 
         def __len__(self):
-            return max(1, args.steps // evaluations)
+            return self.count
 
         def __getitem__(self, index):
-            rows = self.rng.integers(0, len(x), args.batch_size)
+            rows = batch_rng.integers(0, len(x), args.batch_size)
             return x[rows], y[rows], w[rows]
 
     class Record(keras.callbacks.Callback):
+        """The loss of every step (Keras logs the running mean of the epoch), a progress line every
+        --progress-every steps, and the validation bits per byte at each epoch end (one `fit` epoch
+        per validation interval)."""
+
+        def on_epoch_begin(self, epoch, logs=None):
+            self.running_means = []
+
         def on_train_batch_end(self, batch, logs=None):
-            losses.append(float(logs["loss"]))
+            self.running_means.append(float(logs["loss"]))
+            losses.append(float(step_losses(self.running_means)[-1]))
+            step = len(losses)
+            if step == 1 or step % args.progress_every == 0:
+                recent = losses[-args.progress_every:]
+                progress(f"step {step}/{args.steps}: loss {np.mean(recent):.4f} (mean of the last {len(recent)} "
+                         f"steps), {(time.time() - started) / step:.2f} s/step", run_started)
 
         def on_epoch_end(self, epoch, logs=None):
             # Between epochs: on JAX the model's variables are only synced back at epoch ends.
             bpb = bits_per_byte(model, tx[:16], ty[:16], args.batch_size)
             validation.append((len(losses), bpb))
-            print(f"step {len(losses)}: loss {logs['loss']:.4f}, test bits/byte {bpb:.3f}", flush=True)
+            progress(f"step {len(losses)}/{args.steps}: validation bits/byte {bpb:.3f} (16 test sequences)",
+                     run_started)
 
+    progress(f"training {args.steps} steps of batch {args.batch_size}, validating every {every} steps (the first "
+             "step also compiles the model)", run_started)
     started = time.time()
-    model.fit(Batches(), epochs=evaluations, callbacks=[Record()], verbose=0)
+    record = Record()
+    while len(losses) < args.steps:
+        model.fit(Batches(min(every, args.steps - len(losses))), epochs=1, callbacks=[record], verbose=0)
     train_seconds = time.time() - started
+    progress(f"testing: bits per byte of {len(tx)} test sequences, then generating their {KEY_DIGITS}-digit keys",
+             run_started)
     started = time.time()
     bpb = bits_per_byte(model, tx, ty, args.batch_size)
     exact, per_digit, answers = answer_accuracy(model, tx, test_keys, test_starts, args.batch_size)
@@ -260,7 +316,7 @@ def main(argv=None):
         "test_bits_per_byte": bpb, "train_seconds": round(train_seconds, 1), "test_seconds": round(test_seconds, 1),
         "steps": args.steps, "parameters": model.count_params(),
         "examples": [{"key": k.decode(), "generated": a} for k, a in list(zip(test_keys, answers))[:8]],
-        "validation_bits_per_byte": validation, "arguments": vars(args),
+        "validation_bits_per_byte": validation, "training_loss_per_step": losses, "arguments": vars(args),
     }
     (output_dir / "metrics.json").write_text(json.dumps(metrics, indent=2))
     save_history(output_dir / "history.png", losses, validation,

@@ -431,6 +431,9 @@ class TokenAndPositionEmbedding(keras.layers.Layer):
         self.position_embedding.build((input_shape[-1],))
 
     def call(self, token_ids):
+        # Eagerly, an id outside [0, vocab_size) raises ValueError (JAX's Embedding would give NaN);
+        # inside compiled fit/predict nothing is checked (the tokenizers give ids in range).
+        keras_yoso.check_token_ids(token_ids, self.vocab_size)
         positions = keras.ops.arange(keras.ops.shape(token_ids)[-1])
         return self.scale * (self.token_embedding(token_ids) + self.position_embedding(positions)[None])
 

@@ -7,10 +7,12 @@ torch.library) where it is built, else the composite; TensorFlow need not be ins
 `keras_yoso.distribution.SequenceParallel` splits long sequences over devices (JAX).
 """
 
+from keras_yoso import _portable_optimizers  # noqa: F401  (compiled models saved on PyTorch load on every backend)
 from keras_yoso import distribution
 from keras_yoso import layers
 from keras_yoso import models
 from keras_yoso import ops
+from keras_yoso._validation import check_token_ids
 from keras_yoso.layers import LinearRelativeAttention
 from keras_yoso.layers import TransformerEncoderBlock
 from keras_yoso.layers import YosoAttention
@@ -26,4 +28,5 @@ def export_portable(model, filepath, **kwargs):
         return model.export(filepath, **kwargs)
 
 
-__all__ = ["LinearRelativeAttention", "TransformerEncoderBlock", "YosoAttention", "distribution", "export_portable", "layers", "models", "ops"]
+__all__ = ["LinearRelativeAttention", "TransformerEncoderBlock", "YosoAttention", "check_token_ids", "distribution",
+           "export_portable", "layers", "models", "ops"]

@@ -17,6 +17,8 @@ TensorFlow, JAX and torch are imported lazily, only when the backend is theirs.
 import keras
 import numpy as np
 from keras import ops
+# Keras' own flag for "inferring output shapes" (compute_output_spec): not in its public API.
+from keras.src.backend.common.symbolic_scope import in_symbolic_scope
 
 
 def backend():
@@ -44,6 +46,23 @@ def is_symbolic(x):
 
         return isinstance(x, jax.core.Tracer)
     return isinstance(x, keras.KerasTensor)
+
+
+def has_values(x):
+    """True when the values of `x` can be read now, at the cost of a reduction and a read back (NumPy
+    arrays, lists, eager tensors); False for tensors without values (Keras symbolic tensors, TensorFlow
+    graph tensors, JAX tracers, PyTorch meta tensors) and while Keras infers output shapes or
+    torch.compile traces, where reading them would add work or a graph break for nothing. Eager-only
+    input checks (soft masks, token ids) test it first."""
+    if isinstance(x, (np.ndarray, list, tuple, int, float)):
+        return True
+    if isinstance(x, keras.KerasTensor) or is_symbolic(x) or in_symbolic_scope():
+        return False
+    if backend() == "torch":
+        import torch
+
+        return not (getattr(x, "is_meta", False) or torch.compiler.is_compiling())
+    return True
 
 
 def in_xla_context():

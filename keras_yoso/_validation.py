@@ -254,20 +254,60 @@ def codes_in_range(codes, num_buckets_, name):
     return _runtime.assert_in_range(codes, 0, num_buckets_, codes_message(name, num_buckets_))
 
 
+def _is_numeric(dtype):
+    return dtype == "bool" or dtype.startswith(("int", "uint", "float", "bfloat"))
+
+
+def layer_input_dtype(x, name):
+    """The dtype name of a layer's data input (`query`, `value`, `key`) when it is numeric; else (strings:
+    a Python str, a NumPy array of str or bytes, a tf.string tensor) ValueError in Keras' wording naming
+    `name`. Layers call it before Keras converts their arguments, where JAX and PyTorch would fail
+    naming no argument."""
+    dtype = dtype_name(x)
+    if _is_numeric(dtype):
+        return dtype
+    raise ValueError(f"Received an invalid value for argument `{name}`: expected a floating-point tensor. "
+                     f"Received: {name} of dtype {dtype}")
+
+
+def _soft_mask_value(mask):
+    """A value other than 0 and 1 (NaN included) of a float `mask` whose values are known now (eager
+    tensors, NumPy arrays), else None. Graph tensors and traced arrays are not read: there any nonzero
+    value keeps, as Keras' MultiHeadAttention reads masks. Costs one reduction."""
+    if not dtype_name(mask).startswith(("float", "bfloat")) or not _runtime.has_values(mask):
+        return None
+    mask = ops.cast(mask, "float32")
+    soft = ops.logical_and(ops.not_equal(mask, 0.0), ops.not_equal(mask, 1.0))
+    if not bool(ops.convert_to_numpy(ops.any(soft))):
+        return None
+    return float(ops.convert_to_numpy(mask)[ops.convert_to_numpy(soft)][0])
+
+
 def mask_dtype(mask, name, *, layer=False):
     """The dtype name of a mask when it is bool or numeric; else (strings) TypeError (ops) or, for
-    layers, ValueError in Keras' wording, naming `name`."""
+    layers, ValueError in Keras' wording, naming `name`. A float mask whose values are known now must
+    hold only 0 and 1 (else ValueError naming `name` and a value: a mask is not a weight); in graphs
+    and traced functions any nonzero value keeps."""
     dtype = dtype_name(mask)
-    if dtype == "bool" or dtype.startswith(("int", "uint", "float", "bfloat")):
-        return dtype
-    if layer:
-        raise ValueError(f"Received an invalid value for argument `{name}`: expected a bool or numeric mask. "
-                         f"Received: {name} of dtype {dtype}")
-    raise TypeError(f"{name} must be a bool or numeric tensor, got dtype {dtype}")
+    if not _is_numeric(dtype):
+        if layer:
+            raise ValueError(f"Received an invalid value for argument `{name}`: expected a bool or numeric mask. "
+                             f"Received: {name} of dtype {dtype}")
+        raise TypeError(f"{name} must be a bool or numeric tensor, got dtype {dtype}")
+    soft = _soft_mask_value(mask)
+    if soft is not None:
+        if layer:
+            raise ValueError(f"Received an invalid value for argument `{name}`: expected a bool mask or a float "
+                             f"mask of 0s and 1s (a mask keeps or drops positions; it is not a weight). "
+                             f"Received: {name} holding {soft!r}")
+        raise ValueError(f"{name} must be bool or hold only 0 and 1 (a mask keeps or drops positions; it is not a "
+                         f"weight), got a value {soft!r}")
+    return dtype
 
 
 def mask_tensor(mask, name):
-    """`[B, N]` bool mask from bool or numeric input (any nonzero keeps, NaN included)."""
+    """`[B, N]` bool mask from bool or numeric input (any nonzero keeps; a float mask of known values
+    must hold only 0 and 1, `mask_dtype`)."""
     dtype = mask_dtype(mask, name)
     mask = _with_rank(ops.convert_to_tensor(mask), 2, name, "shape [batch, length]")
     return mask if dtype == "bool" else ops.not_equal(mask, ops.zeros((), mask.dtype))
@@ -281,3 +321,30 @@ def agree(entries, what):
     dims = [(label, _runtime.static_shape(t)[axis]) for label, t, axis in entries]
     dims_agree(dims, what)
     return _runtime.dims_equal_at_run_time(entries, what)
+
+
+def check_token_ids(token_ids, vocabulary_size, name="token_ids"):
+    """Checks 0 <= token_ids < vocabulary_size (the rows of an `Embedding(vocabulary_size, ...)`)
+    when the ids have values (eager tensors, NumPy arrays, lists): ValueError in Keras' wording
+    naming `name`, the range and the smallest and largest id received, on every backend. One
+    min/max reduction, read back once. Public as `keras_yoso.check_token_ids`: `CausalLM` and the
+    examples' embedding layer call it first thing in `call`.
+
+    Where the ids have no value yet (a traced `jax.jit` or `tf.function`: `fit`, `predict`,
+    `evaluate` on JAX and TensorFlow; symbolic Keras tensors) nothing is checked and nothing is
+    added to the graph; what an embedding lookup then does with an id out of range is in
+    docs/errors.md."""
+    if isinstance(token_ids, (np.ndarray, list, tuple)):
+        # Read on the host, before a conversion (JAX without x64 wraps int64 to int32).
+        ids = np.asarray(token_ids)
+        low, high = (ids.min(), ids.max()) if ids.size else (0, 0)
+    elif not _runtime.has_values(token_ids) or not _runtime.can_check(token_ids):
+        return
+    elif 0 in _runtime.static_shape(token_ids):
+        return
+    else:
+        low, high = ops.convert_to_numpy(ops.stack([ops.min(token_ids), ops.max(token_ids)]))
+    if low < 0 or high >= vocabulary_size:
+        raise ValueError(f"Received an invalid value for argument `{name}`: expected token ids in "
+                         f"[0, vocabulary_size) = [0, {vocabulary_size}). Received: {name} with "
+                         f"min {low} and max {high}")

@@ -33,8 +33,9 @@ class SequenceParallel(keras.distribution.ModelParallel):
     its neighbours (ppermute). Hash functions are the same on every device (same seed and
     step). Results equal the one-device run to float32 rounding.
 
-    A sequence length that does not divide over the sequence axis raises ValueError naming both
-    numbers (pad to a multiple, with a padding mask). On TensorFlow and PyTorch use
+    A sequence length that does not divide over the sequence axis, or a batch that does not divide
+    over the batch axis, raises ValueError naming both numbers (pad the sequences to a multiple, with
+    a padding mask; choose the batch size a multiple). On TensorFlow and PyTorch use
     tf.distribute / DistributedDataParallel (data parallel; docs/distributed.md).
 
     Args:
@@ -84,9 +85,23 @@ class SequenceParallel(keras.distribution.ModelParallel):
         """The number of devices along the sequence axis."""
         return self.device_mesh.shape[list(self.device_mesh.axis_names).index(self._sequence_dim_name)]
 
+    @property
+    def batch_shards(self):
+        """The number of devices along the batch axis."""
+        return self.device_mesh.shape[list(self.device_mesh.axis_names).index(self.batch_dim_name)]
+
     def get_data_layout(self, data_shape):
         """[batch, seq, None, ...] for inputs of rank >= 2 (axis 1 whole when it does not divide over
-        the sequence axis), [batch] for rank 1."""
+        the sequence axis), [batch] for rank 1. A batch that does not divide over the batch axis
+        raises ValueError naming both numbers (JAX's own error names neither argument nor remedy)."""
+        if data_shape and data_shape[0] is not None and data_shape[0] % self.batch_shards:
+            size = self.batch_shards
+            raise ValueError(f"sequence parallelism splits the batch of {data_shape[0]} rows (an input of shape "
+                             f"{tuple(data_shape)}) over the {self.batch_dim_name!r} axis of the device mesh ({size} "
+                             f"devices): the batch size must be a multiple of {size}, received {data_shape[0]} "
+                             f"(pass a batch_size that is a multiple of {size}; Keras lays out every batch of an "
+                             "epoch like its first, so make the number of examples a multiple of batch_size too, or "
+                             "drop the last batch).")
         axes = [None] * len(data_shape)
         if axes:
             axes[0] = self.batch_dim_name

@@ -503,3 +503,129 @@ def test_yoso_expectation_is_dense_so_a_nonfinite_kept_value_reaches_every_query
     km = np.ones((1, 5), bool)
     km[0, 2] = False
     assert np.isfinite(to_numpy(ops.yoso_expectation(q, k, v, 4, key_mask=km))).all()
+
+
+# ----------------------------------------------------------------------------
+# Strings and soft masks (issue item 7): string inputs name the argument and the dtype expected;
+# a float mask holds 0 and 1 only (eagerly checked), not weights.
+
+def _strings(shape):
+    """A string input in every form a user may pass: a Python str, NumPy str and bytes arrays, tf.string."""
+    forms = {"python_str": "hello", "numpy_str": np.full(shape, "a"), "numpy_bytes": np.full(shape, b"a")}
+    if TENSORFLOW:
+        forms["tf_string"] = tf.fill(shape, "a")
+    return forms
+
+
+STRING_OP_ROWS = {  # argument -> (call with that argument replaced, expected dtype in the message)
+    "x": (lambda s: ops.hash_codes(s, 2, 4, seed=0), "floating-point"),
+    "value": (lambda s: ops.lsh_cumulation(QC, KC, s, 8), "floating-point"),
+    "query_codes": (lambda s: ops.lsh_cumulation(s, KC, V, 8), "integer tensor of hash codes"),
+    "key_mask": (lambda s: ops.lsh_cumulation(QC, KC, V, 8, key_mask=s), "bool or numeric"),
+    "query": (lambda s: ops.yoso_cumulation(s, K, V, QC, KC, 3), "floating-point"),
+    "query_mask": (lambda s: ops.yoso_expectation(Q, K, V, 4, query_mask=s), "bool or numeric"),
+    "key": (lambda s: ops.linear_relative_attention(Q, s, V), "floating-point"),
+}
+
+
+@pytest.mark.parametrize("argument", sorted(STRING_OP_ROWS))
+def test_string_inputs_to_the_ops_name_the_argument_and_the_expected_dtype(argument):
+    call, expected = STRING_OP_ROWS[argument]
+    shape = {"x": (2, 5, 8), "value": V.shape, "query_codes": QC.shape, "key_mask": KM.shape, "query": Q.shape,
+             "query_mask": QM.shape, "key": K.shape}[argument]
+    for form, string in _strings(shape).items():
+        with pytest.raises(TypeError, match=f"^{argument} must be a[n]? {expected}.*got dtype string"):
+            call(string)
+
+
+@pytest.mark.parametrize("argument", ["query", "value", "key"])
+@pytest.mark.parametrize("layer_name", ["YosoAttention", "LinearRelativeAttention"])
+def test_string_inputs_to_the_attention_layers_name_the_argument_and_the_expected_dtype(layer_name, argument):
+    from keras_yoso import layers
+
+    x = np.ones((2, 6, 8), np.float32)
+    options = {"num_hashes": 2, "hash_code_len": 3} if layer_name == "YosoAttention" else {}
+    for form, string in _strings((2, 6, 8)).items():
+        arguments = {"query": x, "value": x, "key": x, argument: string}
+        layer = getattr(layers, layer_name)(2, 4, **options)
+        with pytest.raises(ValueError, match=f"argument `{argument}`: expected a floating-point tensor. "
+                                             f"Received: {argument} of dtype string"):
+            layer(arguments["query"], arguments["value"], key=arguments["key"])
+
+
+def test_string_inputs_to_the_encoder_block_name_the_argument_and_the_expected_dtype():
+    from keras_yoso import layers
+
+    for form, string in _strings((2, 6, 8)).items():
+        with pytest.raises(ValueError, match="argument `inputs`: expected a floating-point tensor. "
+                                             "Received: inputs of dtype string"):
+            layers.TransformerEncoderBlock(2, 16)(string)
+
+
+SOFT_MASK_OPS = {
+    "lsh_cumulation": lambda qm, km: ops.lsh_cumulation(QC, KC, V, 8, query_mask=qm, key_mask=km),
+    "yoso_expectation": lambda qm, km: ops.yoso_expectation(Q, K, V, 4, query_mask=qm, key_mask=km),
+    "linear_relative_attention": lambda qm, km: ops.linear_relative_attention(Q, K, V, query_mask=qm, key_mask=km),
+}
+
+
+def _soft(mask, value):
+    soft = mask.astype(np.float32)
+    soft[1, 2] = value
+    return soft
+
+
+@pytest.mark.parametrize("value", [0.5, np.nan, 2.0, -1.0])
+@pytest.mark.parametrize("op", sorted(SOFT_MASK_OPS))
+def test_a_float_mask_other_than_0_and_1_is_refused_eagerly_naming_the_argument_and_a_value(op, value):
+    call = SOFT_MASK_OPS[op]
+    with pytest.raises(ValueError, match=rf"^key_mask must be bool or hold only 0 and 1 .*got a value {value!r}"):
+        call(None, _soft(KM, value))
+    with pytest.raises(ValueError, match=rf"^query_mask must be bool or hold only 0 and 1 .*got a value {value!r}"):
+        call(_soft(QM, value), None)
+
+
+@pytest.mark.parametrize("op", sorted(SOFT_MASK_OPS))
+def test_a_float_mask_of_0_and_1_equals_the_bool_mask(op):
+    qm, km = QM.copy(), KM.copy()
+    qm[0, 1], km[1, 2], km[0, 0] = False, False, False
+    np.testing.assert_array_equal(to_numpy(SOFT_MASK_OPS[op](qm.astype(np.float32), km.astype(np.float32))),
+                                  to_numpy(SOFT_MASK_OPS[op](qm, km)))
+
+
+def test_a_soft_mask_given_to_the_layers_is_refused_naming_the_argument_and_a_value():
+    from keras_yoso import layers
+
+    x = np.ones((2, 6, 8), np.float32)
+    soft = np.ones((2, 6), np.float32)
+    soft[1, 3] = 0.5
+    for layer in (layers.YosoAttention(2, 4, num_hashes=2, hash_code_len=3), layers.LinearRelativeAttention(2, 4)):
+        for name in ("query_mask", "value_mask", "key_mask"):
+            with pytest.raises(ValueError, match=rf"argument `{name}`: expected a bool mask or a float mask of 0s "
+                                                 rf"and 1s .*Received: {name} holding 0.5"):
+                layer(x, x, **{name: soft})
+    block = layers.TransformerEncoderBlock(2, 16)
+    with pytest.raises(ValueError, match=r"argument `padding_mask`: .*Received: padding_mask holding 0.5"):
+        block(x, padding_mask=soft)
+
+
+def _compiled(fn):
+    """`fn` as a compiled function of the backend (tf.function, jax.jit), where mask values are not read."""
+    import keras
+
+    if keras.backend.backend() == "tensorflow":
+        return tf.function(fn, autograph=False)
+    if keras.backend.backend() == "jax":
+        import jax
+
+        return jax.jit(fn)
+    pytest.skip("PyTorch runs the ops eagerly: every float mask is checked")
+
+
+@pytest.mark.parametrize("op", sorted(SOFT_MASK_OPS))
+def test_in_a_compiled_function_any_nonzero_float_mask_value_keeps(op):
+    soft = np.where(KM, np.float32(0.5), np.float32(0.0))
+    soft[1, 2] = 0.0
+    soft[0, 3] = np.nan  # nonzero: keeps, as in keras.layers.MultiHeadAttention (mask cast to bool)
+    got = to_numpy(_compiled(lambda km: SOFT_MASK_OPS[op](None, km))(soft))
+    np.testing.assert_allclose(got, to_numpy(SOFT_MASK_OPS[op](None, soft != 0)), rtol=1e-5, atol=1e-6)

@@ -133,3 +133,20 @@ def test_causal_lm_keras_file_round_trip_keeps_logits_and_generation(tmp_path):
     loaded = keras.models.load_model(tmp_path / "lm.keras")
     np.testing.assert_allclose(to_numpy(loaded(tokens)), before, atol=1e-5)
     np.testing.assert_array_equal(to_numpy(loaded.generate(tokens, 3)), to_numpy(model.generate(tokens, 3)))
+
+
+@pytest.mark.parametrize("bad_id, received", [(70, "min 1 and max 70"), (-3, "min -3 and max 1")])
+def test_token_ids_out_of_the_vocabulary_raise_value_error_naming_the_range_in_call_and_generate(bad_id, received):
+    """JAX's Embedding would give NaN logits, TensorFlow and PyTorch wrap negative ids around."""
+    model = CausalLM(50, 16, hidden_dim=16, num_layers=1, num_heads=2, intermediate_dim=16,
+                     attention_kwargs=ATTENTIONS["yoso"])
+    tokens = np.ones((2, 6), np.int32)
+    tokens[0, 2] = bad_id
+    expected = r"argument `{}`: expected token ids in \[0, vocabulary_size\) = \[0, 50\)\. Received: {} with " + received
+    with pytest.raises(ValueError, match=expected.format("token_ids", "token_ids")):
+        model(tokens)
+    with pytest.raises(ValueError, match=expected.format("token_ids", "token_ids")):
+        model(keras.ops.convert_to_tensor(tokens))
+    with pytest.raises(ValueError, match=expected.format("prompt", "prompt")):
+        model.generate(tokens, 2)
+    assert np.isfinite(to_numpy(model(np.clip(tokens, 0, 49)))).all()

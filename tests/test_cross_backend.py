@@ -53,13 +53,17 @@ def test_keras_file_saved_on_one_backend_gives_the_same_outputs_on_another(saved
     run_python(_LOAD_AND_COMPARE, tmp_path, backend=loaded_on)
 
 
-def _hide_tensorflow(folder):
+def _hide_packages(folder, names):
     """Stub packages in `folder` (first on sys.path of a `python -c` run there) whose import fails as an
     uninstalled package's would."""
-    for name in ("tensorflow", "tensorflow_text"):
+    for name in names:
         (folder / name).mkdir()
         (folder / name / "__init__.py").write_text(
             f"raise ModuleNotFoundError(\"No module named '{name}' (hidden by the test)\", name={name!r})\n")
+
+
+def _hide_tensorflow(folder):
+    _hide_packages(folder, ("tensorflow", "tensorflow_text"))
 
 
 @pytest.mark.parametrize("backend", ["jax", "torch"])
@@ -138,3 +142,67 @@ def test_missing_native_library_warns_once_and_runs_the_composite(backend, tmp_p
     print("ok")
     """, tmp_path, backend=backend, env={"KERAS_YOSO_DISABLE_CUSTOM_OPS": "1"})
     assert output.strip() == "ok"
+
+
+_COMPILE_TRAIN_AND_SAVE = """
+    import json
+    import zipfile
+
+    import keras
+    import numpy as np
+    from keras_yoso.models import CausalLM
+
+    keras.utils.set_random_seed(0)
+    model = CausalLM(50, 16, hidden_dim=16, num_layers=1, num_heads=2, intermediate_dim=16,
+                     attention_kwargs=dict(num_hashes=4, hash_code_len=4, seed=3))
+    model.compile(keras.optimizers.Adam(1e-3), keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    tokens = np.random.default_rng(0).integers(0, 50, (4, 9)).astype("int32")
+    model.fit(tokens[:, :-1], tokens[:, 1:], epochs=1, verbose=0)
+    np.save("tokens.npy", tokens)
+    np.save("expected.npy", keras.ops.convert_to_numpy(model(tokens)))
+    np.savez("optimizer.npz", *[keras.ops.convert_to_numpy(v) for v in model.optimizer.variables])
+    model.save("model.keras")
+    optimizer = json.loads(zipfile.ZipFile("model.keras").read("config.json"))["compile_config"]["optimizer"]
+    print(optimizer["module"], optimizer["class_name"], optimizer["registered_name"])
+"""
+
+_LOAD_COMPILED_AND_TRAIN = """
+    import sys
+
+    import keras
+    import numpy as np
+    import keras_yoso
+
+    model = keras.saving.load_model("../model.keras")
+    assert model.compiled and isinstance(model.optimizer, keras.optimizers.Adam), type(model.optimizer)
+    tokens = np.load("../tokens.npy")
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(model(tokens)), np.load("../expected.npy"), atol=1e-5)
+    saved = np.load("../optimizer.npz")
+    saved = [saved[f"arr_{k}"] for k in range(len(saved.files))]
+    assert len(model.optimizer.variables) == len(saved)
+    for variable, value in zip(model.optimizer.variables, saved):
+        np.testing.assert_allclose(keras.ops.convert_to_numpy(variable), value, atol=1e-7, err_msg=variable.path)
+    # A file from JAX carries jit_compile=True; torch.compile of this model takes minutes on a CPU.
+    model.jit_compile = model.jit_compile and keras.backend.backend() != "torch"
+    model.fit(tokens[:, :-1], tokens[:, 1:], epochs=1, verbose=0)
+    assert int(keras.ops.convert_to_numpy(model.optimizer.iterations)) == 2
+    print("ok", keras.backend.backend(), type(model.optimizer).__module__, "torch" in sys.modules)
+"""
+
+
+@pytest.mark.other_backends
+@pytest.mark.parametrize("saved_on, loaded_on", [("torch", "jax"), ("torch", "tensorflow"), ("jax", "torch"),
+                                                 ("tensorflow", "torch")])
+def test_compiled_model_saved_on_one_backend_loads_with_its_optimizer_state_and_trains_on_another(
+        saved_on, loaded_on, tmp_path):
+    """A compiled model's `.keras` file names its optimizer `keras.optimizers.Adam` on every backend
+    (PyTorch's Adam subclass included), so `keras.saving.load_model` restores the optimizer and its
+    variables on another backend, without the saving backend installed, and `fit` goes on."""
+    saved = run_python(_COMPILE_TRAIN_AND_SAVE, tmp_path, backend=saved_on)
+    assert saved.split()[-3:] == ["keras.optimizers", "Adam", "None"], saved
+    loading_folder = tmp_path / "load"
+    loading_folder.mkdir()
+    if saved_on == "torch":
+        _hide_packages(loading_folder, ("torch",))
+    output = run_python(_LOAD_COMPILED_AND_TRAIN, loading_folder, backend=loaded_on)
+    assert output.split()[:2] == ["ok", loaded_on], output

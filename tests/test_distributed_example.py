@@ -82,6 +82,7 @@ def _fill(template, **values):
     return template
 
 
+@pytest.mark.other_backends
 def test_mesh_training_matches_the_one_device_run_and_saves_a_model_that_needs_no_mesh(tmp_path):
     code = _fill(_END_TO_END, EXAMPLES=EXAMPLES, TINY_TASK=TINY_TASK, MESH=MESH)
     stdout = run_python(code, cwd=str(tmp_path), backend="jax",
@@ -125,6 +126,7 @@ def test_bad_mesh_options_are_rejected_naming_the_numbers(argv, match, capsys):
     assert re.search(match, capsys.readouterr().err)
 
 
+@pytest.mark.other_backends
 def test_mesh_needs_the_jax_backend_and_enough_devices(tmp_path, capsys):
     if BACKEND != "jax":
         with pytest.raises(SystemExit) as exit_info:

@@ -469,3 +469,45 @@ def test_invalid_options_are_rejected_naming_the_option(argv, match, capsys):
         long_text_classifier.main(argv)
     assert exit_info.value.code == 2
     assert re.search(match, capsys.readouterr().err)
+
+
+# ----------------------------------------------------------------------------- examples/causal_lm.py (issue item 7)
+
+import causal_lm  # noqa: E402
+
+
+def test_causal_lm_prints_each_phase_from_the_start_and_one_loss_per_step(tmp_path, capsys):
+    metrics = causal_lm.main(["--sequence-length", "512", "--steps", "6", "--train-sequences", "8",
+                              "--test-sequences", "2", "--batch-size", "2", "--hidden-dim", "16", "--num-layers", "1",
+                              "--num-hashes", "4", "--progress-every", "2", "--output-dir", str(tmp_path)])
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].endswith("importing Keras and keras_yoso")  # before the slow imports
+    phases = ["generating 8 training and 2 test passkey sequences of 512 bytes", "building the model",
+              "parameters", "training 6 steps of batch 2, validating every 2 steps", "step 1/6: loss",
+              "step 2/6: loss", "step 2/6: validation bits/byte", "step 6/6: loss", "step 6/6: validation",
+              "testing:"]
+    at = [next(i for i, line in enumerate(lines) if phase in line) for phase in phases]
+    assert at == sorted(at), lines
+    # One loss per step on one global step axis (not Keras' running mean, which restarts every epoch).
+    losses = metrics["training_loss_per_step"]
+    assert len(losses) == 6 and np.isfinite(losses).all()
+    assert [step for step, _ in metrics["validation_bits_per_byte"]] == [2, 4, 6]
+
+
+def test_step_losses_recover_each_step_from_the_running_means_of_an_epoch():
+    losses = np.array([3.0, 1.0, 2.0, 6.0])
+    running_means = np.cumsum(losses) / np.arange(1, 5)
+    np.testing.assert_allclose(causal_lm.step_losses(running_means), losses, rtol=1e-12)
+
+
+def test_classifier_rejects_token_ids_outside_the_vocabulary_naming_the_range():
+    """The examples' models raise the package's ValueError (`keras_yoso.check_token_ids`) when called
+    eagerly with ids outside [0, vocab_size), where JAX's Embedding would give NaN silently."""
+    args = long_text_classifier.build_parser().parse_args(TINY_MODEL + ["--max-length", "32"])
+    classifier = sequence_classification.build_classifier(257, 2, args)
+    for bad_id, received in [(300, "min 0 and max 300"), (-1, "min -1 and max 9")]:
+        ids = np.array([[5, 6, 7, 0, 0], [9, 0, 0, 0, 0]], np.int32)
+        ids[1, 1] = bad_id
+        with pytest.raises(ValueError, match=rf"expected token ids in \[0, vocabulary_size\) = \[0, 257\)\. "
+                                             rf"Received: token_ids with {received}"):
+            classifier(ids)

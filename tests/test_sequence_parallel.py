@@ -180,6 +180,7 @@ print("fit ok")
 """
 
 
+@pytest.mark.other_backends
 @pytest.mark.parametrize("mesh", ["1x8", "2x4", "8x1"])
 def test_sequence_parallel_ops_equal_one_device_with_native_calls_per_block(mesh, tmp_path):
     """YOSO (native and composite, bidirectional and causal) and LinearRelative attention: outputs and
@@ -188,6 +189,7 @@ def test_sequence_parallel_ops_equal_one_device_with_native_calls_per_block(mesh
     assert "ops ok" in output, output
 
 
+@pytest.mark.other_backends
 @pytest.mark.parametrize("mesh", ["1x8", "2x4", "8x1"])
 def test_model_fit_predict_evaluate_under_sequence_parallel_equal_one_device(mesh, tmp_path):
     """model.predict, two epochs of model.fit (fresh hash functions per step) and model.evaluate of
@@ -196,6 +198,7 @@ def test_model_fit_predict_evaluate_under_sequence_parallel_equal_one_device(mes
     assert "fit ok" in output, output
 
 
+@pytest.mark.other_backends
 def test_keras_data_parallel_runs_native_kernels_on_each_batch_shard(tmp_path):
     """Under keras.distribution.DataParallel the native calls are not gathered: each device runs them on
     its batch block (B / 8 rows), and training equals one device."""
@@ -232,6 +235,7 @@ def test_keras_data_parallel_runs_native_kernels_on_each_batch_shard(tmp_path):
     assert "data parallel ok" in output, output
 
 
+@pytest.mark.other_backends
 def test_sequence_parallel_rejects_bad_lengths_and_meshes_naming_the_numbers(tmp_path):
     output = run_python(PRELUDE + """
         import pytest
@@ -286,3 +290,31 @@ def test_sequence_parallel_on_another_backend_says_it_needs_jax(tmp_path):
         print("needs jax ok")
     """, tmp_path, backend="tensorflow")
     assert "needs jax ok" in output, output
+
+
+@pytest.mark.other_backends
+def test_a_batch_that_does_not_divide_the_batch_axis_raises_naming_the_batch_and_the_axis(tmp_path):
+    output = run_python(PRELUDE + """
+        import pytest
+        dist = keras_yoso.distribution.SequenceParallel(mesh_of("4x2"))
+        message = r"batch of 6 rows .*over the 'batch' axis of the device mesh \\(4 devices\\).*multiple of 4, received 6"
+        with pytest.raises(ValueError, match=message):
+            dist.get_data_layout((6, 16, 8))
+        with pytest.raises(ValueError, match=message.replace("6 rows", "6 rows \\\\(an input of shape \\\\(6,\\\\)\\\\)")):
+            dist.get_data_layout((6,))                                    # labels too
+        assert dist.get_data_layout((None, 16)).axes == ("batch", "seq")  # unknown batch: laid out as always
+        with dist.scope():
+            tokens = keras.Input((16,), dtype="int32")
+            h = keras.layers.Embedding(32, 8)(tokens)
+            h = YosoAttention(2, 4, num_hashes=2, hash_code_len=3, seed=1)(h, h)
+            model = keras.Model(tokens, keras.layers.Dense(1)(keras.layers.GlobalAveragePooling1D()(h)))
+            model.compile(optimizer="sgd", loss="mse")
+            x, y = np.ones((12, 16), "int32"), np.zeros((12, 1), "float32")
+            assert model.predict(x, batch_size=4, verbose=0).shape == (12, 1)
+            with pytest.raises(ValueError, match=message):
+                model.predict(x, batch_size=6, verbose=0)
+            with pytest.raises(ValueError, match=message):
+                model.fit(x, y, batch_size=6, verbose=0)                  # not JAX's raw IndivisibleError
+        print("batch errors ok")
+    """.replace("\n        ", "\n"), tmp_path, backend="jax", env=DEVICES, timeout=300)
+    assert "batch errors ok" in output, output

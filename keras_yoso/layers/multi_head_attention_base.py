@@ -375,9 +375,13 @@ class MultiHeadAttentionBase(keras.layers.Layer):
         return ops.cast(ops.reshape(index, ()), "int32")
 
     def __call__(self, *args, **kwargs):
-        # Mask dtypes are checked before Keras converts the call's arrays to tensors: on JAX and PyTorch
-        # a string mask would fail there with a message that names no argument.
+        # Input and mask dtypes are checked before Keras converts the call's arrays to tensors: on JAX and
+        # PyTorch a string would fail there with a message that names no argument (a Python str, with
+        # one that suggests passing it as a keyword).
         arguments = {**dict(zip(_CALL_ARGUMENTS, args)), **kwargs}
+        for name in _CALL_ARGUMENTS[:3]:
+            if arguments.get(name) is not None:
+                _validation.layer_input_dtype(arguments[name], name)
         for name in _MASK_ARGUMENTS:
             if arguments.get(name) is not None:
                 _validation.mask_dtype(arguments[name], name, layer=True)

@@ -153,8 +153,11 @@ class TransformerEncoderBlock(keras.layers.Layer):
         return self._attention_layer
 
     def __call__(self, *args, **kwargs):
-        # Checked before Keras converts the arrays: on JAX and PyTorch a string mask would fail there
-        # with a message that names no argument.
+        # Checked before Keras converts the arrays: on JAX and PyTorch a string input or mask would fail
+        # there with a message that names no argument.
+        inputs = kwargs.get("inputs", args[0] if args else None)
+        if inputs is not None:
+            _validation.layer_input_dtype(inputs, "inputs")
         padding_mask = kwargs.get("padding_mask", args[1] if len(args) > 1 else None)
         if padding_mask is not None:
             _validation.mask_dtype(padding_mask, "padding_mask", layer=True)

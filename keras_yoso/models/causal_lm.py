@@ -29,6 +29,15 @@ class CausalLM(keras.Model):
         attention, attention_kwargs, dropout: As in `TransformerEncoderBlock`.
 
     Call: `token_ids` int `[B, T]` -> float32 logits `[B, T, vocabulary_size]`.
+
+    Token ids must be in [0, vocabulary_size). Called eagerly (`model(token_ids)`, `generate`, and
+    every step of `fit`/`predict` on PyTorch, which run eagerly), an id out of range raises
+    ValueError naming the argument, the range and the smallest and largest id received (one
+    min/max reduction). Inside a compiled function (`fit`, `predict`, `evaluate` on JAX and
+    TensorFlow, `jit_compile=True`) nothing is checked: JAX gives NaN logits, TensorFlow on a CPU
+    raises InvalidArgumentError for ids >= vocabulary_size, and negative ids wrap around to
+    vocabulary_size + id on TensorFlow and PyTorch (docs/errors.md). `call_with_cache` (the
+    decoding step inside `generate`) does not check.
     """
 
     def __init__(self, vocabulary_size, max_length, hidden_dim=128, num_layers=2, num_heads=4,
@@ -62,6 +71,7 @@ class CausalLM(keras.Model):
         return self.token_embedding(token_ids) + self.position_embedding(positions)[None]
 
     def call(self, token_ids, training=None):
+        _validation.check_token_ids(token_ids, self.vocabulary_size)
         x = self._embed(token_ids, 0)
         for block in self.blocks:
             x = block(x, training=training)
@@ -88,12 +98,13 @@ class CausalLM(keras.Model):
 
     def generate(self, prompt, max_new_tokens, sampler="greedy", temperature=1.0, seed=None):
         """`[B, max_new_tokens]` int32 tokens following `prompt` (int `[B, P]`, P >= 1, all rows of
-        one length; P + max_new_tokens <= max_length).
+        one length, ids in [0, vocabulary_size) (else ValueError); P + max_new_tokens <= max_length).
 
         sampler: "greedy" (argmax), "random" (softmax(logits / temperature) sampling, with Gumbel
         noise drawn from `seed` before the loop) or a callable `logits [B, V] -> ids [B]` written in
         keras.ops (it runs inside the compiled loop).
         """
+        _validation.check_token_ids(prompt, self.vocabulary_size, "prompt")
         prompt = ops.cast(ops.convert_to_tensor(prompt), "int32")
         shape = _runtime.static_shape(prompt)
         if len(shape) != 2 or not shape[1]:
