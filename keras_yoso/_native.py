@@ -16,7 +16,7 @@ import warnings
 
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 # custom_ops/cc/c_api/yoso_c_api.h: KY_ABI_VERSION, dtype codes, return codes, KY_MAX_RANK.
-ABI_VERSION = 2
+ABI_VERSION = 3
 DTYPE_CODES = {"float32": 0, "float16": 1, "bfloat16": 2, "int32": 3}
 _OK, _INVALID_ARGUMENT = 0, 1
 MAX_RANK = 8
@@ -115,6 +115,8 @@ def _open(path):
         entry = getattr(library, name)
         entry.argtypes = argtypes + _TAIL
         entry.restype = _I32
+    library.ky_throttle_openmp_spinning.argtypes = [ctypes.c_void_p, _I32]
+    library.ky_throttle_openmp_spinning.restype = _I32
     return library
 
 
@@ -134,9 +136,12 @@ def handler(name):
     return getattr(library(), name)
 
 
-def default_num_threads():
-    """The threads the kernels use by default: the machine's hardware threads."""
-    return int(library().ky_default_num_threads())
+def throttle_openmp_spinning(parallel_region, num_threads):
+    """Once per process: the libgomp whose `GOMP_parallel` is at address `parallel_region` (an int)
+    spins about 100 times before its idle workers sleep, not about 300,000, as under
+    OMP_WAIT_POLICY=PASSIVE (custom_ops/cc/c_api/openmp_spinning.h: it holds a region of `num_threads`
+    sleeping threads). True when this call did it. Called by the PyTorch provider (ops/_torch_kernels.py)."""
+    return bool(library().ky_throttle_openmp_spinning(parallel_region, int(num_threads)))
 
 
 def call(entry, *arguments, num_threads=0):

@@ -3,6 +3,7 @@
 kernels, with gradients from keras_yoso.ops (torch autograd)."""
 
 import importlib
+import os
 import threading
 
 import keras
@@ -10,7 +11,7 @@ import numpy as np
 import pytest
 
 import numpy_reference as ref
-from conftest import BACKEND, cast, random_mask, rounded, to_numpy, trainable_gradients, unit_rows, vjp
+from conftest import BACKEND, cast, random_mask, rounded, run_python, to_numpy, trainable_gradients, unit_rows, vjp
 from keras_yoso import YosoAttention
 from keras_yoso import _validation
 from keras_yoso import ops
@@ -259,6 +260,53 @@ def test_concurrent_python_threads_give_identical_results():
     assert not errors, errors
     for result in results:
         assert all(torch.equal(a, b) for a, b in zip(result, expected))
+
+
+# CPU seconds a process spends over 100 short PyTorch ops on 2 threads, each followed by 10 ms of
+# idleness, in which libgomp's worker spins (milliseconds by default) or sleeps (throttled).
+_IDLE_SPIN_PROBE = """
+import os, time
+import torch
+from keras_yoso.ops import _torch_kernels
+assert _torch_kernels.PROVIDER.load_error() is None
+torch.set_num_threads(2)
+x = torch.ones(1 << 18)
+for _ in range(5):
+    x.add_(1)
+time.sleep(0.2)
+start = time.process_time()
+for _ in range(100):
+    x.add_(1)
+    time.sleep(0.01)
+print("cpu", time.process_time() - start, "throttled", _torch_kernels._THROTTLED)
+"""
+
+
+def _idle_cpu_seconds(tmp_path, spinning):
+    output = run_python(_IDLE_SPIN_PROBE, tmp_path, env={"KERAS_YOSO_TORCH_OPENMP_SPINNING": spinning})
+    return float(output.split()[-3])
+
+
+def test_provider_throttles_the_spinning_of_torch_libgomp_workers(tmp_path):
+    if _torch_kernels.torch_openmp_parallel_region() is None or len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs a PyTorch on libgomp and 2 CPUs")
+    throttled = _idle_cpu_seconds(tmp_path, "throttled")
+    default = _idle_cpu_seconds(tmp_path, "default")
+    assert throttled < 0.5 * default, (throttled, default)
+
+
+@pytest.mark.parametrize("missing", ["libgomp", "openmp_backend"])
+def test_provider_leaves_torch_alone_without_libgomp(monkeypatch, missing):
+    if missing == "libgomp":  # e.g. a PyTorch on Intel's or LLVM's OpenMP, or no /proc/self/maps
+        monkeypatch.setattr(_torch_kernels, "_loaded_libgomp_paths", lambda: [])
+    else:  # PyTorch built with its native thread pool or TBB
+        monkeypatch.setattr(torch.__config__, "parallel_info", lambda: "ATen parallel backend: native thread pool")
+    assert _torch_kernels.torch_openmp_parallel_region() is None
+    calls = []
+    monkeypatch.setattr(_native, "throttle_openmp_spinning", lambda *args: calls.append(args))
+    monkeypatch.setattr(_torch_kernels, "_THROTTLED", False)
+    assert _torch_kernels.PROVIDER.load_error() is None
+    assert calls == []
 
 
 def _attention_layer(implementation, seed=3, **options):

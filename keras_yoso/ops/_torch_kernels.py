@@ -4,13 +4,28 @@ Each primitive is one op of the `keras_yoso::` namespace (`torch.ops.keras_yoso.
 CPU implementation hands contiguous views of its tensors to the C ABI
 (custom_ops/cc/c_api/yoso_c_api.h) through `keras_yoso._native.call`, with as many threads as
 `torch.get_num_threads()`; the C ABI checks everything (shapes, dtypes, code ranges, limits) and
-its errors arrive as ValueError. Each op has a fake (meta) implementation that gives the output's
-shape and dtype, so `torch.compile(fullgraph=True)` traces through it without a graph break.
+its errors arrive as ValueError.
+
+Each op has a fake (meta) implementation that gives the output's shape and dtype, so
+`torch.compile(fullgraph=True)` traces through it without a graph break.
+
+On a busy machine PyTorch's libgomp workers, which spin for milliseconds after every op, take the
+cores from the threads that have work (the native kernels' and PyTorch's own): a training run
+took up to 10x its quiet time (docs/benchmarks.md, "A busy machine"). libgomp reads
+OMP_WAIT_POLICY once, when PyTorch loads it, so when the provider loads it throttles that
+spinning through the native library (`_native.throttle_openmp_spinning`: libgomp's workers then
+spin about 100 times before they sleep, as with OMP_WAIT_POLICY=PASSIVE), for the libgomp that
+PyTorch runs its parallel regions on. Elsewhere (another OpenMP runtime, another parallel
+backend, no /proc/self/maps) nothing changes. `KERAS_YOSO_TORCH_OPENMP_SPINNING=default` keeps
+libgomp's own spinning.
 
 The ops have no autograd formula of their own: the public functions of `keras_yoso.ops` bring
 their gradients (`keras.ops.custom_gradient`, a `torch.autograd.Function` on torch), written once
 for every provider in ops/yoso.py.
 """
+
+import ctypes
+import os
 
 import torch
 
@@ -109,6 +124,53 @@ _OPS = {
 }
 
 
+def _loaded_libgomp_paths():
+    """Paths of the libgomp files mapped into this process (none where /proc/self/maps is missing)."""
+    try:
+        with open("/proc/self/maps", encoding="utf-8", errors="replace") as maps:
+            fields = [line.split(maxsplit=5) for line in maps]
+    except OSError:
+        return []
+    paths = (f[5].strip() for f in fields if len(f) == 6)
+    return list(dict.fromkeys(p for p in paths if os.path.basename(p).startswith("libgomp")))
+
+
+def _function_address(path, name):
+    """The address of function `name` in the already loaded library `path` or, as dlsym searches, in
+    the libraries it depends on; None when there is none."""
+    try:
+        return ctypes.cast(getattr(ctypes.CDLL(path, mode=os.RTLD_NOLOAD), name), ctypes.c_void_p).value
+    except (OSError, AttributeError):  # not loaded, no such symbol, or no RTLD_NOLOAD (Windows)
+        return None
+
+
+def torch_openmp_parallel_region():
+    """The address of `GOMP_parallel` in the libgomp that PyTorch runs its intra-op parallel regions
+    on, or None: PyTorch's parallel backend is not OpenMP, its OpenMP runtime is not libgomp (Intel's,
+    LLVM's), or the loaded libraries cannot be listed."""
+    if "ATen parallel backend: OpenMP" not in torch.__config__.parallel_info():
+        return None
+    region = _function_address(torch._C.__file__, "GOMP_parallel")  # the one torch's libraries call
+    if region is None or all(_function_address(p, "GOMP_parallel") != region for p in _loaded_libgomp_paths()):
+        return None
+    return region
+
+
+_THROTTLED = False
+
+
+def _throttle_torch_openmp_spinning():
+    """Once per process: throttles the spinning of PyTorch's libgomp workers (module docstring), unless
+    KERAS_YOSO_TORCH_OPENMP_SPINNING=default or PyTorch runs on no libgomp."""
+    global _THROTTLED
+    if _THROTTLED:
+        return
+    _THROTTLED = True
+    region = torch_openmp_parallel_region()
+    if region is not None and os.environ.get("KERAS_YOSO_TORCH_OPENMP_SPINNING", "throttled") != "default":
+        _native.throttle_openmp_spinning(region, len(os.sched_getaffinity(0)))
+
+
 def _torch_load_error():
     if not hasattr(torch.library, "custom_op") or not hasattr(torch.library, "register_fake"):
         return f"torch {torch.__version__} has no torch.library.custom_op (keras_yoso needs torch >= 2.4)"
@@ -138,7 +200,10 @@ class TorchProvider(_provider.NativeLibraryProvider):
     """The native library's CPU kernels as torch.library ops: traced by torch.compile, CPU tensors only."""
 
     def load_error(self):
-        return _torch_load_error() or _native.load_error()
+        error = _torch_load_error() or _native.load_error()
+        if error is None:
+            _throttle_torch_openmp_spinning()
+        return error
 
     def device_error(self, tensors):
         for tensor in tensors:

@@ -6,7 +6,8 @@
 // num_threads - 1 workers take in turn; it returns when every chunk is done. Several callers
 // may run at once (their chunks share the workers), and a caller never waits for a worker to
 // become free: it works through the chunks itself. yoso_cpu.h's units write disjoint outputs,
-// so the result does not depend on which thread ran a chunk.
+// so the result does not depend on which thread ran a chunk. An exception from a chunk is rethrown
+// to the caller once every chunk is done.
 #ifndef KERAS_YOSO_C_API_THREAD_POOL_H_
 #define KERAS_YOSO_C_API_THREAD_POOL_H_
 
@@ -15,6 +16,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <exception>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -62,6 +64,7 @@ class ThreadPool {
     Work(call.get());
     std::unique_lock<std::mutex> lock(call->mutex);
     call->finished.wait(lock, [&] { return call->done == call->chunks; });
+    if (call->error) std::rethrow_exception(call->error);
   }
 
  private:
@@ -73,7 +76,8 @@ class ThreadPool {
     int64_t units = 0, chunks = 0;
     const std::function<void(int64_t, int64_t)>* fn = nullptr;
     std::atomic<int64_t> next{0};
-    int64_t done = 0;  // guarded by mutex
+    int64_t done = 0;          // guarded by mutex
+    std::exception_ptr error;  // the first chunk's exception; guarded by mutex
     std::mutex mutex;
     std::condition_variable finished;
   };
@@ -86,8 +90,14 @@ class ThreadPool {
       if (chunk >= call->chunks) return;
       const int64_t begin = call->units * chunk / call->chunks;
       const int64_t end = call->units * (chunk + 1) / call->chunks;
-      (*call->fn)(begin, end);
+      std::exception_ptr error;
+      try {
+        (*call->fn)(begin, end);
+      } catch (...) {  // a worker must not let it escape (std::terminate), nor the caller before the rest
+        error = std::current_exception();
+      }
       std::lock_guard<std::mutex> lock(call->mutex);
+      if (error && !call->error) call->error = error;
       if (++call->done == call->chunks) call->finished.notify_all();
     }
   }

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "half_types.h"
+#include "openmp_spinning.h"
 #include "thread_pool.h"
 #include "yoso_checks.h"
 #include "yoso_cpu.h"
@@ -183,7 +184,9 @@ extern "C" {
 
 int32_t ky_abi_version(void) { return KY_ABI_VERSION; }
 
-int32_t ky_default_num_threads(void) { return ThreadPool::HardwareThreads(); }
+int32_t ky_throttle_openmp_spinning(KyParallelRegion parallel_region, int32_t num_threads) {
+  return ThrottleOpenMPSpinning(parallel_region, num_threads) ? 1 : 0;
+}
 
 int32_t ky_gaussian_hash_codes(const KyTensor* x, const KyTensor* projection, int64_t num_hashes,
                                int64_t hash_code_len, KyTensor* codes, int32_t num_threads,

@@ -24,7 +24,7 @@ extern "C" {
 #endif
 
 /* Bumped whenever an entry's signature or KyTensor changes; _native.py checks it. */
-#define KY_ABI_VERSION 2
+#define KY_ABI_VERSION 3
 
 /* dtype codes; the float codes match keras_yoso::ScalarType. */
 #define KY_FLOAT32 0
@@ -54,8 +54,15 @@ typedef struct KyTensor {
 
 KY_EXPORT int32_t ky_abi_version(void);
 
-/* Threads the kernels use when num_threads <= 0: the machine's hardware threads. */
-KY_EXPORT int32_t ky_default_num_threads(void);
+/* The signature of libgomp's GOMP_parallel (what `#pragma omp parallel` compiles to). */
+typedef void (*KyParallelRegion)(void (*fn)(void*), void* data, unsigned num_threads, unsigned flags);
+
+/* Process-wide, once: makes the libgomp whose GOMP_parallel is `parallel_region` throttle the
+ * spinning of its idle workers (about 100 spins before they sleep instead of about 300,000), by
+ * holding one parallel region of `num_threads` sleeping threads on it (openmp_spinning.h says
+ * why). The PyTorch provider calls it with PyTorch's libgomp and the CPUs the process may use
+ * (keras_yoso/ops/_torch_kernels.py). Returns 1 when this call opened the region, else 0. */
+KY_EXPORT int32_t ky_throttle_openmp_spinning(KyParallelRegion parallel_region, int32_t num_threads);
 
 /* x [B, N, d] (float), projection float32 [d, m * tau] -> codes int32 [B, m, N]. */
 KY_EXPORT int32_t ky_gaussian_hash_codes(const KyTensor* x, const KyTensor* projection, int64_t num_hashes,
