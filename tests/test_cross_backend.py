@@ -2,7 +2,8 @@
 outputs under another, and keras_yoso imports and runs where TensorFlow cannot be imported.
 
 These tests start interpreters on the other backends themselves, so they run once, from the
-TensorFlow run of the suite (CI installs all three backends in one environment).
+TensorFlow run of the suite; they are marked `other_backends` and skip where JAX or PyTorch is not
+installed (the README's test command); CI runs them in the venv that has all three (.ci/run).
 """
 
 import pytest
@@ -46,6 +47,7 @@ _LOAD_AND_COMPARE = """
 """
 
 
+@pytest.mark.other_backends
 @pytest.mark.parametrize("saved_on, loaded_on", [("tensorflow", "jax"), ("tensorflow", "torch"),
                                                  ("jax", "tensorflow"), ("torch", "jax")])
 def test_keras_file_saved_on_one_backend_gives_the_same_outputs_on_another(saved_on, loaded_on, tmp_path):
@@ -66,6 +68,7 @@ def _hide_tensorflow(folder):
     _hide_packages(folder, ("tensorflow", "tensorflow_text"))
 
 
+@pytest.mark.other_backends
 @pytest.mark.parametrize("backend", ["jax", "torch"])
 def test_keras_yoso_imports_and_trains_without_tensorflow(backend, tmp_path):
     _hide_tensorflow(tmp_path)
@@ -115,6 +118,7 @@ def test_custom_op_and_composite_layers_agree_within_float_tolerance(tmp_path):
     assert output.strip() == "ok"
 
 
+@pytest.mark.other_backends
 @pytest.mark.parametrize("backend", ["jax", "torch"])
 def test_missing_native_library_warns_once_and_runs_the_composite(backend, tmp_path):
     """Without the native library, JAX and PyTorch warn once, "auto" runs the composite, and
