@@ -217,7 +217,8 @@ def rounded(array, dtype):
 
 # On JAX every new shape is an XLA compilation (seconds each), so each parametrized test keeps at most
 # JAX_CASES_PER_TEST of its cases there, spread evenly over its grid (first and last included); the
-# full grids run on TensorFlow and torch. KERAS_YOSO_FULL_GRIDS=1 runs them all on JAX too.
+# full grids run on TensorFlow and torch. KERAS_YOSO_FULL_GRIDS=1 runs them all on JAX too; tests
+# marked `all_cases` (the README's code blocks) always run every case.
 JAX_CASES_PER_TEST = 4
 
 
@@ -226,7 +227,8 @@ def pytest_collection_modifyitems(config, items):
         return
     groups = {}
     for item in items:
-        groups.setdefault((item.module.__name__, getattr(item, "originalname", item.name)), []).append(item)
+        if item.get_closest_marker("all_cases") is None:
+            groups.setdefault((item.module.__name__, getattr(item, "originalname", item.name)), []).append(item)
     dropped = set()
     for cases in groups.values():
         if len(cases) > JAX_CASES_PER_TEST:

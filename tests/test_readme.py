@@ -35,6 +35,7 @@ def _python_blocks():
 
 
 _BLOCKS = _python_blocks()
+pytestmark = pytest.mark.all_cases  # every block on every backend, JAX included
 
 
 def test_readme_has_python_blocks_for_every_backend():
