@@ -166,8 +166,10 @@ def _throttle_torch_openmp_spinning():
     if _THROTTLED:
         return
     _THROTTLED = True
-    region = torch_openmp_parallel_region()
-    if region is not None and os.environ.get("KERAS_YOSO_TORCH_OPENMP_SPINNING", "throttled") != "default":
+    if os.environ.get("KERAS_YOSO_TORCH_OPENMP_SPINNING", "throttled") == "default":
+        return
+    region = torch_openmp_parallel_region()  # reads /proc/self/maps: only when it will be used
+    if region is not None:
         _native.throttle_openmp_spinning(region, len(os.sched_getaffinity(0)))
 
 
