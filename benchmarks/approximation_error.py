@@ -424,7 +424,7 @@ def _plot(args, angles, panels, gradients):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    styles = {"gaussian": "o-", "hadamard": "s--"}
+    styles = {"gaussian": "o-", "hadamard": "s--", "hadamard_interleaved": "^-."}
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharey=False)
     colors = plt.cm.viridis(np.linspace(0, 0.9, len(args.num_hashes)))
     for ax, setting in zip(axes, SETTINGS):
@@ -491,8 +491,8 @@ def main():
     parser.add_argument("--lengths", type=int, nargs="+", default=[64, 128, 256, 512, 1024, 2048, 4096])
     parser.add_argument("--num-hashes", type=int, nargs="+", default=[8, 16, 32, 64, 128])
     parser.add_argument("--hash-code-len", type=int, default=8, help="tau, for training and every estimate")
-    parser.add_argument("--hash-methods", nargs="+", default=["gaussian", "hadamard"],
-                        choices=["gaussian", "hadamard"])
+    parser.add_argument("--hash-methods", nargs="+", default=["gaussian", "hadamard_interleaved"],
+                        choices=["gaussian", "hadamard", "hadamard_interleaved"])
     parser.add_argument("--trials", type=int, default=4, help="hash draws averaged per (m, n)")
     parser.add_argument("--data-dir", default=None, help="directory with train.jsonl.gz (IMDB); default: "
                                                          "a synthetic Markov chain")
@@ -508,11 +508,12 @@ def main():
     parser.add_argument("--retrain", action="store_true", help="ignore the cached Q, K, V")
     parser.add_argument("--fig6-head", type=int, default=0, help="row b * heads + h of the captured heads")
     parser.add_argument("--fig6-num-hashes", type=int, nargs="+", default=[32])
-    parser.add_argument("--fig6-hash-method", default="hadamard", choices=["gaussian", "hadamard"])
+    parser.add_argument("--fig6-hash-method", default="hadamard", choices=["gaussian", "hadamard", "hadamard_interleaved"])
     parser.add_argument("--grad-length", type=int, default=1024)
     parser.add_argument("--grad-num-hashes", type=int, nargs="+", default=[8, 32, 128])
     parser.add_argument("--grad-draws", type=int, default=32)
-    parser.add_argument("--grad-hash-method", default="gaussian", choices=["gaussian", "hadamard"],
+    parser.add_argument("--grad-hash-method", default="gaussian",
+                        choices=["gaussian", "hadamard", "hadamard_interleaved"],
                         help="gaussian makes the analytic expectations exact")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out-dir", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
@@ -520,7 +521,7 @@ def main():
     args = parser.parse_args()
     print(package_banner(os.path.dirname(keras_yoso.__file__), ops.custom_ops_load_error()), flush=True)
     if args.quick:
-        args.lengths, args.num_hashes, args.hash_methods, args.trials = [64, 128, 256], [8, 32], ["hadamard"], 1
+        args.lengths, args.num_hashes, args.hash_methods, args.trials = [64, 128, 256], [8, 32], ["hadamard_interleaved"], 1
         args.train_steps, args.train_length, args.batch_size, args.capture_batch = 10, 32, 8, 1
         args.grad_length, args.grad_num_hashes, args.grad_draws = 128, [8], 4
     if not -args.layers <= args.capture_layer < args.layers:

@@ -16,7 +16,7 @@ import warnings
 
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 # custom_ops/cc/c_api/yoso_c_api.h: KY_ABI_VERSION, dtype codes, return codes, KY_MAX_RANK.
-ABI_VERSION = 3
+ABI_VERSION = 4
 DTYPE_CODES = {"float32": 0, "float16": 1, "bfloat16": 2, "int32": 3}
 _OK, _INVALID_ARGUMENT = 0, 1
 MAX_RANK = 8
@@ -53,6 +53,7 @@ _TAIL = [_I32, ctypes.c_char_p, _I64]  # num_threads, error, error_size
 _SIGNATURES = {
     "ky_gaussian_hash_codes": [_T, _T, _I64, _I64, _T],
     "ky_hadamard_hash_codes": [_T, _T, _I64, _I64, _T],
+    "ky_hadamard_interleaved_hash_codes": [_T, _T, _I64, _I64, _T],
     "ky_lsh_cumulation": [_T, _T, _T, _T, _T, _I64, _I64, _T],  # ..., num_buckets, causal, output
     "ky_weighted_lsh_cumulation": [_T, _T, _T, _T, _T, _T, _T, _I64, _I64, _T],
     "ky_collision_cumulation": [_T, _T, _T, _T, _T, _T, _T, _T, _I64, _F32, _T],

@@ -36,10 +36,11 @@ def hadamard_matrix(size):
     return h
 
 
-def hadamard_hash_codes(x, signs, num_hashes, hash_code_len):
+def hadamard_hash_codes(x, signs, num_hashes, hash_code_len, interleaved=False):
     """Fast-Hadamard LSH, appendix §1.2: concat_q sign(H D3 H D2 H D1 x) -> int32 [B, m, N].
 
-    signs: [num_blocks, 3, padded_dim] of +-1; x is zero-padded to padded_dim.
+    signs: [num_blocks, 3, padded_dim] of +-1; x is zero-padded to padded_dim. Bit k of the codes is
+    row k of the concatenation, or (interleaved) row k // num_blocks of block k % num_blocks.
     """
     x = np.asarray(x, np.float64)
     signs = np.asarray(signs, np.float64)
@@ -53,16 +54,27 @@ def hadamard_hash_codes(x, signs, num_hashes, hash_code_len):
         for p in range(3):
             z = (z * signs[q, p]) @ h.T
         blocks.append(z)
-    return _pack_bits(np.concatenate(blocks, -1) > 0, num_hashes, hash_code_len)
+    rows = np.stack(blocks, -1) if interleaved else np.concatenate(blocks, -1)  # [B, N, p, blocks]: row r blocks + q
+    return _pack_bits(rows.reshape(x.shape[:2] + (num_blocks * padded_dim,)) > 0, num_hashes, hash_code_len)
 
 
-def hadamard_projection_matrix(signs, dim):
-    """[dim, num_blocks * padded_dim]: column q p + r is row r of H D3 H D2 H D1 of block q (its first
-    dim columns), so x @ matrix is the block transforms of x zero-padded to p."""
+def hash_codes(x, params, num_hashes, hash_code_len, method):
+    """The codes of `keras_yoso.ops.hash_codes(x, ..., method)` from its `hash_parameters`."""
+    if method == "gaussian":
+        return gaussian_hash_codes(x, params, num_hashes, hash_code_len)
+    return hadamard_hash_codes(x, params, num_hashes, hash_code_len, interleaved=method == "hadamard_interleaved")
+
+
+def hadamard_projection_matrix(signs, dim, interleaved=False):
+    """[dim, num_blocks * padded_dim]: column q p + r (interleaved: r num_blocks + q) is row r of
+    H D3 H D2 H D1 of block q (its first dim columns), so x @ matrix is the block transforms of x
+    zero-padded to p."""
     signs = np.asarray(signs, np.float64)
     num_blocks, _, padded_dim = signs.shape
     h = hadamard_matrix(padded_dim)
     blocks = [h @ np.diag(signs[q, 2]) @ h @ np.diag(signs[q, 1]) @ h @ np.diag(signs[q, 0]) for q in range(num_blocks)]
+    if interleaved:
+        return np.stack([block[:, :dim].T for block in blocks], axis=2).reshape(dim, -1)
     return np.concatenate([block[:, :dim].T for block in blocks], axis=1)
 
 

@@ -268,7 +268,7 @@ ARGUMENT_ROWS = {
     "hash_code_len_31": (lambda i: _hash(i, hash_code_len=31), ValueError,
                          r"hash_code_len must be an integer in \[1, 30\], got 31"),
     "hash_method": (lambda i: _hash(i, method="simhash"), ValueError,
-                    r"method must be one of \('gaussian', 'hadamard'\), got 'simhash'"),
+                    r"method must be one of \('gaussian', 'hadamard', 'hadamard_interleaved'\), got 'simhash'"),
     "hash_seed": (lambda i: _hash(i, seed=[1, 2, 3]), ValueError,
                   r"seed must be an int or an integer tensor of shape \[2\]"),
     "hash_x_rank": (lambda i: _hash(i, x=np.ones((4, 8), np.float32)), ValueError, r"x must have rank 3"),

@@ -305,11 +305,12 @@ def test_hash_codes_agree_across_implementations_are_in_range_and_nan_rows_hash_
         nan.flat[rng.integers(0, batch * length, size=nan_rows)] = True
         x[nan, rng.integers(0, dim)] = np.nan
     params = to_numpy(ops.hash_parameters(dim, num_hashes, hash_code_len, seed % 1000, method))
-    expected = (ref.gaussian_hash_codes if method == "gaussian" else ref.hadamard_hash_codes)(
-        np.nan_to_num(x), params, num_hashes, hash_code_len)
+    expected = ref.hash_codes(
+        np.nan_to_num(x), params, num_hashes, hash_code_len, method)
     # Bits whose projection is within float32 rounding of 0 may differ between implementations;
     # exact zeros (structural zeros of the Hadamard transform) may not.
-    matrix = params if method == "gaussian" else ref.hadamard_projection_matrix(params, dim)
+    matrix = params if method == "gaussian" else ref.hadamard_projection_matrix(
+        params, dim, method == "hadamard_interleaved")
     x64 = np.nan_to_num(x).astype(np.float64)
     projected = np.einsum("bnd,dk->bnk", x64, matrix)[..., :num_hashes * hash_code_len]
     magnitude = np.einsum("bnd,dk->bnk", np.abs(x64), np.abs(matrix))[..., :num_hashes * hash_code_len]

@@ -76,21 +76,21 @@ def test_half_precision_inputs_accumulate_in_float32(implementation, dtype, tol)
     _assert_close(out, expected, tol)
 
 
-@pytest.mark.parametrize("method", ["gaussian", "hadamard"])
+@pytest.mark.parametrize("method", _validation.HASH_METHODS)
 @pytest.mark.parametrize("n,d,m,tau", [(7, 3, 5, 8), (0, 16, 4, 4), (1, 64, 32, 8), (300, 100, 33, 12), (50, 5, 1, 1)])
 def test_hash_codes_match_reference(implementation, method, n, d, m, tau):
     rng = np.random.default_rng(n + d)
     x = rng.normal(size=(2, n, d)).astype(np.float32)
     codes = to_numpy(ops.hash_codes(x, m, tau, seed=11, method=method, implementation=implementation))
     params = to_numpy(ops.hash_parameters(d, m, tau, 11, method))
-    expected = (ref.gaussian_hash_codes if method == "gaussian" else ref.hadamard_hash_codes)(x, params, m, tau)
+    expected = ref.hash_codes(x, params, m, tau, method)
     assert codes.shape == (2, m, n) and codes.dtype == np.int32
     assert codes.size == 0 or (codes.min() >= 0 and codes.max() < 2 ** tau)
     # A sign can only differ from the float64 reference where the projection is ~0.
     assert (codes == expected).mean() >= 0.995 if codes.size else True
 
 
-@pytest.mark.parametrize("method", ["gaussian", "hadamard"])
+@pytest.mark.parametrize("method", _validation.HASH_METHODS)
 def test_hash_codes_agree_between_implementations(method):
     if len(IMPLEMENTATIONS) < 2:
         pytest.skip("no custom ops expected (backend or KERAS_YOSO_DISABLE_CUSTOM_OPS=1)")

@@ -100,15 +100,15 @@ def test_reimporting_the_provider_keeps_the_registered_ops():
     np.testing.assert_allclose(to_numpy(out), 3.0)
 
 
-@pytest.mark.parametrize("method", ["gaussian", "hadamard"])
+@pytest.mark.parametrize("method", _validation.HASH_METHODS)
 @pytest.mark.parametrize("dtype", [d for d, _ in DTYPES])
 def test_hash_codes_match_reference_and_composite(method, dtype):
     x = np.random.default_rng(1).normal(size=(2, 200, 24)).astype(np.float32)
     codes = ops.hash_codes(cast(x, dtype), 8, 6, seed=3, method=method, implementation="custom_op")
     assert codes.dtype == torch.int32 and tuple(codes.shape) == (2, 8, 200)
     params = to_numpy(ops.hash_parameters(24, 8, 6, 3, method))
-    expected = (ref.gaussian_hash_codes if method == "gaussian" else ref.hadamard_hash_codes)(
-        rounded(x, dtype), params, 8, 6)
+    expected = ref.hash_codes(
+        rounded(x, dtype), params, 8, 6, method)
     composite = ops.hash_codes(cast(x, dtype), 8, 6, seed=3, method=method, implementation="composite")
     # A sign can only differ where a projection is ~0 (half precision rounds the projections).
     agree = 0.995 if dtype == "float32" else 0.95
@@ -360,6 +360,6 @@ def test_torch_compile_traces_yoso_attention_without_graph_breaks():
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
     targets = {str(node.target) for graphs in (backend.fw_graphs, backend.bw_graphs) for graph in graphs
                for node in graph.graph.nodes}
-    assert {"keras_yoso.hadamard_hash_codes.default", "keras_yoso.gaussian_hash_codes.default",
+    assert {"keras_yoso.hadamard_interleaved_hash_codes.default", "keras_yoso.gaussian_hash_codes.default",
             "keras_yoso.lsh_cumulation.default", "keras_yoso.weighted_lsh_cumulation.default",
             "keras_yoso.collision_cumulation.default"} <= targets

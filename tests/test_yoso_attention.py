@@ -187,3 +187,27 @@ def test_key_and_value_of_different_lengths_raise_at_build():
         YosoAttention(2, 4).build((1, 5, 8), (1, 6, 8), (1, 7, 8))
     with pytest.raises(ValueError, match="shape \\(batch, length, features\\)"):
         YosoAttention(2, 4).build((1, 5, 2, 8), (1, 6, 8))
+
+
+def test_default_hash_gives_the_paper_kernel_and_is_stored_in_the_config():
+    layer = YosoAttention(2, 8)
+    assert layer.get_config()["hash_method"] == "hadamard_interleaved"
+
+
+def test_layers_saved_with_the_legacy_hash_reload_and_hash_with_it(tmp_path):
+    """A .keras file written before the default changed stores hash_method="hadamard" in its config, so
+    it reloads with the hash it was trained with; only new layers take the new default."""
+    x = np.random.default_rng(0).normal(size=(2, 24, 16)).astype(np.float32)
+    inputs = keras.Input((24, 16))
+    legacy = keras.Model(inputs, YosoAttention(2, 8, hash_method="hadamard", seed=3)(inputs, inputs))
+    path = str(tmp_path / "legacy.keras")
+    legacy.save(path)
+    reloaded = keras.saving.load_model(path)
+    assert reloaded.layers[-1].get_config()["hash_method"] == "hadamard"
+    np.testing.assert_allclose(to_numpy(reloaded(x)), to_numpy(legacy(x)), rtol=1e-5, atol=1e-6)
+    config = legacy.layers[-1].get_config()
+    config.pop("hash_method")
+    default = YosoAttention.from_config(config)  # same weights' shapes and seed, the default hash
+    default(x, x)
+    default.set_weights(legacy.layers[-1].get_weights())
+    assert not np.allclose(to_numpy(default(x, x)), to_numpy(legacy(x)), atol=1e-4)

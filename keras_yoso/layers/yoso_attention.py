@@ -108,8 +108,13 @@ class YosoAttention(MultiHeadAttentionBase):
             derivative on colliding pairs) gradient estimator for queries and
             keys. With `use_expectation=True`, "collision" means the exact
             derivative of the expectation.
-        hash_method: "hadamard" (fast structured projection, default) or
-            "gaussian" (dense Gaussian projection) hyperplanes.
+        hash_method: How the hyperplanes are drawn (`keras_yoso.ops.hash_codes`).
+            "hadamard_interleaved" (default): fast structured projections whose
+            collision rate is the paper's (1 - theta/pi)^hash_code_len at every
+            head size. "hadamard": the default before 2026-11, kept so that
+            layers saved with it (their config stores it) hash as they were
+            trained; its kernel falls short at small head sizes. "gaussian":
+            dense Gaussian projections.
         dropout: Dropout rate applied to each head's attention output (the
             attention matrix is never formed, so it cannot be dropped).
         use_bias: Whether the projections use bias vectors.

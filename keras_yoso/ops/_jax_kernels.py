@@ -31,6 +31,7 @@ from keras_yoso.ops import _provider
 _TARGETS = {
     "keras_yoso_gaussian_hash_codes": "ky_xla_gaussian_hash_codes",
     "keras_yoso_hadamard_hash_codes": "ky_xla_hadamard_hash_codes",
+    "keras_yoso_hadamard_interleaved_hash_codes": "ky_xla_hadamard_interleaved_hash_codes",
     "keras_yoso_lsh_cumulation": "ky_xla_lsh_cumulation",
     "keras_yoso_weighted_lsh_cumulation": "ky_xla_weighted_lsh_cumulation",
     "keras_yoso_collision_cumulation": "ky_xla_collision_cumulation",
@@ -137,7 +138,7 @@ class JaxProvider(_provider.NativeLibraryProvider):
 
     def hash_codes(self, x, params, num_hashes, hash_code_len, method):
         """Sign-random-projection codes (YOSO §3.2, appendix §1.2): x `[B, N, d]` float, params
-        float32 (gaussian: projection `[d, m * tau]`; hadamard: signs `[num_blocks, 3, padded_dim]`)
+        float32 (gaussian: projection `[d, m * tau]`; the Hadamard methods: signs `[num_blocks, 3, padded_dim]`)
         -> int32 `[B, m, N]`, code = sum_i [<x, r_{h,i}> > 0] 2^i. Piecewise constant: its
         inputs are cut from autodiff (an FFI call has no derivative rule), so layers that hash
         projected queries and keys differentiate through it, as through the composite."""

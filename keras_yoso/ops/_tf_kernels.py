@@ -65,8 +65,10 @@ class TensorFlowProvider(_provider.Provider):
         return not _runtime.in_xla_context() and not _gpu_needs_determinism()
 
     def hash_codes(self, x, params, num_hashes, hash_code_len, method):
-        run = _lib().yoso_gaussian_hash_codes if method == "gaussian" else _lib().yoso_hadamard_hash_codes
-        return run(x, params, num_hashes=num_hashes, hash_code_len=hash_code_len)
+        if method == "gaussian":
+            return _lib().yoso_gaussian_hash_codes(x, params, num_hashes=num_hashes, hash_code_len=hash_code_len)
+        return _lib().yoso_hadamard_hash_codes(x, params, num_hashes=num_hashes, hash_code_len=hash_code_len,
+                                               interleaved=method == "hadamard_interleaved")
 
     def lsh_cumulation(self, query_codes, key_codes, value, num_buckets, query_mask, key_mask, causal=0):
         """causal != 0 on a GPU: the composite (the CUDA kernel takes causal = 0 only)."""

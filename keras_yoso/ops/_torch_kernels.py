@@ -68,6 +68,13 @@ def _hadamard_hash_codes(x: torch.Tensor, signs: torch.Tensor, num_hashes: int, 
     return _run("ky_hadamard_hash_codes", [("x", x), ("signs", signs)], [num_hashes, hash_code_len], output)
 
 
+def _hadamard_interleaved_hash_codes(x: torch.Tensor, signs: torch.Tensor, num_hashes: int,
+                                     hash_code_len: int) -> torch.Tensor:
+    output = torch.empty((x.shape[0], num_hashes, x.shape[1]), dtype=torch.int32)
+    return _run("ky_hadamard_interleaved_hash_codes", [("x", x), ("signs", signs)], [num_hashes, hash_code_len],
+                output)
+
+
 def _hash_codes_fake(x, params, num_hashes, hash_code_len):
     return torch.empty((x.shape[0], num_hashes, x.shape[1]), dtype=torch.int32, device=x.device)
 
@@ -118,6 +125,7 @@ def _collision_cumulation_fake(query_mask, query_codes, query, query_weight, key
 _OPS = {
     "gaussian_hash_codes": (_gaussian_hash_codes, _hash_codes_fake),
     "hadamard_hash_codes": (_hadamard_hash_codes, _hash_codes_fake),
+    "hadamard_interleaved_hash_codes": (_hadamard_interleaved_hash_codes, _hash_codes_fake),
     "lsh_cumulation": (_lsh_cumulation, _lsh_cumulation_fake),
     "weighted_lsh_cumulation": (_weighted_lsh_cumulation, _weighted_lsh_cumulation_fake),
     "collision_cumulation": (_collision_cumulation, _collision_cumulation_fake),

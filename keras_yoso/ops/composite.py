@@ -92,7 +92,8 @@ def hash_codes(x, params, num_hashes, hash_code_len, method):
     """
     batch, length, dim = ops.shape(x)
     bits = num_hashes * hash_code_len
-    projection = params if method == "gaussian" else hadamard_projection(params, dim, bits)
+    projection = params if method == "gaussian" else hadamard_projection(params, dim, bits,
+                                                                         method == "hadamard_interleaved")
     projected = ops.einsum("bnd,dk->bnk", _f32(x), projection[:, :bits])
     signs = ops.reshape(ops.cast(ops.greater(projected, 0.0), "int32"), (batch, length, num_hashes, hash_code_len))
     weights = ops.convert_to_tensor(np.left_shift(1, np.arange(hash_code_len)).astype(np.int32))
@@ -112,10 +113,12 @@ def hadamard_transform(y):
     return y
 
 
-def hadamard_projection(signs, dim, num_bits):
-    """The `[dim, num_bits]` matrix of the Hadamard hash: column q p + r is row r of
+def hadamard_projection(signs, dim, num_bits, interleaved):
+    """The `[dim, num_bits]` matrix of the Hadamard hash: column k is row r of
     H D3 H D2 H D1 of block q (D_s = diag(signs[q, s - 1]), H the p x p Sylvester matrix), so
-    `x @ projection` is the block-q transform of x zero-padded to p (appendix §1.2).
+    `x @ projection` is the block-q transform of x zero-padded to p (appendix §1.2); (q, r) =
+    (k // p, k % p) contiguous ("hadamard"), (k % num_blocks, k // num_blocks) interleaved
+    ("hadamard_interleaved"; the C++ HadamardProjectionRow).
 
     signs: float32 `[num_blocks, 3, p]` of +-1. The entries are integers of magnitude <= p^2
     (exact in float32 for p <= 4096), so a structural zero of the transform is an exact zero here.
@@ -126,7 +129,8 @@ def hadamard_projection(signs, dim, num_bits):
     y = hadamard_transform(y) * signs[:, 1, None, :]
     y = hadamard_transform(y) * signs[:, 2, None, :]
     y = hadamard_transform(y)                                 # [blocks, k, r]: transform of e_k
-    columns = ops.reshape(ops.transpose(y[:, :dim, :], (1, 0, 2)), (dim, num_blocks * padded))
+    order = (2, 0) if interleaved else (0, 2)                  # column index k = (r, q) or (q, r)
+    columns = ops.reshape(ops.transpose(y[:, :dim, :], (1, *order)), (dim, num_blocks * padded))
     return columns[:, :num_bits]
 
 

@@ -148,9 +148,12 @@ const T* In(const KyTensor* t) { return static_cast<const T*>(t->data); }
 template <typename T>
 T* Out(KyTensor* t) { return static_cast<T*>(t->data); }
 
-template <bool kGaussian>
+enum class HashMethod { kGaussian, kHadamard, kHadamardInterleaved };
+
+template <HashMethod kMethod>
 int32_t HashCodes(const KyTensor* x, const KyTensor* params, int64_t num_hashes, int64_t hash_code_len,
                   KyTensor* codes, int32_t num_threads, char* error, int64_t error_size) {
+  constexpr bool kGaussian = kMethod == HashMethod::kGaussian;
   return Guarded(error, error_size, [&]() -> std::string {
     if (x == nullptr) return "x is missing (null tensor)";
     int32_t dtype = KY_FLOAT32;
@@ -160,7 +163,8 @@ int32_t HashCodes(const KyTensor* x, const KyTensor* params, int64_t num_hashes,
     if (!e.empty()) return e;
     HashDims d{};
     e = kGaussian ? CheckGaussianHash(s[0], s[1], num_hashes, hash_code_len, &d)
-                  : CheckHadamardHash(s[0], s[1], num_hashes, hash_code_len, &d);
+                  : CheckHadamardHash(s[0], s[1], num_hashes, hash_code_len,
+                                      kMethod == HashMethod::kHadamardInterleaved, &d);
     if (e.empty()) e = CheckOutput(codes, KY_INT32, {d.batch, d.num_hashes, d.length}, "[batch, num_hashes, length]");
     if (!e.empty() || Elements(codes) == 0) return e;
     DispatchFloat(dtype, [&](auto zero) {
@@ -191,13 +195,22 @@ int32_t ky_throttle_openmp_spinning(KyParallelRegion parallel_region, int32_t nu
 int32_t ky_gaussian_hash_codes(const KyTensor* x, const KyTensor* projection, int64_t num_hashes,
                                int64_t hash_code_len, KyTensor* codes, int32_t num_threads,
                                char* error, int64_t error_size) {
-  return HashCodes<true>(x, projection, num_hashes, hash_code_len, codes, num_threads, error, error_size);
+  return HashCodes<HashMethod::kGaussian>(x, projection, num_hashes, hash_code_len, codes, num_threads, error,
+                                          error_size);
 }
 
 int32_t ky_hadamard_hash_codes(const KyTensor* x, const KyTensor* signs, int64_t num_hashes,
                                int64_t hash_code_len, KyTensor* codes, int32_t num_threads,
                                char* error, int64_t error_size) {
-  return HashCodes<false>(x, signs, num_hashes, hash_code_len, codes, num_threads, error, error_size);
+  return HashCodes<HashMethod::kHadamard>(x, signs, num_hashes, hash_code_len, codes, num_threads, error,
+                                          error_size);
+}
+
+int32_t ky_hadamard_interleaved_hash_codes(const KyTensor* x, const KyTensor* signs, int64_t num_hashes,
+                                           int64_t hash_code_len, KyTensor* codes, int32_t num_threads,
+                                           char* error, int64_t error_size) {
+  return HashCodes<HashMethod::kHadamardInterleaved>(x, signs, num_hashes, hash_code_len, codes, num_threads,
+                                                     error, error_size);
 }
 
 int32_t ky_lsh_cumulation(const KyTensor* query_mask, const KyTensor* query_codes,

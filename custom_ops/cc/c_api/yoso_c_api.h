@@ -24,7 +24,7 @@ extern "C" {
 #endif
 
 /* Bumped whenever an entry's signature or KyTensor changes; _native.py checks it. */
-#define KY_ABI_VERSION 3
+#define KY_ABI_VERSION 4
 
 /* dtype codes; the float codes match keras_yoso::ScalarType. */
 #define KY_FLOAT32 0
@@ -69,10 +69,19 @@ KY_EXPORT int32_t ky_gaussian_hash_codes(const KyTensor* x, const KyTensor* proj
                                int64_t hash_code_len, KyTensor* codes, int32_t num_threads,
                                char* error, int64_t error_size);
 
-/* x [B, N, d] (float), signs float32 [num_blocks, 3, padded_dim] -> codes int32 [B, m, N]. */
+/* x [B, N, d] (float), signs float32 [num_blocks, 3, padded_dim] -> codes int32 [B, m, N].
+ * Bit i of hash h is the sign of row h * tau + i of the concatenated block projections
+ * (contiguous: a hash's bits are neighbouring rows of one block; the "hadamard" method). */
 KY_EXPORT int32_t ky_hadamard_hash_codes(const KyTensor* x, const KyTensor* signs, int64_t num_hashes,
                                int64_t hash_code_len, KyTensor* codes, int32_t num_threads,
                                char* error, int64_t error_size);
+
+/* As ky_hadamard_hash_codes, with bit k = h * tau + i the sign of row k / num_blocks of block
+ * k % num_blocks (interleaved: with num_blocks >= tau a hash's bits come from independent
+ * blocks; the "hadamard_interleaved" method, yoso_common.h HadamardProjectionRow). */
+KY_EXPORT int32_t ky_hadamard_interleaved_hash_codes(const KyTensor* x, const KyTensor* signs,
+                               int64_t num_hashes, int64_t hash_code_len, KyTensor* codes,
+                               int32_t num_threads, char* error, int64_t error_size);
 
 /* masks float32 [B, N], codes int32 [B, m, N], value [B, Nk, D] -> output [B, Nq, D]
  * (value's dtype). YOSO eq. 2 averaged over the m hashes. causal: 0 every key; 1 keys j <= i;

@@ -25,6 +25,7 @@ namespace ffi = xla::ffi;
 extern "C" {
 KY_EXPORT XLA_FFI_Error* ky_xla_gaussian_hash_codes(XLA_FFI_CallFrame* call_frame);
 KY_EXPORT XLA_FFI_Error* ky_xla_hadamard_hash_codes(XLA_FFI_CallFrame* call_frame);
+KY_EXPORT XLA_FFI_Error* ky_xla_hadamard_interleaved_hash_codes(XLA_FFI_CallFrame* call_frame);
 KY_EXPORT XLA_FFI_Error* ky_xla_lsh_cumulation(XLA_FFI_CallFrame* call_frame);
 KY_EXPORT XLA_FFI_Error* ky_xla_weighted_lsh_cumulation(XLA_FFI_CallFrame* call_frame);
 KY_EXPORT XLA_FFI_Error* ky_xla_collision_cumulation(XLA_FFI_CallFrame* call_frame);
@@ -139,16 +140,19 @@ int32_t Threads(int64_t num_threads) {
   return static_cast<int32_t>(std::clamp<int64_t>(num_threads, 0, INT32_MAX));
 }
 
-template <bool kGaussian>
+using HashEntry = int32_t (*)(const KyTensor*, const KyTensor*, int64_t, int64_t, KyTensor*, int32_t, char*,
+                              int64_t);
+
+// kEntry: the C ABI entry of the hash method (ky_gaussian_hash_codes takes a projection [d, m tau],
+// the Hadamard entries signs [num_blocks, 3, padded_dim]).
+template <HashEntry kEntry>
 ffi::Error HashCodes(ffi::AnyBuffer x, ffi::AnyBuffer params, ffi::Result<ffi::AnyBuffer> codes,
                      int64_t num_hashes, int64_t hash_code_len, int64_t num_threads) {
+  constexpr bool kGaussian = kEntry == &ky_gaussian_hash_codes;
   const std::array<Operand, 2> inputs{{{x, 3, "x"},
                                        {params, kGaussian ? 2 : 3, kGaussian ? "projection" : "signs"}}};
   return RunBatched(inputs, *codes, [&](std::array<KyTensor, 2>& in, KyTensor* out, char* error) {
-    return kGaussian ? ky_gaussian_hash_codes(&in[0], &in[1], num_hashes, hash_code_len, out, Threads(num_threads),
-                                              error, kErrorSize)
-                     : ky_hadamard_hash_codes(&in[0], &in[1], num_hashes, hash_code_len, out, Threads(num_threads),
-                                              error, kErrorSize);
+    return kEntry(&in[0], &in[1], num_hashes, hash_code_len, out, Threads(num_threads), error, kErrorSize);
   });
 }
 
@@ -242,7 +246,7 @@ ffi::Error CollisionCumulation(ffi::AnyBuffer query_mask, ffi::AnyBuffer query_c
 }  // namespace
 }  // namespace keras_yoso
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(ky_xla_gaussian_hash_codes, keras_yoso::HashCodes<true>,
+XLA_FFI_DEFINE_HANDLER_SYMBOL(ky_xla_gaussian_hash_codes, keras_yoso::HashCodes<&ky_gaussian_hash_codes>,
                               ffi::Ffi::Bind()
                                   .Arg<ffi::AnyBuffer>()  // x [B, N, d]
                                   .Arg<ffi::AnyBuffer>()  // projection [d, m * tau]
@@ -251,14 +255,18 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(ky_xla_gaussian_hash_codes, keras_yoso::HashCodes<
                                   .Attr<int64_t>("hash_code_len")
                                   .Attr<int64_t>("num_threads"));
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(ky_xla_hadamard_hash_codes, keras_yoso::HashCodes<false>,
-                              ffi::Ffi::Bind()
-                                  .Arg<ffi::AnyBuffer>()  // x [B, N, d]
-                                  .Arg<ffi::AnyBuffer>()  // signs [num_blocks, 3, padded_dim]
-                                  .Ret<ffi::AnyBuffer>()  // codes int32 [B, m, N]
-                                  .Attr<int64_t>("num_hashes")
-                                  .Attr<int64_t>("hash_code_len")
-                                  .Attr<int64_t>("num_threads"));
+#define KY_HADAMARD_HASH_HANDLER(symbol, entry)                                                    \
+  XLA_FFI_DEFINE_HANDLER_SYMBOL(symbol, keras_yoso::HashCodes<&entry>,                             \
+                                ffi::Ffi::Bind()                                                   \
+                                    .Arg<ffi::AnyBuffer>() /* x [B, N, d] */                       \
+                                    .Arg<ffi::AnyBuffer>() /* signs [num_blocks, 3, padded_dim] */ \
+                                    .Ret<ffi::AnyBuffer>() /* codes int32 [B, m, N] */             \
+                                    .Attr<int64_t>("num_hashes")                                   \
+                                    .Attr<int64_t>("hash_code_len")                                \
+                                    .Attr<int64_t>("num_threads"))
+
+KY_HADAMARD_HASH_HANDLER(ky_xla_hadamard_hash_codes, ky_hadamard_hash_codes);
+KY_HADAMARD_HASH_HANDLER(ky_xla_hadamard_interleaved_hash_codes, ky_hadamard_interleaved_hash_codes);
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(ky_xla_lsh_cumulation, keras_yoso::LshCumulation,
                               ffi::Ffi::Bind()

@@ -155,16 +155,17 @@ inline std::string CheckGaussianHash(const Shape& x, const Shape& projection, in
                     {d->dim, num_hashes * hash_code_len});
 }
 
-// x [B, N, d] and the Hadamard signs [num_blocks, 3, padded_dim]; fills d.
+// x [B, N, d] and the Hadamard signs [num_blocks, 3, padded_dim]; fills d (interleaved: the bit
+// layout, HadamardProjectionRow).
 inline std::string CheckHadamardHash(const Shape& x, const Shape& signs, int64_t num_hashes,
-                                     int64_t hash_code_len, HashDims* d) {
+                                     int64_t hash_code_len, bool interleaved, HashDims* d) {
   std::string error = CheckHashAttrs(num_hashes, hash_code_len);
   if (error.empty()) error = CheckShape(x, "x", "[batch, length, dim]", {-1, -1, -1});
   if (error.empty()) error = CheckShape(signs, "signs", "[num_blocks, 3, padded_dim]", {-1, 3, -1});
   if (!error.empty()) return error;
   const int64_t bits = num_hashes * hash_code_len;
   *d = HashDims{x.dims[0], x.dims[1], x.dims[2], num_hashes, hash_code_len, signs.dims[2],
-                signs.dims[0]};
+                signs.dims[0], interleaved};
   if (d->padded_dim >= 1 && (d->padded_dim & (d->padded_dim - 1)) == 0 &&
       d->padded_dim >= d->dim && SaturatingProduct(d->num_blocks, d->padded_dim) >= bits) {
     return "";

@@ -71,8 +71,25 @@ struct HashDims {
   int64_t num_hashes;     // m
   int64_t hash_code_len;  // tau
   int64_t padded_dim;     // Hadamard only: next power of two >= d
-  int64_t num_blocks;     // Hadamard only: ceil(m * tau / padded_dim)
+  int64_t num_blocks;     // Hadamard only: the blocks of signs (see HadamardProjectionRow)
+  bool interleaved = false;  // Hadamard only: the bit layout (see HadamardProjectionRow)
 };
+
+// Hadamard hash: the row q * padded_dim + r of the concatenated block projections
+// [num_blocks * padded_dim] whose sign is bit k = h * tau + i of the codes (k < m * tau).
+// Contiguous ("hadamard"): row k, so a hash's tau bits are neighbouring rows of one block,
+// orthogonal directions whose signs are dependent. Interleaved ("hadamard_interleaved"):
+// block k % num_blocks, row k / num_blocks, so with num_blocks >= tau the tau bits of a hash
+// come from tau independent blocks and collide with probability (1 - theta/pi)^tau.
+KY_HOST_DEVICE inline int64_t HadamardProjectionRow(const HashDims& d, int64_t k) {
+  return d.interleaved ? (k % d.num_blocks) * d.padded_dim + k / d.num_blocks : k;
+}
+
+// The inverse of HadamardProjectionRow: the bit k of the projection row q * padded_dim + r
+// (k >= m * tau: the row is not used).
+KY_HOST_DEVICE inline int64_t HadamardBitOfRow(const HashDims& d, int64_t q, int64_t r) {
+  return d.interleaved ? r * d.num_blocks + q : q * d.padded_dim + r;
+}
 
 // Sizes of one cumulation call. codes are [B, m, N]; masks [B, N] (keep where
 // != 0); query_weight [B, Nq, W], key_weight [B, Nk, W]; value [B, Nk, D];

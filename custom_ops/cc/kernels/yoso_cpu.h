@@ -107,7 +107,8 @@ constexpr int64_t kHadamardRows = 8;
 // input [p, kHadamardRows] (padded rows) -> lane_codes [m, kHadamardRows].
 // Block q of the projection is H D3 H D2 H D1 input, D_s = diag(signs[q, s]) and
 // H the unnormalized fast Walsh-Hadamard transform (Sylvester order, p a power
-// of two); bit i of hash h is the sign of projection entry h*tau+i. Run in
+// of two); bit i of hash h is the sign of projection row HadamardProjectionRow(d,
+// h*tau+i) (yoso_common.h: contiguous or interleaved across blocks). Run in
 // double: the +-1 sums of float32 inputs are then exact, so a structural zero
 // stays exactly 0 (bit 0) on every implementation and vector width.
 // signs [num_blocks, 3, p] as double; projected: scratch [num_blocks, p, kHadamardRows].
@@ -173,7 +174,7 @@ KY_CPU_CLONES inline void HadamardCodes(const HashDims& d, const double* signs,
     int32_t* code = lane_codes + h * kRows;
     for (int64_t r = 0; r < kRows; ++r) code[r] = 0;
     for (int64_t i = 0; i < d.hash_code_len; ++i) {
-      const double* bit = projected + (h * d.hash_code_len + i) * kRows;
+      const double* bit = projected + HadamardProjectionRow(d, h * d.hash_code_len + i) * kRows;
       for (int64_t r = 0; r < kRows; ++r) code[r] |= static_cast<int32_t>(bit[r] > 0.0) << i;
     }
   }

@@ -171,8 +171,8 @@ __device__ void BlockFastHadamardTransform(double* y, int64_t n) {
 
 // Fast Hadamard LSH (appendix §1.2); one block per (b, n, q) unit:
 // y = H D3 H D2 H D1 pad(x[b, n, :]) with D_p = diag(signs[q, p - 1, :]), and
-// sign bit g = q * padded_dim + t (g < m * tau) is ORed into bit g % tau of
-// codes[b, g / tau, n]. codes must be zero on entry. Dynamic shared memory:
+// sign bit g = HadamardBitOfRow(d, q, t) (g < m * tau; yoso_common.h) is ORed into bit
+// g % tau of codes[b, g / tau, n]. codes must be zero on entry. Dynamic shared memory:
 // padded_dim doubles.
 template <typename T>
 __global__ void HadamardHashCodesKernel(HashDims d, const T* x, const float* signs,
@@ -199,7 +199,7 @@ __global__ void HadamardHashCodesKernel(HashDims d, const T* x, const float* sig
       BlockFastHadamardTransform(y, p);
     }
     for (int64_t t = threadIdx.x; t < p; t += blockDim.x) {
-      const int64_t g = q * p + t;
+      const int64_t g = HadamardBitOfRow(d, q, t);
       if (g < bits && y[t] > 0.0) {
         atomicOr(&codes[(b * d.num_hashes + g / d.hash_code_len) * d.length + n],
                  1 << (g % d.hash_code_len));

@@ -229,6 +229,9 @@ class HashCodesOp : public OpKernel {
   explicit HashCodesOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("num_hashes", &num_hashes_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("hash_code_len", &hash_code_len_));
+    if constexpr (kMethod == HashMethod::kHadamard) {
+      OP_REQUIRES_OK(ctx, ctx->GetAttr("interleaved", &interleaved_));
+    }
     OP_REQUIRES_OK(ctx, Invalid(CheckHashAttrs(num_hashes_, hash_code_len_)));
   }
 
@@ -241,7 +244,8 @@ class HashCodesOp : public OpKernel {
     HashDims d{};
     OP_REQUIRES_OK(ctx, Invalid(kGaussian
                                     ? CheckGaussianHash(s[0], s[1], num_hashes_, hash_code_len_, &d)
-                                    : CheckHadamardHash(s[0], s[1], num_hashes_, hash_code_len_, &d)));
+                                    : CheckHadamardHash(s[0], s[1], num_hashes_, hash_code_len_,
+                                                        interleaved_, &d)));
     Tensor* codes = nullptr;
     OP_REQUIRES_OK(ctx, AllocateOutput(ctx, "codes [batch, num_hashes, length]",
                                        {d.batch, num_hashes_, d.length}, &codes));
@@ -254,6 +258,7 @@ class HashCodesOp : public OpKernel {
  private:
   int64_t num_hashes_ = 0;
   int64_t hash_code_len_ = 0;
+  bool interleaved_ = false;
 };
 
 // ----------------------------------------------------------------------------

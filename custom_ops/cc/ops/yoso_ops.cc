@@ -145,6 +145,7 @@ REGISTER_OP("YosoHadamardHashCodes")
     .Output("codes: int32")
     .Attr("num_hashes: int >= 1")
     .Attr("hash_code_len: int >= 1")
+    .Attr("interleaved: bool = false")
     .Attr("T: {float, half, bfloat16}")
     .SetShapeFn([](InferenceContext* c) {
       TF_RETURN_IF_ERROR(HashCodesShape(c));
@@ -158,7 +159,10 @@ REGISTER_OP("YosoHadamardHashCodes")
 Hyperplane LSH codes from the fast Hadamard approximation (YOSO appendix §1.2).
 x: [batch, length, dim]. signs: [num_blocks, 3, padded_dim] of +-1, padded_dim a power
 of two >= dim, num_blocks * padded_dim >= num_hashes * hash_code_len.
-codes: [batch, num_hashes, length] from the signs of concat_q H D3 H D2 H D1 pad(x).
+codes: [batch, num_hashes, length] from the signs of concat_q H D3 H D2 H D1 pad(x): bit i of
+hash h is row k = h * hash_code_len + i of the concatenation (interleaved = false, the
+"hadamard" method), or row k / num_blocks of block k % num_blocks (interleaved = true, the
+"hadamard_interleaved" method: a hash's bits from different blocks).
 )doc");
 
 REGISTER_OP("YosoLshCumulation")
