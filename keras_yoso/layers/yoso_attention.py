@@ -63,7 +63,7 @@ class YosoAttention(MultiHeadAttentionBase):
     attention with one-hot features), `[B, num_heads, num_hashes,
     2**hash_code_len, value_dim]` float32, i.e.
     4 * B * num_heads * num_hashes * 2**hash_code_len * value_dim bytes
-    (2 MiB per head and sequence at m=32, tau=8, value_dim=64), plus, with
+    (512 KiB per head and sequence at the default m=32, tau=6, value_dim=64), plus, with
     `conv_window=w > 1`, the last w - 1 values `[B, w - 1, num_heads,
     value_dim]` (then the cache is a dict {"tables", "values"}). Outputs equal
     the matching rows of the full causal forward (float32 rounding). Each
@@ -98,6 +98,14 @@ class YosoAttention(MultiHeadAttentionBase):
         num_hashes: m >= 1, the number of LSH hashes averaged (YOSO-m).
         hash_code_len: tau in [1, 20], bits per hash; larger tau makes the
             attention sharper (weight `(1 - theta/pi)^tau` at angle theta).
+            Default 6 (8 before 2026-11; a saved layer keeps its own). Which
+            tau (docs/quality.md): for associative recall 4-6, since a
+            sharper kernel gives queries and unrelated keys at random angles
+            (the start of training) a collision probability 2^-tau and a
+            gradient of order tau 2^-tau, so recall is learned late or not at
+            all (MQAR, length 128, 8 pairs, 400 steps: 0.95 at tau 6, 0.005
+            at tau 8, softmax 0.98). For classification tau = log2(length)
+            (the paper's rule) and 6 both learn the built-in long-range task.
         use_expectation: If True, compute YOSO-E, the exact expectation over
             hash functions, with O(T S) cost (`keras_yoso.ops.yoso_expectation`).
         conv_window: None or a positive int w: add a depthwise convolution of
@@ -177,7 +185,7 @@ class YosoAttention(MultiHeadAttentionBase):
         key_dim,
         value_dim=None,
         num_hashes=32,
-        hash_code_len=8,
+        hash_code_len=6,
         use_expectation=False,
         conv_window=None,
         backward="lower_bound",

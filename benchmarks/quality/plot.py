@@ -1,0 +1,181 @@
+"""Figures and summaries of quality-benchmark results (results.json files written by run.py).
+
+    python benchmarks/quality/plot.py runs/quality/mqar/results.json [more.json ...] [--out DIR]
+
+draws, per task found in the files:
+  mqar   accuracy vs state bytes per layer (log x), one panel per (length, pairs), one marker and
+         colour per attention label, Zoology Figure 2 style: each point is a configuration at its best
+         learning rate (mean over seeds, bars from the worst to the best seed); points of the same label
+         at different state sizes (e.g. widths, hashes) are joined.
+  listops / imdb / tags   bars of test accuracy per attention label (best learning rate, mean over
+         seeds, min-max bars), one panel per task.
+  lm     bars of test bits per byte (lower is better).
+Each figure goes to <out>/<task>.png (out: the folder of the first results file by default).
+"""
+
+import argparse
+import json
+import os
+import statistics
+
+# The fields that define one configuration; runs that differ only in lr and seed share it.
+CONFIG_KEYS = ("task", "label", "attention", "attention_kwargs", "length", "pairs", "vocab", "width", "layers",
+               "heads", "ffn_dim", "short_conv", "dropout", "steps", "batch_size", "train_size", "test_size", "keras_backend")
+CLASSIFICATION = ("listops", "imdb", "tags")
+
+
+def score(record):
+    """The number a learning rate is chosen by, higher is better: accuracy, or -bits per byte (lm)."""
+    return -record["bits_per_byte"] if record["task"] == "lm" else record["accuracy"]
+
+
+def load(paths):
+    """All records of the results.json files in `paths` (each a JSON list)."""
+    records = []
+    for path in paths:
+        with open(path, encoding="utf-8") as f:
+            records += json.load(f)
+    return records
+
+
+def config_key(record):
+    return json.dumps([record.get(key) for key in CONFIG_KEYS], sort_keys=True, default=str)
+
+
+def best_lr(records):
+    """[summary per configuration]: the learning rate with the best mean score over seeds, with
+    that lr's mean, min, max and count of the metric, and the configuration's first record."""
+    configs = {}
+    for record in records:
+        configs.setdefault(config_key(record), {}).setdefault(record["lr"], []).append(record)
+    summaries = []
+    for by_lr in configs.values():
+        lr, runs = max(by_lr.items(), key=lambda item: statistics.mean(score(r) for r in item[1]))
+        metric = "bits_per_byte" if runs[0]["task"] == "lm" else "accuracy"
+        values = [r[metric] for r in runs]
+        summaries.append({"record": runs[0], "lr": lr, "metric": metric, "mean": statistics.mean(values),
+                          "min": min(values), "max": max(values), "seeds": len(values),
+                          "lrs": sorted(by_lr)})
+    return summaries
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+MARKERS = "osD^v<>PX*hp"
+# Published, not measured here: Zoology (Arora et al. 2023), Figure 2 (vocabulary 8,192, widths 64-512,
+# 2 layers, their longer training), the ranges as issue 28 quotes them. Drawn as grey areas in every
+# MQAR panel: (label, state bytes range or None for every state size, accuracy range).
+PUBLISHED = (("published: attention, Zoology Fig. 2", None, (0.97, 0.98)),
+             ("published: gated / delta recurrent models, Zoology Fig. 2", (3.4e4, 1.6e5), (0.95, 0.99)))
+
+
+def plot_mqar(records, path):
+    """Accuracy vs state bytes per layer (log x), one panel per (length, pairs)."""
+    plt = _pyplot()
+    summaries = best_lr([r for r in records if r["task"] == "mqar"])
+    panels = sorted({(s["record"]["length"], s["record"]["pairs"]) for s in summaries})
+    labels = sorted({s["record"]["label"] for s in summaries})
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.5 * len(panels) + 1.5, 4), squeeze=False)
+    colors = plt.get_cmap("tab10")
+    for ax, (length, pairs) in zip(axes[0], panels):
+        for i, label in enumerate(labels):
+            points = sorted((s["record"]["state_bytes_per_layer"], s) for s in summaries
+                            if s["record"]["label"] == label and (s["record"]["length"], s["record"]["pairs"]) ==
+                            (length, pairs) and s["record"]["state_bytes_per_layer"])
+            if not points:
+                continue
+            x = [p[0] for p in points]
+            y = [p[1]["mean"] for p in points]
+            err = [[p[1]["mean"] - p[1]["min"] for p in points], [p[1]["max"] - p[1]["mean"] for p in points]]
+            ax.errorbar(x, y, yerr=err, marker=MARKERS[i % len(MARKERS)], color=colors(i % 10), label=label,
+                        capsize=3, linestyle="-" if len(points) > 1 else "none", markersize=7)
+        ax.set_xscale("log")
+        for (label, state, (low, high)), hatch in zip(PUBLISHED, ("", "//")):
+            if state is None:
+                ax.axhspan(low, high, color="grey", alpha=0.3, label=label)
+            else:
+                ax.fill_between(state, low, high, facecolor="none", edgecolor="grey", hatch=hatch, label=label)
+        ax.set_ylim(-0.02, 1.02)
+        ax.set_xlabel("state bytes per layer (causal decoding, one sequence)")
+        ax.set_ylabel("MQAR accuracy (query positions)")
+        ax.set_title(f"MQAR, length {length}, {pairs} pairs")
+        ax.grid(True, which="both", alpha=0.3)
+    handles, names = axes[0][0].get_legend_handles_labels()
+    if handles:
+        fig.legend(handles, names, loc="center right", fontsize=8)
+    fig.tight_layout(rect=(0, 0, 0.8, 1))
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def plot_bars(records, path, tasks):
+    """Bars per attention label: test accuracy (classification) or bits per byte (lm), one panel per task."""
+    plt = _pyplot()
+    summaries = best_lr([r for r in records if r["task"] in tasks])
+    tasks = [t for t in tasks if any(s["record"]["task"] == t for s in summaries)]
+    fig, axes = plt.subplots(1, len(tasks), figsize=(max(5.0, 1.0 + 0.7 * len(summaries)) * len(tasks), 4.5),
+                             squeeze=False)
+    for ax, task in zip(axes[0], tasks):
+        rows = sorted((s for s in summaries if s["record"]["task"] == task),
+                      key=lambda s: (s["record"]["label"], s["record"]["length"]))
+        names = [f"{s['record']['label']}\nL={s['record']['length']}" for s in rows]
+        means = [s["mean"] for s in rows]
+        err = [[s["mean"] - s["min"] for s in rows], [s["max"] - s["mean"] for s in rows]]
+        bars = ax.bar(range(len(rows)), means, yerr=err, capsize=3, color=plt.get_cmap("tab20" if len(rows) > 10 else "tab10")(range(len(rows))))
+        for bar, value in zip(bars, means):
+            ax.annotate(f"{value:.3f}", (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center",
+                        va="bottom", fontsize=8, xytext=(0, 2), textcoords="offset points")
+        ax.set_xticks(range(len(rows)), names, rotation=30, ha="right", fontsize=8)
+        ax.set_ylabel("test bits per byte (lower is better)" if task == "lm" else "test accuracy")
+        ax.set_title(task)
+        ax.grid(True, axis="y", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def plot_task(records, task, out_dir):
+    """Draws the figure of `task` from `records` into out_dir/<task>.png; its path."""
+    os.makedirs(out_dir, exist_ok=True)
+    path = os.path.join(out_dir, f"{task}.png")
+    if task == "mqar":
+        return plot_mqar(records, path)
+    return plot_bars(records, path, (task,))
+
+
+def summary_lines(records):
+    """Text lines: per configuration, the best lr and its mean score over seeds."""
+    lines = []
+    for s in sorted(best_lr(records), key=lambda s: (s["record"]["task"], s["record"]["label"])):
+        r = s["record"]
+        extra = f" pairs={r['pairs']}" if r["task"] == "mqar" else ""
+        lines.append(f"{r['task']} L={r['length']}{extra} {r['label']}: best lr {s['lr']:g} (of "
+                     f"{', '.join(f'{lr:g}' for lr in s['lrs'])}): {s['metric']} mean {s['mean']:.4f} "
+                     f"[{s['min']:.4f}, {s['max']:.4f}] over {s['seeds']} seed(s)")
+    return lines
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("results", nargs="+", help="results.json files written by run.py")
+    parser.add_argument("--out", default=None, help="folder of the PNGs. Default: the first file's folder")
+    args = parser.parse_args(argv)
+    records = load(args.results)
+    out = args.out or os.path.dirname(os.path.abspath(args.results[0]))
+    for line in summary_lines(records):
+        print(line)
+    for task in sorted({r["task"] for r in records}):
+        print(f"wrote {plot_task(records, task, out)}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,456 @@
+"""Model-quality benchmark: the same model and training budget for every attention, only the attention changes.
+
+    python benchmarks/quality/run.py --task mqar --attention softmax yoso linear --length 256 --pairs 16 \\
+        --steps 1000 --batch-size 64 --lr 1e-3 3e-3 --seeds 0 1 2
+    python benchmarks/quality/run.py --task mqar --attention yoso --attention-kwargs '{"num_hashes": 16}' --name m16
+    python benchmarks/quality/run.py --task imdb --attention yoso softmax linformer --steps 500
+    python benchmarks/quality/run.py --plot-only runs/quality/mqar/results.json      # figures only
+
+For every attention, learning rate and seed it trains a fresh model (models.py), evaluates it on the
+task's fixed test set, prints one table row, and appends one record to <out>/results.json (a JSON list:
+every argument, the metrics, Keras backend, date, machine). At the end it prints the best learning rate
+of each attention (highest mean test accuracy over seeds; lowest bits per byte for lm -- chosen on the
+test set, as Zoology reports the best of its learning-rate sweep) and draws <out>/<task>.png from all
+the records in <out>/results.json (plot.py).
+
+Tasks (tasks.py): mqar (multi-query associative recall, Zoology), listops, tags, imdb (bidirectional
+classification, LRA classifier), lm (byte-level causal LM on IMDB text, bits per byte).
+Attentions (attentions.py): yoso yoso_c yoso_star yoso_e linear_relative linear_relative_nohorizon
+softmax linear performer reformer sliding_window linformer gated_deltanet.
+
+Training: Adam (no weight decay), learning rate warming up linearly over --warmup-fraction of the steps
+from 0 to --lr, then cosine decay to 0 (keras.optimizers.schedules.CosineDecay). One `train_on_batch` per
+step, compiled with XLA where every layer allows it (jit_compile="auto": YosoAttention with the native
+kernels does on JAX). mqar draws a fresh batch every step from a NumPy generator seeded by --seed; its
+test set (--test-size sequences) is drawn from a separate fixed seed. The classification and lm data are
+fixed (tasks.py); --seed changes weights, batch order and hashing.
+
+Measurements: accuracy and loss on the test set (mqar: at the query positions only; lm: next-byte
+accuracy, loss in nats and bits per byte = loss / ln 2); seconds per step: the median wall time of the
+training steps after the first 3 and after the first step of each new input shape (those compile);
+peak RSS: the process's peak resident memory during the run (Linux: reset before each run by writing 5
+to /proc/self/clear_refs, then read from getrusage's ru_maxrss; where the reset fails, the peak since
+the process started, said by "rss_scope"); state bytes per layer: attentions.state_bytes, the causal
+decoding state of one layer for one sequence in float32.
+
+KERAS_BACKEND defaults to jax here (set it to run another backend).
+"""
+
+import argparse
+import copy
+import datetime
+import json
+import math
+import os
+import platform
+import resource
+import statistics
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+EXAMPLES = os.path.join(HERE, "..", "..", "examples")
+sys.path[:0] = [HERE, os.path.abspath(EXAMPLES)]
+os.environ.setdefault("KERAS_BACKEND", "jax")
+
+import plot  # noqa: E402  (no Keras: --plot-only stays fast)
+
+TASKS = ("mqar", "listops", "tags", "imdb", "lm")
+CAUSAL_TASKS = ("mqar", "lm")
+# Per-task defaults of the options left out on the command line.
+TASK_DEFAULTS = {
+    "mqar": dict(length=256, steps=1000, batch_size=64, train_size=None, test_size=1000, dropout=0.0, lr=[1e-2]),
+    "listops": dict(length=1000, steps=500, batch_size=32, train_size=10000, test_size=1000, dropout=0.1, lr=[1e-3]),
+    "tags": dict(length=512, steps=500, batch_size=32, train_size=4000, test_size=1000, dropout=0.1, lr=[1e-3]),
+    "imdb": dict(length=2048, steps=500, batch_size=32, train_size=25000, test_size=1000, dropout=0.1, lr=[1e-3]),
+    "lm": dict(length=1024, steps=500, batch_size=8, train_size=None, test_size=64, dropout=0.0, lr=[1e-3]),
+}
+MQAR_TEST_SEED = 12345  # the mqar test set is the same for every training seed
+UNTIMED_STEPS = 3
+
+
+def build_parser():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--task", choices=TASKS, default="mqar", help="Default: %(default)s")
+    parser.add_argument("--attention", nargs="+", default=["yoso"], metavar="NAME",
+                        help="one or more registered attentions (attentions.py), each trained on the same budget")
+    parser.add_argument("--attention-kwargs", default="{}", metavar="JSON",
+                        help='keyword arguments of the attentions, e.g. \'{"num_hashes": 32, "hash_code_len": 8}\': '
+                             "each key goes to the attentions that take it (and must be taken by one), or "
+                             '\'{"yoso": {...}, "performer": {...}}\' per attention')
+    parser.add_argument("--name", default=None,
+                        help="label of these runs in tables and plots (with several attentions: '<attention> "
+                             "<name>'). Default: the attention and its non-default keyword arguments")
+    model = parser.add_argument_group("data and model")
+    model.add_argument("--length", type=int, default=None,
+                       help="sequence length (classification: most tokens kept). Default: mqar 256, listops 1000, "
+                            "tags 512, imdb 2048, lm 1024")
+    model.add_argument("--pairs", type=int, default=16, help="mqar key-value pairs. Default: %(default)s")
+    model.add_argument("--vocab", type=int, default=8192, help="mqar vocabulary. Default: %(default)s")
+    model.add_argument("--width", type=int, default=64, help="model width d. Default: %(default)s")
+    model.add_argument("--layers", type=int, default=2, help="blocks. Default: %(default)s")
+    model.add_argument("--heads", type=int, default=2, help="attention heads, key_dim = width / heads. "
+                                                            "Default: %(default)s")
+    model.add_argument("--short-conv", choices=("residual", "attention_input"), default="residual",
+                       help="mqar/lm blocks: the short convolution as its own residual branch, x += Conv(LN x); "
+                            "x += Attn(LN x) (residual), or inside the attention branch, x += Attn(Conv(LN x)) "
+                            "(attention_input). Default: %(default)s (models.CausalBlock says why)")
+    model.add_argument("--ffn-dim", type=int, default=None,
+                       help="classification: feed-forward and classifier hidden width. Default: 2 * width")
+    model.add_argument("--dropout", type=float, default=None,
+                       help="classification dropout (Table 4: 0.1). Default: 0.1 classification, 0 mqar/lm")
+    model.add_argument("--train-size", type=int, default=None,
+                       help="training examples (listops 10000, tags 4000, imdb 25000; mqar/lm sample fresh)")
+    model.add_argument("--test-size", type=int, default=None,
+                       help="test examples: mqar 1000 sequences, listops/tags/imdb 1000, lm 64 windows")
+    train = parser.add_argument_group("training")
+    train.add_argument("--steps", type=int, default=None, help="Default: mqar 1000, lm and classification 500")
+    train.add_argument("--batch-size", type=int, default=None, help="Default: mqar 64, classification 32, lm 8")
+    train.add_argument("--lr", type=float, nargs="+", default=None,
+                       help="peak learning rates (each trained). Default: mqar 1e-2, others 1e-3")
+    train.add_argument("--seeds", type=int, nargs="+", default=[0], help="Default: 0")
+    train.add_argument("--warmup-fraction", type=float, default=0.1, help="Default: %(default)s")
+    train.add_argument("--eval-batch-size", type=int, default=None, help="Default: --batch-size")
+    train.add_argument("--log-every", type=int, default=None, help="steps between progress lines. Default: steps/10")
+    train.add_argument("--no-jit", action="store_true", help="run eagerly (debugging)")
+    out = parser.add_argument_group("outputs")
+    out.add_argument("--out", default=None, help="folder of results.json and the PNG. Default: runs/quality/<task>")
+    out.add_argument("--plot-only", nargs="*", default=None, metavar="RESULTS_JSON",
+                     help="train nothing: draw the figures of these results.json files (default: <out>/results.json)")
+    return parser
+
+
+def parse_args(argv=None):
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    for key, value in TASK_DEFAULTS[args.task].items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    args.ffn_dim = args.ffn_dim or 2 * args.width
+    args.eval_batch_size = args.eval_batch_size or args.batch_size
+    args.log_every = args.log_every or max(1, args.steps // 10)
+    args.out = args.out or os.path.join("runs", "quality", args.task)
+    for name in ("length", "pairs", "vocab", "width", "layers", "heads", "steps", "batch_size", "test_size"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if args.width % args.heads:
+        parser.error(f"--width {args.width} must be a multiple of --heads {args.heads}")
+    if args.task == "mqar" and (3 * args.pairs > args.length or 2 * args.pairs > args.vocab):
+        parser.error(f"mqar needs 3 * pairs <= length and 2 * pairs <= vocab, got pairs={args.pairs}, "
+                     f"length={args.length}, vocab={args.vocab}")
+    try:
+        args.attention_kwargs = json.loads(args.attention_kwargs)
+    except json.JSONDecodeError as error:
+        parser.error(f"--attention-kwargs is not JSON: {error}")
+    if not isinstance(args.attention_kwargs, dict):
+        parser.error("--attention-kwargs must be a JSON object")
+    return parser, args
+
+
+def kwargs_per_attention(parser, args):
+    """{attention: its full keyword arguments}; parser.error() on unknown names, modes or keys."""
+    import attentions
+
+    causal = args.task in CAUSAL_TASKS
+    raw = args.attention_kwargs
+    per_attention = bool(raw) and all(key in attentions.ATTENTIONS for key in raw)
+    result = {}
+    for name in args.attention:
+        spec = attentions.ATTENTIONS.get(name)
+        if spec is None:
+            parser.error(f"unknown --attention {name!r}; choose from {', '.join(attentions.ATTENTIONS)}")
+        if causal and not spec.causal:
+            parser.error(f"--attention {name} is bidirectional only; --task {args.task} is causal")
+        if not causal and not spec.bidirectional:
+            parser.error(f"--attention {name} is causal only; --task {args.task} is bidirectional classification")
+        given = raw.get(name, {}) if per_attention else raw
+        if per_attention:
+            unknown = set(given) - set(spec.defaults)
+            if unknown:
+                parser.error(f"--attention-kwargs for {name}: it takes {sorted(spec.defaults)}, not {sorted(unknown)}")
+        result[name] = attentions.resolve_kwargs(name, given)
+    if not per_attention:
+        taken = set().union(*(attentions.ATTENTIONS[n].defaults for n in args.attention))
+        unknown = set(raw) - taken
+        if unknown:
+            parser.error(f"--attention-kwargs keys {sorted(unknown)} are taken by none of {args.attention}")
+    return result
+
+
+# ----------------------------------------------------------------------------- measurements
+
+def reset_peak_rss():
+    """Resets the kernel's peak-RSS counter of this process (Linux); True when it worked."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def peak_rss_mib():
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # Linux: KiB
+
+
+def machine():
+    cpu_model = ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu_model = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "")
+    except OSError:
+        pass
+    return {"processor": platform.processor(), "cpu_model": cpu_model, "cpu_count": os.cpu_count(),
+            "platform": platform.platform(), "python": platform.python_version()}
+
+
+def median_step_seconds(times, shapes):
+    """Median of the step times after the first UNTIMED_STEPS, leaving out each shape's first step."""
+    seen, kept = set(), []
+    for step, (seconds, shape) in enumerate(zip(times, shapes)):
+        if step >= UNTIMED_STEPS and shape in seen:
+            kept.append(seconds)
+        seen.add(shape)
+    return statistics.median(kept) if kept else statistics.median(times)
+
+
+def label_of(args, name, kwargs):
+    import attentions
+
+    if args.name:
+        return args.name if len(args.attention) == 1 else f"{name} {args.name}"
+    changed = {k: v for k, v in kwargs.items() if attentions.ATTENTIONS[name].defaults.get(k) != v}
+    return name + ("(" + ",".join(f"{k}={v}" for k, v in changed.items()) + ")" if changed else "")
+
+
+SHORT_NAMES = {"num_hashes": "m", "hash_code_len": "tau", "conv_window": "conv", "backward": "bwd",
+               "hash_method": "hash", "use_expectation": "E", "num_features": "F", "chunk_size": "C",
+               "num_buckets": "buckets", "conv_kernel": "conv", "horizon": "horizon", "window": "w"}
+
+
+def settings_of(name, kwargs):
+    """The attention's keyword arguments, short: None, False, YOSO's default backward and hash method and
+    the chunk size of linear / performer (it does not change their results) left out."""
+    import attentions
+
+    quiet = {"backward": "lower_bound", "hash_method": attentions.YOSO_DEFAULTS["hash_method"]}
+    if name in ("linear", "performer"):
+        quiet["chunk_size"] = kwargs.get("chunk_size")
+    return ",".join(f"{SHORT_NAMES.get(k, k)}={v}" for k, v in kwargs.items()
+                    if v is not None and v is not False and quiet.get(k, object()) != v) or "-"
+
+
+# ----------------------------------------------------------------------------- one run
+
+def compile_model(model, args, lr):
+    import keras
+    from sequence_classification import DenseGradientAdam  # Adam with dense gradients on every backend
+
+    warmup = min(args.steps - 1, max(1, round(args.warmup_fraction * args.steps))) if args.steps > 1 else 0
+    if warmup:
+        schedule = keras.optimizers.schedules.CosineDecay(0.0, args.steps - warmup, warmup_target=lr,
+                                                          warmup_steps=warmup)
+    else:
+        schedule = lr
+    model.compile(optimizer=DenseGradientAdam(schedule),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"],
+                  jit_compile=False if args.no_jit else "auto")
+    return warmup
+
+
+def task_setup(args, name, kwargs, seed):
+    """(model, batch(step) -> (x, y), evaluate() -> dict, data description) of --task."""
+    import numpy as np
+
+    import models
+    import tasks
+
+    if args.task == "mqar":
+        model = models.build_causal_model(args, name, kwargs, args.vocab, args.length, args.pairs)
+        rng = np.random.default_rng(seed)
+        tokens, positions, targets = tasks.mqar_batch(np.random.default_rng(MQAR_TEST_SEED), args.test_size,
+                                                      args.length, args.pairs, args.vocab)
+
+        def batch(step):
+            t, p, y = tasks.mqar_batch(rng, args.batch_size, args.length, args.pairs, args.vocab)
+            return [t, p], y
+
+        def evaluate():
+            return model.evaluate([tokens, positions], targets, batch_size=args.eval_batch_size, verbose=0,
+                                  return_dict=True)
+
+        return model, batch, evaluate, f"MQAR, vocab {args.vocab}, fresh batches, {args.test_size} test sequences"
+    if args.task == "lm":
+        train, test = tasks.imdb_bytes("train"), tasks.imdb_bytes("test")
+        model = models.build_causal_model(args, name, kwargs, 256, args.length, None)
+        rng = np.random.default_rng(seed)
+        test_x, test_y = tasks.lm_test_set(test, args.test_size, args.length)
+
+        def batch(step):
+            return tasks.lm_batch(rng, train, args.batch_size, args.length)
+
+        def evaluate():
+            logs = model.evaluate(test_x, test_y, batch_size=args.eval_batch_size, verbose=0, return_dict=True)
+            return {**logs, "bits_per_byte": logs["loss"] / math.log(2)}
+
+        return model, batch, evaluate, (f"IMDB bytes: random train windows, {args.test_size} test-split windows "
+                                        f"({len(train):,} / {len(test):,} bytes)")
+    from sequence_classification import Batches
+
+    data = tasks.load_classification(args.task, args.length, args.train_size, args.test_size)
+    model = models.build_classifier(args, name, kwargs, data.vocab_size, data.num_classes, args.length)
+    train = Batches(data.train_ids, data.train_labels, args.batch_size, args.length, seed=seed, num_steps=args.steps)
+    test = Batches(data.test_ids, data.test_labels, args.eval_batch_size, args.length)
+
+    def evaluate():
+        return model.evaluate(test, verbose=0, return_dict=True)
+
+    return model, train.__getitem__, evaluate, (f"{data.description}: {len(data.train_ids)} train / "
+                                                f"{len(data.test_ids)} test")
+
+
+def run_one(args, name, kwargs, lr, seed, label, command):
+    """Trains and evaluates one model; its record (`command`: the command line, for the record)."""
+    import keras
+    import numpy as np
+
+    import attentions
+    import keras_yoso
+
+    keras.utils.clear_session()
+    rss_scope = "run" if reset_peak_rss() else "process"
+    keras.utils.set_random_seed(seed)
+    run_args = copy.copy(args)
+    run_args.seed = seed
+    model, batch, evaluate, data_description = task_setup(run_args, name, kwargs, seed)
+    warmup = compile_model(model, run_args, lr)
+    times, shapes, history, interval = [], [], [], []
+    tag = f"[{label} lr={lr:g} seed={seed}]"
+    start = time.perf_counter()
+    for step in range(args.steps):
+        x, y = batch(step)
+        begin = time.perf_counter()
+        logs = model.train_on_batch(x, y, return_dict=True)
+        times.append(time.perf_counter() - begin)
+        shapes.append(tuple(np.shape(x[0] if isinstance(x, list) else x)))
+        interval.append((logs["loss"], logs["accuracy"]))
+        if not math.isfinite(logs["loss"]):
+            print(f"  {tag} step {step + 1}: loss is {logs['loss']}, stopping this run", flush=True)
+            break
+        if (step + 1) % args.log_every == 0 or step + 1 == args.steps:
+            loss, accuracy = (statistics.mean(v) for v in zip(*interval))
+            history.append({"step": step + 1, "train_loss": loss, "train_accuracy": accuracy})
+            print(f"  {tag} step {step + 1}/{args.steps}: train loss {loss:.4f}, accuracy {accuracy:.4f}, "
+                  f"{median_step_seconds(times, shapes):.3f} s/step", flush=True)
+            interval = []
+    train_seconds = time.perf_counter() - start
+    begin = time.perf_counter()
+    metrics = evaluate()
+    eval_seconds = time.perf_counter() - begin
+    key_dim = args.width // args.heads
+    backend = keras.backend.backend()
+    record = {
+        "task": args.task, "label": label, "attention": name, "attention_kwargs": kwargs,
+        "settings": settings_of(name, kwargs), "lr": lr, "seed": seed,
+        "accuracy": float(metrics["accuracy"]), "loss": float(metrics["loss"]),
+        "seconds_per_step": median_step_seconds(times, shapes), "peak_rss_mib": peak_rss_mib(), "rss_scope": rss_scope,
+        "state_bytes_per_layer": attentions.state_bytes(name, args.heads, key_dim, args.length, **kwargs),
+        "length": args.length, "pairs": args.pairs if args.task == "mqar" else None,
+        "vocab": args.vocab if args.task == "mqar" else None, "width": args.width, "layers": args.layers,
+        "heads": args.heads, "key_dim": key_dim, "ffn_dim": args.ffn_dim if args.task not in CAUSAL_TASKS else None,
+        "short_conv": args.short_conv if args.task in CAUSAL_TASKS else None,
+        "dropout": args.dropout, "steps": args.steps, "steps_done": len(times), "batch_size": args.batch_size,
+        "warmup_steps": warmup, "schedule": "linear warmup from 0, cosine decay to 0", "optimizer": "Adam",
+        "train_size": args.train_size, "test_size": args.test_size, "data": data_description,
+        "train_seconds": train_seconds, "eval_seconds": eval_seconds, "num_parameters": int(model.count_params()),
+        "jit_compile": bool(model.jit_compile), "keras_backend": backend,
+        "backend_version": getattr(__import__({"jax": "jax", "torch": "torch"}.get(backend, "tensorflow")),
+                                   "__version__", "?"),
+        "keras_version": keras.__version__, "keras_yoso_version": keras_yoso.__version__,
+        "yoso_ops": keras_yoso.ops.implementation_in_use(),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "machine": machine(),
+        "command": command,
+        "args": {k: v for k, v in vars(args).items()}, "history": history,
+    }
+    if "bits_per_byte" in metrics:
+        record["bits_per_byte"] = float(metrics["bits_per_byte"])
+    return record
+
+
+def append_results(path, records):
+    """Appends `records` to the JSON list in `path` (created when missing), atomically."""
+    existing = []
+    if os.path.exists(path):
+        with open(path, encoding="utf-8") as f:
+            existing = json.load(f)
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path + ".tmp", "w", encoding="utf-8") as f:
+        json.dump(existing + list(records), f, indent=1, default=str)
+    os.replace(path + ".tmp", path)
+    return existing + list(records)
+
+
+COLUMNS = (("attention", 24, "s"), ("settings", 44, "s"), ("lr", 8, "g"), ("seed", 4, "d"), ("accuracy", 8, ".4f"),
+           ("loss", 8, ".4f"), ("s/step", 8, ".4f"), ("RSS MiB", 8, ".0f"), ("state B/layer", 13, "s"))
+
+
+def table_row(values):
+    cells = []
+    for (name, width, fmt), value in zip(COLUMNS, values):
+        text = value if isinstance(value, str) else format(value, fmt)
+        cells.append(text[:width].ljust(width) if fmt == "s" else text.rjust(width))
+    return " ".join(cells)
+
+
+def main(argv=None):
+    parser, args = parse_args(argv)
+    results_path = os.path.join(args.out, "results.json")
+    if args.plot_only is not None:
+        paths = args.plot_only or [results_path]
+        records = plot.load(paths)
+        for line in plot.summary_lines(records):
+            print(line)
+        out = args.out if any(a == "--out" or a.startswith("--out=") for a in (argv or sys.argv[1:])) \
+            else os.path.dirname(os.path.abspath(paths[0]))
+        for task in sorted({r["task"] for r in records}):
+            print(f"wrote {plot.plot_task(records, task, out)}")
+        return records
+    kwargs = kwargs_per_attention(parser, args)
+    command = ["benchmarks/quality/run.py"] + list(sys.argv[1:] if argv is None else argv)
+    import keras
+
+    print(f"task {args.task}: length {args.length}" + (f", {args.pairs} pairs, vocab {args.vocab}"
+                                                         if args.task == "mqar" else "") +
+          f"; width {args.width}, {args.layers} layers, {args.heads} heads; {args.steps} steps of batch "
+          f"{args.batch_size}; lr {args.lr}; seeds {args.seeds}; Keras backend {keras.backend.backend()}", flush=True)
+    header = table_row([name for name, _, _ in COLUMNS])
+    rows, records = [], []
+    for name in args.attention:
+        label = label_of(args, name, kwargs[name])
+        for lr in args.lr:
+            for seed in args.seeds:
+                record = run_one(args, name, kwargs[name], lr, seed, label, command)
+                append_results(results_path, [record])
+                records.append(record)
+                state = record["state_bytes_per_layer"]
+                rows.append(table_row([label, settings_of(name, kwargs[name]), lr, seed, record["accuracy"],
+                                       record.get("bits_per_byte", record["loss"]), record["seconds_per_step"],
+                                       record["peak_rss_mib"], f"{state:,}" if state else "-"]))
+                print("\n".join([header, rows[-1]]), flush=True)
+    print("\n" + "\n".join([header] + rows))
+    if args.task == "lm":
+        print("(lm: the loss column is test bits per byte; accuracy is next-byte accuracy)")
+    print("\nbest learning rate per attention (this invocation):")
+    for line in plot.summary_lines(records):
+        print("  " + line)
+    everything = plot.load([results_path])
+    try:
+        print(f"wrote {results_path} ({len(everything)} records) and "
+              f"{plot.plot_task([r for r in everything if r['task'] == args.task], args.task, args.out)}")
+    except ImportError as error:  # matplotlib missing: the results are kept
+        print(f"wrote {results_path}; no plot ({error})")
+    return records
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,163 @@
+"""Data of the quality benchmark's tasks, all made or read locally (no downloads).
+
+mqar      multi-query associative recall, generated (`mqar_batch`), Zoology (Arora et al. 2023)
+listops   LRA ListOps expressions, examples/listops_data.py
+tags      the built-in long-range task of examples/long_range_data.py
+imdb      IMDB reviews as UTF-8 bytes (LRA "Text"), /work/shared/data/imdb or $IMDB_DIR
+lm        next-byte prediction on IMDB review text (bits per byte)
+
+The classification and LM data sets are a fixed function of the task's arguments (data seed 0),
+the same for every training seed, so runs with different seeds and attentions see the same
+examples; the training seed only changes the weights, batch order and hashing.
+"""
+
+import dataclasses
+import functools
+import gzip
+import json
+import os
+
+import numpy as np
+
+IMDB_DIRS = (os.environ.get("IMDB_DIR", ""), "/work/shared/data/imdb",
+             os.path.join(os.path.dirname(__file__), "..", "..", "..", "shared", "data", "imdb"))
+
+
+# ----------------------------------------------------------------------------- MQAR
+
+def mqar_batch(rng, batch_size, length, pairs, vocab):
+    """One batch of multi-query associative recall (Zoology §3, appendix: `multiquery_ar`).
+
+    Keys are drawn from the first half of the vocabulary, [0, vocab // 2), values from the second
+    half, [vocab // 2, vocab), both without replacement within a sequence. The sequence starts with
+    the `pairs` key-value pairs k_1 v_1 k_2 v_2 ...; then every key appears exactly once more, as a
+    query, at a distinct position drawn uniformly from [2 * pairs, length) (so in random order and
+    at random gaps). All other positions hold random tokens of the value half (never a key, so no
+    position besides the queries repeats a key; Zoology fills them with random tokens too). The
+    target at a query position is the value paired with that key: the model, which is causal, must
+    recall it from the start of the sequence.
+
+    Args:
+        rng: a numpy Generator.
+        batch_size, length, pairs, vocab: B, T, P, V; needs 3 P <= T and P <= V / 2.
+
+    Returns:
+        tokens [B, T] int32, positions [B, P] int32 (the query positions, ascending), targets
+        [B, P] int32 (targets[b, i] = the value of the key at tokens[b, positions[b, i]]).
+    """
+    if 3 * pairs > length:
+        raise ValueError(f"mqar needs 3 * pairs <= length (pairs, then a query per key), got pairs={pairs}, "
+                         f"length={length}")
+    half = vocab // 2
+    if pairs > half:
+        raise ValueError(f"mqar needs pairs <= vocab / 2 distinct keys, got pairs={pairs}, vocab={vocab}")
+    rows = np.arange(batch_size)[:, None]
+    keys = np.argpartition(rng.random((batch_size, half)), pairs - 1, axis=1)[:, :pairs]
+    values = half + np.argpartition(rng.random((batch_size, vocab - half)), pairs - 1, axis=1)[:, :pairs]
+    tokens = rng.integers(half, vocab, size=(batch_size, length))
+    tokens[:, 0:2 * pairs:2] = keys
+    tokens[:, 1:2 * pairs:2] = values
+    gaps = 2 * pairs + np.argpartition(rng.random((batch_size, length - 2 * pairs)), pairs - 1, axis=1)[:, :pairs]
+    tokens[rows, gaps] = keys  # key i is queried at gaps[:, i]
+    order = np.argsort(gaps, axis=1)
+    positions = np.take_along_axis(gaps, order, axis=1)
+    targets = np.take_along_axis(values, order, axis=1)
+    return tokens.astype(np.int32), positions.astype(np.int32), targets.astype(np.int32)
+
+
+# ----------------------------------------------------------------------------- classification
+
+@dataclasses.dataclass
+class ClassificationData:
+    """Token ids (lists of int32 arrays, 0 = padding id, never a token) and int32 labels."""
+
+    train_ids: list
+    train_labels: np.ndarray
+    test_ids: list
+    test_labels: np.ndarray
+    vocab_size: int
+    num_classes: int
+    description: str
+
+
+def _imdb_dir():
+    for path in IMDB_DIRS:
+        if path and os.path.exists(os.path.join(path, "train.jsonl.gz")):
+            return path
+    raise FileNotFoundError("IMDB data not found: set IMDB_DIR to a folder holding train.jsonl.gz and "
+                            f"test.jsonl.gz (looked in {[p for p in IMDB_DIRS if p]})")
+
+
+@functools.lru_cache(maxsize=2)
+def imdb_split(split):
+    """(texts, labels) of the IMDB `split` ("train" or "test"), 25,000 reviews each, in file order."""
+    with gzip.open(os.path.join(_imdb_dir(), f"{split}.jsonl.gz"), "rt", encoding="utf-8") as f:
+        rows = [json.loads(line) for line in f]
+    return [row["text"] for row in rows], np.array([row["label"] for row in rows], np.int32)
+
+
+def _subset(texts, labels, size, seed):
+    """A seeded random subset of `size` examples (all of them when size is None or larger)."""
+    if size is None or size >= len(texts):
+        return texts, labels
+    keep = np.sort(np.random.default_rng(seed).permutation(len(texts))[:size])
+    return [texts[i] for i in keep], labels[keep]
+
+
+@functools.lru_cache(maxsize=4)
+def load_classification(task, length, train_size, test_size):
+    """The ClassificationData of `task` ("listops", "tags", "imdb") at `length` tokens."""
+    import sequence_classification as sc  # examples/
+
+    if task == "listops":
+        import listops_data
+
+        generate = dict(min_length=max(1, length // 2), max_length=length)
+        train = listops_data.generate_expressions(train_size, "quality/train", **generate)
+        test = listops_data.generate_expressions(test_size, "quality/test", **generate)
+        tokenizer = sc.WhitespaceTokenizer(listops_data.VOCABULARY, length)
+        classes = listops_data.NUM_CLASSES
+        description = f"ListOps expressions of {length // 2}-{length} tokens (examples/listops_data.py)"
+    elif task == "tags":
+        import long_range_data
+
+        train = long_range_data.generate_documents(train_size, [0, 0], length)
+        test = long_range_data.generate_documents(test_size, [0, 1], length)
+        tokenizer = sc.WhitespaceTokenizer(long_range_data.VOCABULARY, length)
+        classes = len(long_range_data.CLASS_NAMES)
+        description = f"built-in tags task, {length}-word documents (examples/long_range_data.py)"
+    elif task == "imdb":
+        train = _subset(*imdb_split("train"), train_size, 0)
+        test = _subset(*imdb_split("test"), test_size, 1)
+        tokenizer = sc.ByteTokenizer(length)
+        classes = 2
+        description = f"IMDB reviews, UTF-8 bytes truncated to {length} ({_imdb_dir()})"
+    else:
+        raise ValueError(f"unknown classification task {task!r}")
+    return ClassificationData(tokenizer.encode(list(train[0])), np.asarray(train[1], np.int32),
+                              tokenizer.encode(list(test[0])), np.asarray(test[1], np.int32),
+                              tokenizer.vocab_size, classes, description)
+
+
+# ----------------------------------------------------------------------------- byte-level LM
+
+@functools.lru_cache(maxsize=2)
+def imdb_bytes(split):
+    """The reviews of an IMDB split as one uint8 array, UTF-8, separated by newlines (the texts keep
+    their `<br />` tags)."""
+    texts, _ = imdb_split(split)
+    return np.frombuffer("\n".join(texts).encode("utf-8"), np.uint8)
+
+
+def lm_batch(rng, data, batch_size, length):
+    """Random windows of `length + 1` bytes of `data`: (inputs [B, T], next bytes [B, T]) int32."""
+    starts = rng.integers(0, len(data) - length - 1, size=batch_size)
+    windows = data[starts[:, None] + np.arange(length + 1)].astype(np.int32)
+    return windows[:, :-1], windows[:, 1:]
+
+
+def lm_test_set(data, count, length):
+    """`count` windows at evenly spaced offsets of `data` (the held-out test-split reviews)."""
+    starts = np.linspace(0, len(data) - length - 1, count).astype(np.int64)
+    windows = data[starts[:, None] + np.arange(length + 1)].astype(np.int32)
+    return windows[:, :-1], windows[:, 1:]
