@@ -93,6 +93,11 @@ def hash_parameters(dim, num_hashes, hash_code_len, seed, method=_validation.DEF
     num_hashes = _validation.integer(num_hashes, "num_hashes", 1)
     hash_code_len = _validation.hash_code_len(hash_code_len, cumulation=False)
     method = _validation.choice(method, "method", _validation.HASH_METHODS)
+    return _parameters(dim, num_hashes, hash_code_len, seed, method)
+
+
+def _parameters(dim, num_hashes, hash_code_len, seed, method):
+    """`hash_parameters` of arguments already checked."""
     if _validation.is_integer(seed):
         return _host_parameters(dim, num_hashes, hash_code_len, int(seed), method)
     generator = _StatelessSeed(_seed_tensor(seed))
@@ -145,7 +150,7 @@ def hash_codes(x, num_hashes, hash_code_len, seed, method=_validation.DEFAULT_HA
         raise ValueError(f"the last dimension of x must be known statically, got shape {_runtime.static_shape(x)}")
     if dim == 0:
         raise ValueError(f"x must have at least one feature (axis 2), got shape {_runtime.static_shape(x)}")
-    params = hash_parameters(dim, num_hashes, hash_code_len, seed, method)
+    params = _parameters(dim, num_hashes, hash_code_len, seed, method)
     # Per position: on a mesh each device hashes its own block with the same (replicated) functions.
     params_roles = (None,) * len(_runtime.static_shape(params))
     return _dispatch.on_mesh(provider, lambda p, x, params: p.hash_codes(x, params, num_hashes, hash_code_len, method),
