@@ -29,7 +29,7 @@ import numpy as np
 import keras_yoso
 from keras_yoso import ops
 
-from isolated_run import package_banner
+from isolated_run import median_seconds, package_banner
 
 METHODS = ("hadamard", "hadamard_interleaved", "gaussian")
 ANGLES = (0.25, 0.5, 1.0, 1.5, 2.0)
@@ -58,16 +58,6 @@ def collision_ratios(dim, tau, method, draws, pairs, num_hashes=32):
     rates = np.array(rates)
     formula = (1 - np.array(ANGLES) / np.pi) ** tau
     return rates.mean(0) / formula, rates.std(0, ddof=1) / np.sqrt(draws) / formula, formula
-
-
-def median_seconds(fn, repeats):
-    fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return float(np.median(times))
 
 
 def hashing_seconds(dim, method, length, repeats):

@@ -1,4 +1,5 @@
-"""Runs one benchmark configuration in a fresh Python process and reads back its JSON result.
+"""Runs one benchmark configuration in a fresh Python process and reads back its JSON result
+(`run_isolated`), and the timing helper the in-process benchmarks share (`median_seconds`).
 
 A fresh process per configuration makes its peak RSS its own; a configuration that
 runs out of memory or past the time limit is reported as such instead of crashing
@@ -13,6 +14,17 @@ import subprocess
 import sys
 import tempfile
 import time
+
+def median_seconds(fn, repeats):
+    """The median wall time of `repeats` calls of fn() after one untimed warm-up call."""
+    fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return sorted(times)[len(times) // 2]
+
 
 _PROBE = r"""
 import json, os, sys

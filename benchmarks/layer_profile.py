@@ -12,19 +12,10 @@ and writes layer_profile.png (a bar per part).
 
 import argparse
 import os
-import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
-
-def median_seconds(fn, repeats):
-    fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return sorted(times)[len(times) // 2]
+from isolated_run import median_seconds  # noqa: E402
 
 
 def parts(length):

@@ -164,3 +164,12 @@ def test_busy_machine_quick_times_the_layer_quiet_and_loaded_and_writes_json_and
     assert (row["backend"], row["variant"], row["workload"]) == (BACKEND, "default", "layer fwd+bwd")
     assert row["quiet"]["status"] == row["loaded"]["status"] == "ok", row
     assert row["quiet"]["seconds"] > 0 and row["loaded"]["seconds"] > 0
+
+
+def test_hash_fidelity_at_tiny_sizes_prints_every_method_and_writes_json_and_png(tmp_path):
+    proc = _run("hash_fidelity.py", tmp_path, "--dims", "16", "--taus", "8", "--draws", "2", "--pairs", "16",
+                "--length", "64", "--layer-length", "32", "--repeats", "1")
+    _assert_wrote(proc, tmp_path, "hash_fidelity.json", "hash_fidelity.png")
+    for method in ("hadamard ", "hadamard_interleaved ", "gaussian "):
+        assert method in proc.stdout, proc.stdout
+    assert "interleaved / hadamard" in proc.stdout
