@@ -104,8 +104,9 @@ class YosoAttention(MultiHeadAttentionBase):
             (the start of training) a collision probability 2^-tau and a
             gradient of order tau 2^-tau, so recall is learned late or not at
             all (MQAR, length 128, 8 pairs, 400 steps: 0.95 at tau 6, 0.005
-            at tau 8, softmax 0.98). For classification tau = log2(length)
-            (the paper's rule) and 6 both learn the built-in long-range task.
+            at tau 8, softmax 0.98). For classification the paper's rule
+            tau = log2(length) with m = 32 learns the built-in long-range
+            task (examples/long_text_classifier.py) on every backend.
         use_expectation: If True, compute YOSO-E, the exact expectation over
             hash functions, with O(T S) cost (`keras_yoso.ops.yoso_expectation`).
         conv_window: None or a positive int w: add a depthwise convolution of
