@@ -196,12 +196,13 @@ def test_adam_moves_repeated_embedding_rows_by_the_learning_rate_on_every_backen
 
 
 def test_builtin_task_small_version_is_learned_on_every_backend(tmp_path):
-    """The built-in task's recipe (BUILTIN_TASK: embedding scale, learning rate, warm-up), on shorter
-    documents: YOSO must reach 90% test accuracy. Before the fix of issue 18, this stayed at chance
-    on JAX and PyTorch."""
+    """The built-in task's recipe (BUILTIN_TASK: embedding scale, learning rate, warm-up, m = 32, its 250
+    steps), on shorter documents: YOSO must reach 90% test accuracy. Before the fix of issue 18, this
+    stayed at chance on JAX and PyTorch. (With m = 32 and the interleaved hash, seed 0 on TensorFlow
+    leaves chance after step 150: at 150 steps it scored 46%, at 250 steps 100%.)"""
     result = long_text_classifier.main(
         ["--max-length", "256", "--hash-code-len", "8", "--train-examples", "1000", "--test-examples", "200",
-         "--steps", "150", "--eval-every", "50", "--output-dir", str(tmp_path), "--export", "none"])
+         "--steps", "250", "--eval-every", "50", "--output-dir", str(tmp_path), "--export", "none"])
     assert result.metrics["test_accuracy"] >= 0.9, result.metrics["history"]
 
 
