@@ -103,7 +103,7 @@ class YosoAttention(MultiHeadAttentionBase):
             sharper kernel gives queries and unrelated keys at random angles
             (the start of training) a collision probability 2^-tau and a
             gradient of order tau 2^-tau, so recall is learned late or not at
-            all (MQAR, length 128, 8 pairs, 400 steps: 0.95 at tau 6, 0.005
+            all (MQAR, length 128, 8 pairs, 400 steps: 0.95 at tau 6, 0.004
             at tau 8, softmax 0.98). For classification the paper's rule
             tau = log2(length) with m = 32 learns the built-in long-range
             task (examples/long_text_classifier.py) on every backend.

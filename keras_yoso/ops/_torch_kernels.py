@@ -57,22 +57,15 @@ def _empty(shape, like):
     return torch.empty(shape, dtype=like.dtype, device=like.device)
 
 
-def _gaussian_hash_codes(x: torch.Tensor, projection: torch.Tensor, num_hashes: int,
-                         hash_code_len: int) -> torch.Tensor:
-    output = torch.empty((x.shape[0], num_hashes, x.shape[1]), dtype=torch.int32)
-    return _run("ky_gaussian_hash_codes", [("x", x), ("projection", projection)], [num_hashes, hash_code_len], output)
+def _hash_codes_op(entry, params_name):
+    """The CPU implementation of a hash method's op: the C ABI `entry` (ky_<method>_hash_codes), whose
+    params tensor is named `params_name` in its error messages (projection [d, m tau] or signs
+    [num_blocks, 3, padded_dim]) -> int32 codes [B, m, N]."""
+    def hash_codes(x: torch.Tensor, params: torch.Tensor, num_hashes: int, hash_code_len: int) -> torch.Tensor:
+        output = torch.empty((x.shape[0], num_hashes, x.shape[1]), dtype=torch.int32)
+        return _run(entry, [("x", x), (params_name, params)], [num_hashes, hash_code_len], output)
 
-
-def _hadamard_hash_codes(x: torch.Tensor, signs: torch.Tensor, num_hashes: int, hash_code_len: int) -> torch.Tensor:
-    output = torch.empty((x.shape[0], num_hashes, x.shape[1]), dtype=torch.int32)
-    return _run("ky_hadamard_hash_codes", [("x", x), ("signs", signs)], [num_hashes, hash_code_len], output)
-
-
-def _hadamard_interleaved_hash_codes(x: torch.Tensor, signs: torch.Tensor, num_hashes: int,
-                                     hash_code_len: int) -> torch.Tensor:
-    output = torch.empty((x.shape[0], num_hashes, x.shape[1]), dtype=torch.int32)
-    return _run("ky_hadamard_interleaved_hash_codes", [("x", x), ("signs", signs)], [num_hashes, hash_code_len],
-                output)
+    return hash_codes
 
 
 def _hash_codes_fake(x, params, num_hashes, hash_code_len):
@@ -123,9 +116,10 @@ def _collision_cumulation_fake(query_mask, query_codes, query, query_weight, key
 
 # op name -> (CPU implementation, fake implementation).
 _OPS = {
-    "gaussian_hash_codes": (_gaussian_hash_codes, _hash_codes_fake),
-    "hadamard_hash_codes": (_hadamard_hash_codes, _hash_codes_fake),
-    "hadamard_interleaved_hash_codes": (_hadamard_interleaved_hash_codes, _hash_codes_fake),
+    "gaussian_hash_codes": (_hash_codes_op("ky_gaussian_hash_codes", "projection"), _hash_codes_fake),
+    "hadamard_hash_codes": (_hash_codes_op("ky_hadamard_hash_codes", "signs"), _hash_codes_fake),
+    "hadamard_interleaved_hash_codes": (_hash_codes_op("ky_hadamard_interleaved_hash_codes", "signs"),
+                                        _hash_codes_fake),
     "lsh_cumulation": (_lsh_cumulation, _lsh_cumulation_fake),
     "weighted_lsh_cumulation": (_weighted_lsh_cumulation, _weighted_lsh_cumulation_fake),
     "collision_cumulation": (_collision_cumulation, _collision_cumulation_fake),
