@@ -22,6 +22,7 @@ from conftest import BACKEND
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 QUALITY = os.path.join(REPO, "benchmarks", "quality")
 sys.path[:0] = [QUALITY, os.path.join(REPO, "examples")]
+_BACKEND_BEFORE_IMPORT = os.environ.get("KERAS_BACKEND")
 
 import attentions  # noqa: E402
 import plot  # noqa: E402
@@ -52,6 +53,12 @@ def _caller(layer, shape):
 
     jitted = jax.jit(lambda x, mask: layer(x, padding_mask=mask))
     return lambda x, mask=None: _numpy(jitted(x, mask))
+
+
+def test_importing_the_harness_leaves_keras_backend_to_the_importer():
+    # run.py picks JAX only as a script; had the import set KERAS_BACKEND, every later test's
+    # subprocess in a TensorFlow-only venv would start Keras on a JAX that is not installed.
+    assert os.environ.get("KERAS_BACKEND") == _BACKEND_BEFORE_IMPORT
 
 
 # ----------------------------------------------------------------------------- MQAR data

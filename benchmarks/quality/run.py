@@ -51,7 +51,8 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 EXAMPLES = os.path.join(HERE, "..", "..", "examples")
 sys.path[:0] = [HERE, os.path.abspath(EXAMPLES)]
-os.environ.setdefault("KERAS_BACKEND", "jax")
+if __name__ == "__main__":  # only as a script: an importer (the tests) keeps its own backend and its children's
+    os.environ.setdefault("KERAS_BACKEND", "jax")
 
 import plot  # noqa: E402  (no Keras: --plot-only stays fast)
 
