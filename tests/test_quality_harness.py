@@ -245,6 +245,15 @@ def test_run_cli_writes_results_and_plots(tmp_path):
     assert len(replot) == 2 and (out / "mqar.png").stat().st_size > 0
 
 
+def test_mqar_plot_draws_one_label_at_two_budgets_with_the_same_state(tmp_path):
+    # The same attention trained for 400 and 1,000 steps: two configurations, one state size.
+    base = {"task": "mqar", "label": "yoso", "attention": "yoso", "attention_kwargs": {}, "length": 64, "pairs": 4,
+            "vocab": 256, "width": 16, "layers": 1, "heads": 2, "keras_backend": BACKEND, "loss": 1.0,
+            "state_bytes_per_layer": 4096, "lr": 1e-2, "seed": 0}
+    records = [dict(base, steps=400, accuracy=0.5), dict(base, steps=1000, accuracy=0.9)]
+    assert os.path.getsize(plot.plot_task(records, "mqar", str(tmp_path))) > 0
+
+
 def test_plot_of_classification_and_lm_records(tmp_path):
     base = {"attention_kwargs": {}, "length": 64, "pairs": None, "vocab": None, "width": 16, "layers": 1, "heads": 2,
             "ffn_dim": 32, "dropout": 0.1, "steps": 2, "batch_size": 4, "train_size": 8, "test_size": 8,

@@ -89,9 +89,9 @@ def plot_mqar(records, path):
     colors = plt.get_cmap("tab10")
     for ax, (length, pairs) in zip(axes[0], panels):
         for i, label in enumerate(labels):
-            points = sorted((s["record"]["state_bytes_per_layer"], s) for s in summaries
-                            if s["record"]["label"] == label and (s["record"]["length"], s["record"]["pairs"]) ==
-                            (length, pairs) and s["record"]["state_bytes_per_layer"])
+            points = sorted([(s["record"]["state_bytes_per_layer"], s) for s in summaries
+                             if s["record"]["label"] == label and (s["record"]["length"], s["record"]["pairs"]) ==
+                             (length, pairs) and s["record"]["state_bytes_per_layer"]], key=lambda point: point[0])
             if not points:
                 continue
             x = [p[0] for p in points]
