@@ -114,7 +114,8 @@ def build_parser():
     train.add_argument("--steps", type=int, default=None, help="Default: mqar 1000, lm and classification 500")
     train.add_argument("--batch-size", type=int, default=None, help="Default: mqar 64, classification 32, lm 8")
     train.add_argument("--lr", type=float, nargs="+", default=None,
-                       help="peak learning rates (each trained). Default: mqar and classification 3e-3 1e-2, lm 1e-3 3e-3")
+                       help="peak learning rates (each trained). "
+                            "Default: mqar and classification 3e-3 1e-2, lm 1e-3 3e-3")
     train.add_argument("--seeds", type=int, nargs="+", default=[0], help="Default: 0")
     train.add_argument("--warmup-fraction", type=float, default=0.1, help="Default: %(default)s")
     train.add_argument("--eval-batch-size", type=int, default=None, help="Default: --batch-size")
@@ -132,7 +133,7 @@ def parse_args(argv=None):
     args = parser.parse_args(argv)
     for key, value in TASK_DEFAULTS[args.task].items():
         if getattr(args, key) is None:
-            setattr(args, key, list(value) if isinstance(value, list) else value)
+            setattr(args, key, copy.copy(value))  # a list default is shared between tasks
     args.ffn_dim = args.ffn_dim or 2 * args.width
     args.eval_batch_size = args.eval_batch_size or args.batch_size
     args.log_every = args.log_every or max(1, args.steps // 10)
