@@ -458,12 +458,12 @@ NO_YNN_FLAGS = "--xla_cpu_experimental_ynn_fusion_type="
 
 
 def _provider_module():
-    """keras_yoso.ops._sequence_parallel (for its chunk and table constants), or None."""
+    """keras_yoso.ops.parallel.yoso_tables (for its chunk and table constants), or None."""
     try:
-        from keras_yoso.ops import _sequence_parallel
+        from keras_yoso.ops.parallel import yoso_tables
     except ImportError:
         return None
-    return _sequence_parallel
+    return yoso_tables
 
 
 def _unaccounted(r, devices):
@@ -515,7 +515,7 @@ def report_memory(runs, tokens):
         chunk = getattr(_provider_module(), "CHUNK_FLOATS", None)
         if chunk and sp["largest_buffers"]:
             largest = sp["largest_buffers"][0][0]
-            print("  the provider's scatter / gather step is bounded by keras_yoso.ops._sequence_parallel.CHUNK_FLOATS "
+            print("  the provider's scatter / gather step is bounded by keras_yoso.ops.parallel.yoso_tables.CHUNK_FLOATS "
                   f"= {chunk:,} floats ({4 * chunk / MIB:,.0f} MiB); the largest allocation is "
                   f"{'that chunk' if largest <= 4 * chunk else f'{largest / (4 * chunk):.1f} x that'}: the rest of "
                   f"the peak is per-position tensors of the {tokens // _DEVICES:,}-token block")

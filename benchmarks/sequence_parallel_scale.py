@@ -2,7 +2,7 @@
 
 One attention layer (forward + backward) on a document of N tokens (default 2**20, batch 1)
 split over P devices along the sequence (each holds n = ceil(N / P) consecutive tokens), for
-three attentions: YOSO-m (`keras_yoso.YosoAttention`, as `keras_yoso/ops/_sequence_parallel.py`
+three attentions: YOSO-m (`keras_yoso.YosoAttention`, as `keras_yoso/ops/parallel/yoso_tables.py`
 does it), LinearRelativeAttention (Scaleformer kernel attention with relative positions) and,
 for comparison, ring attention with softmax (Liu et al. 2023, "Ring Attention with Blockwise
 Transformers"). Nothing is run: every number is a formula below, evaluated in Python integers
@@ -25,7 +25,7 @@ the *wire* bytes are what one device sends (or receives) for it:
     all-gather of a per-device piece S:               (P - 1) * S     (received)
     reduce-scatter to a per-device piece S:           (P - 1) * S     (the all-gather's transpose)
     ppermute of S:                                    S               (0 when P = 1)
-    exclusive scan of S (`keras_yoso.ops._sharding.exclusive_scan`: the sum over the devices
+    exclusive scan of S (`keras_yoso.ops.parallel.mesh.exclusive_scan`: the sum over the devices
     before this one, or after it): one shift to the neighbour, then a Hillis-Steele scan, i.e.
     s(P) = 1 + ceil(log2(P - 1)) ppermutes of S (P >= 2; = 1 + log2 P for P a power of two >= 4,
     1 at P = 2; 4 at P = 8):                          s(P) * S        (an upper bound: the end
@@ -53,7 +53,7 @@ YOSO (bidirectional), all independent of N. The implementation's tables carry on
     working set (transient, backward): the dY table B H m (R + 1) dv f + one group's outer table
               and its reduced copy 2 B H g (R + 1) dv dk f; causal: + one scan buffer (the largest
               scanned payload). P > 1 also what the sequence-parallel provider
-              (keras_yoso/ops/_sequence_parallel.py) holds around its tables: it scatters positions
+              (keras_yoso/ops/parallel/yoso_tables.py) holds around its tables: it scatters positions
               into a group's table and reads them back in chunks of c = min(n, floor(2**22 /
               (B H g width))) positions, so one step's per-position temporary (the rows broadcast
               over the group's hashes, or gathered back) is <= 2**22 floats, 16 MiB
@@ -101,10 +101,11 @@ import os
 ATTENTIONS = ("yoso", "linear_relative", "ring_softmax")
 LABELS = {"yoso": "YOSO", "linear_relative": "LinearRelative", "ring_softmax": "Ring softmax"}
 CODE_BYTES = 4  # int32 hash codes
-# keras_yoso/ops/_sequence_parallel.py: the most floats of one collective's table, and of one step's
-# per-position temporary in the provider's chunked scatter / gather.
-TABLE_FLOATS_PER_COLLECTIVE = 2 ** 24
-CHUNK_FLOATS = 2 ** 22
+# The most floats of one collective's table, and of one step's per-position temporary in the provider's
+# chunked scatter / gather: the constants of keras_yoso/ops/parallel/yoso_tables.py itself.
+from keras_yoso.ops.parallel.yoso_tables import CHUNK_FLOATS  # noqa: E402
+from keras_yoso.ops.parallel.yoso_tables import TABLE_FLOATS_PER_COLLECTIVE  # noqa: E402
+
 MIB = 2.0 ** 20
 
 DEFAULTS = dict(heads=8, key_dim=64, value_dim=64, num_hashes=32, hash_code_len=8, horizon=64, batch=1,
@@ -142,7 +143,7 @@ def ppermute_wire(payload, devices):
 
 
 def exclusive_scan_steps(devices):
-    """The ppermutes of one `keras_yoso.ops._sharding.exclusive_scan` over P devices: one shift to the
+    """The ppermutes of one `keras_yoso.ops.parallel.mesh.exclusive_scan` over P devices: one shift to the
     neighbour, then Hillis-Steele steps of 1, 2, 4, ... while the step is < P - 1, i.e.
     1 + ceil(log2(P - 1)) for P >= 2 (1 at P = 2, 4 at P = 8), 0 at P = 1."""
     _positive(devices, "devices")
@@ -218,8 +219,8 @@ def _summary(attention, tokens, devices, causal, n, activation, working, collect
 # ---------------------------------------------------------------------------------------------- attentions
 
 def table_group(batch, heads, width, hash_code_len, num_hashes):
-    """g: the hashes per collective of a YOSO table of `width` floats per row (keras_yoso/ops/_sequence_parallel.py,
-    TABLE_FLOATS_PER_COLLECTIVE = 2**24 floats): min(m, max(1, floor(2**24 / (B H (R + 1) width))))."""
+    """g: the hashes per collective of a YOSO table of `width` floats per row (keras_yoso/ops/parallel/yoso_tables.py):
+    min(m, max(1, floor(TABLE_FLOATS_PER_COLLECTIVE / (B H (R + 1) width))))."""
     per_hash = batch * heads * (2 ** hash_code_len + 1) * width
     return max(1, min(num_hashes, TABLE_FLOATS_PER_COLLECTIVE // max(1, per_hash)))
 

@@ -15,7 +15,7 @@ Two message styles, one per kind of caller (both documented in docs/errors.md):
 Tensor checks (dtypes, ranks, dims that must agree, codes in range) are at the end: a check
 whose dims are known runs now (ValueError / TypeError); one whose dims are unknown while a
 TensorFlow graph is built becomes a run-time assertion with the same message
-(`keras_yoso._runtime`, the only module that knows the backends).
+(`keras_yoso._backend`, the only module that knows the backends).
 """
 
 import math
@@ -26,7 +26,7 @@ import keras
 import numpy as np
 from keras import ops
 
-from keras_yoso import _runtime
+from keras_yoso import _backend
 
 # --- limits (custom_ops/cc/kernels/yoso_common.h) ---------------------------------------------
 # Codes are int32 and non-negative: at most 30 bits per hash (kMaxHashCodeLen).
@@ -54,6 +54,10 @@ BACKWARDS = ("lower_bound", "collision")
 EXPECTATION_BACKWARDS = ("lower_bound", "exact")
 # epsilon of the *YOSO pair weight tau p^(tau-1) / (pi sqrt(1 - x^2 + epsilon)) (appendix eq. 2).
 COLLISION_EPSILON = 1e-6
+# epsilon added to the denominator of LinearRelativeAttention (Scaleformer eq. 10).
+LINEAR_RELATIVE_EPSILON = 1e-6
+# Rows per chunk of LinearRelativeAttention's causal prefix sums and relative band, when not given.
+LINEAR_RELATIVE_CHUNK_SIZE = 64
 
 
 def is_integer(value):
@@ -212,9 +216,9 @@ def dtype_name(x):
 
 
 def _with_rank(x, rank, name, expected):
-    shape = _runtime.static_shape(x)
+    shape = _backend.static_shape(x)
     if shape is None:
-        return _runtime.ensure_rank(x, rank)
+        return _backend.ensure_rank(x, rank)
     if len(shape) != rank:
         raise ValueError(f"{name} must have {expected}, got shape {tuple(shape)}")
     return x
@@ -240,11 +244,11 @@ def codes_tensor(codes, name, num_buckets_):
         # Checked on the host first: JAX without x64 would wrap int64 to int32 on conversion.
         host = np.asarray(codes)
         if host.size and (host.min() < 0 or host.max() >= num_buckets_):
-            raise _runtime.data_error(codes_message(name, num_buckets_))
+            raise _backend.data_error(codes_message(name, num_buckets_))
     codes = _with_rank(ops.convert_to_tensor(codes), 3, name, "shape [batch, num_hashes, length]")
     if dtype in _WIDE_INT_DTYPES:
         checks = codes_in_range(codes, num_buckets_, name)
-        (codes,) = _runtime.after(checks, [codes])
+        (codes,) = _backend.after(checks, [codes])
     return ops.cast(codes, "int32")
 
 
@@ -252,9 +256,9 @@ def codes_in_range(codes, num_buckets_, name):
     """Checks 0 <= codes < num_buckets: raises now when the codes are known, else returns the
     TensorFlow run-time assertions. Traced JAX code cannot raise: there, out-of-range codes are
     dropped by the composite like masked positions (docs/errors.md)."""
-    if not _runtime.can_check(codes) or _runtime.static_shape(codes) is not None and 0 in _runtime.static_shape(codes):
+    if not _backend.can_check(codes) or _backend.static_shape(codes) is not None and 0 in _backend.static_shape(codes):
         return []
-    return _runtime.assert_in_range(codes, 0, num_buckets_, codes_message(name, num_buckets_))
+    return _backend.assert_in_range(codes, 0, num_buckets_, codes_message(name, num_buckets_))
 
 
 def _is_numeric(dtype):
@@ -277,7 +281,7 @@ def _soft_mask_value(mask):
     """A value other than 0 and 1 (NaN included) of a float `mask` whose values are known now (eager
     tensors, NumPy arrays), else None. Graph tensors and traced arrays are not read: there any nonzero
     value keeps, as Keras' MultiHeadAttention reads masks. Costs one reduction."""
-    if not dtype_name(mask).startswith(("float", "bfloat")) or not _runtime.has_values(mask):
+    if not dtype_name(mask).startswith(("float", "bfloat")) or not _backend.has_values(mask):
         return None
     mask = ops.cast(mask, "float32")
     soft = ops.logical_and(ops.not_equal(mask, 0.0), ops.not_equal(mask, 1.0))
@@ -321,9 +325,9 @@ def agree(entries, what):
     (ValueError "<what> must agree: label=dim, ..."), unknown ones when a TensorFlow graph runs
     (InvalidArgumentError "<what> must agree: <label> differs from <label>"). Returns the
     run-time assertions (none when every dim is known)."""
-    dims = [(label, _runtime.static_shape(t)[axis]) for label, t, axis in entries]
+    dims = [(label, _backend.static_shape(t)[axis]) for label, t, axis in entries]
     dims_agree(dims, what)
-    return _runtime.dims_equal_at_run_time(entries, what)
+    return _backend.dims_equal_at_run_time(entries, what)
 
 
 def check_token_ids(token_ids, vocabulary_size, name="token_ids"):
@@ -341,9 +345,9 @@ def check_token_ids(token_ids, vocabulary_size, name="token_ids"):
         # Read on the host, before a conversion (JAX without x64 wraps int64 to int32).
         ids = np.asarray(token_ids)
         low, high = (ids.min(), ids.max()) if ids.size else (0, 0)
-    elif not _runtime.has_values(token_ids) or not _runtime.can_check(token_ids):
+    elif not _backend.has_values(token_ids) or not _backend.can_check(token_ids):
         return
-    elif 0 in _runtime.static_shape(token_ids):
+    elif 0 in _backend.static_shape(token_ids):
         return
     else:
         low, high = ops.convert_to_numpy(ops.stack([ops.min(token_ids), ops.max(token_ids)]))

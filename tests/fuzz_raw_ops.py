@@ -33,7 +33,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from keras_yoso.ops import _library  # noqa: E402
+from keras_yoso.ops.providers import tensorflow as tf_provider  # noqa: E402
 
 INT32_MIN, INT32_MAX = -(2 ** 31), 2 ** 31 - 1
 INT64_MAX = 2 ** 63 - 1
@@ -267,7 +267,7 @@ def _tensor(shape, dtype, data):
 
 def _op_function(op):
     name = "".join("_" + c.lower() if c.isupper() else c for c in op).lstrip("_")
-    return getattr(_library.library(), name)
+    return getattr(tf_provider.library(), name)
 
 
 def run_case(case, rng):
@@ -395,8 +395,8 @@ def main(argv=None):
     parser.add_argument("--count", type=int, default=300)
     parser.add_argument("--verbose", action="store_true")
     args = parser.parse_args(argv)
-    if _library.library() is None:
-        print(f"SKIP custom ops not loaded: {_library.load_error()}")
+    if tf_provider.library() is None:
+        print(f"SKIP custom ops not loaded: {tf_provider.load_error()}")
         return 0
     tally = {}
     for index in range(args.first, args.first + args.count):

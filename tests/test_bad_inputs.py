@@ -339,9 +339,9 @@ def test_custom_op_per_bucket_table_over_the_limit_raises_before_allocating():
 def test_raw_custom_op_rejects_bad_shapes_without_crashing():
     if "custom_op" not in IMPLEMENTATIONS:
         pytest.skip("TensorFlow custom ops disabled")
-    from keras_yoso.ops import _library
+    from keras_yoso.ops.providers import tensorflow as tf_provider
     IDE = (ValueError, tf.errors.InvalidArgumentError)
-    lib = _library.library()
+    lib = tf_provider.library()
     mask5, mask6 = np.ones((2, 5), np.float32), np.ones((2, 6), np.float32)
     with pytest.raises(IDE, match="num_hashes|key_codes|Dimension"):
         lib.yoso_lsh_cumulation(mask5, QC, mask6, np.zeros((2, 4, 6), np.int32), V, num_buckets=8)

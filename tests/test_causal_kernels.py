@@ -207,9 +207,9 @@ def test_causal_outside_minus_one_to_one_is_rejected(causal):
 def test_tf_raw_op_gradients_run_the_transposed_cumulations_in_the_opposite_direction(causal):
     import tensorflow as tf
 
-    from keras_yoso.ops import _library
+    from keras_yoso.ops.providers import tensorflow as tf_provider
 
-    lib = _library.library()
+    lib = tf_provider.library()
     t = _inputs(10, "one_bucket", 8, 16, masks=False)
     qm, km = (tf.constant(m, tf.float32) for m in _masks(t))
     qw, kw, v = tf.constant(t["qw"]), tf.constant(t["kw"]), tf.constant(t["v"])
@@ -230,9 +230,9 @@ def test_tf_raw_op_gradients_run_the_transposed_cumulations_in_the_opposite_dire
 def test_tf_shape_function_rejects_causal_lengths_that_differ_while_the_graph_is_built():
     import tensorflow as tf
 
-    from keras_yoso.ops import _library
+    from keras_yoso.ops.providers import tensorflow as tf_provider
 
-    lib = _library.library()
+    lib = tf_provider.library()
     t = _inputs(12, "random", n=5, num_keys=7)
     qm, km = (tf.constant(m, tf.float32) for m in _masks(t))
     with pytest.raises(ValueError, match="num_queries = 5 and num_keys = 7"):

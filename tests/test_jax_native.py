@@ -1,4 +1,4 @@
-"""The JAX provider (the native library's XLA FFI handlers, keras_yoso/ops/_jax_kernels.py):
+"""The JAX provider (the native library's XLA FFI handlers, keras_yoso/ops/providers/jax.py):
 the same numbers as the NumPy reference and the composite, eagerly, inside jax.jit and under
 jax.vmap; half precision; the kernels' own input checks; thread safety; the YosoAttention layer.
 
@@ -15,10 +15,10 @@ if keras.backend.backend() != "jax":
     pytest.skip("JAX backend only", allow_module_level=True)
 
 from keras_yoso import ops  # noqa: E402
-from keras_yoso.ops import _jax_kernels  # noqa: E402
+from keras_yoso.ops.providers import jax as jax_provider  # noqa: E402
 
-if _jax_kernels.PROVIDER.load_error():
-    pytest.skip(f"JAX native kernels not loaded: {_jax_kernels.PROVIDER.load_error()}", allow_module_level=True)
+if jax_provider.PROVIDER.load_error():
+    pytest.skip(f"JAX native kernels not loaded: {jax_provider.PROVIDER.load_error()}", allow_module_level=True)
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
@@ -54,7 +54,7 @@ def test_native_kernels_are_what_auto_runs_on_jax_cpu():
     assert ops.implementation_in_use() == "custom_op"
     assert ops.implementation_in_use("custom_op") == "custom_op"
     assert ops.supports_jit("custom_op")
-    assert _jax_kernels.PROVIDER.device_error((jnp.ones((1, 2, 3)),)) is None
+    assert jax_provider.PROVIDER.device_error((jnp.ones((1, 2, 3)),)) is None
 
 
 @pytest.mark.parametrize("method", _validation.HASH_METHODS)
@@ -230,7 +230,7 @@ def test_bucket_table_limit_raises_value_error_before_and_inside_the_kernel():
         ops.weighted_lsh_cumulation(codes, qw, codes, kw, value, 2, implementation="custom_op")
     mask = np.ones((1, 1), bool)
     with pytest.raises(ValueError, match="per-bucket table of the weighted LSH cumulation"):
-        _jax_kernels.PROVIDER.weighted_lsh_cumulation(codes, qw, codes, kw, value, 2, mask, mask)
+        jax_provider.PROVIDER.weighted_lsh_cumulation(codes, qw, codes, kw, value, 2, mask, mask)
 
 
 def test_handler_rejects_inputs_without_the_output_leading_dims():

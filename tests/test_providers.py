@@ -9,11 +9,11 @@ from conftest import BACKEND, CUSTOM_OPS_EXPECTED, DATA_ERROR, to_numpy, unit_ro
 from keras_yoso import YosoAttention
 from keras_yoso import ops
 from keras_yoso.ops import _dispatch
-from keras_yoso.ops import _provider
-from keras_yoso.ops import composite
+from keras_yoso.ops.providers import base
+from keras_yoso.ops.providers import composite
 
 
-class _Recording(_provider.Provider):
+class _Recording(base.Provider):
     """The composite's primitives under other declarations, recording the widths of the weighted
     cumulations it runs."""
 
@@ -78,7 +78,7 @@ def test_codes_are_checked_only_for_providers_that_do_not_check_them(install):
 
 def test_a_provider_refusing_the_device_sends_auto_to_the_composite_and_custom_op_to_an_error(install):
     class _OnlyElsewhere(_Recording):
-        def device_error(self, tensors):
+        def device_error(self, tensors, causal=0):
             return "the inputs are on a device these kernels do not serve" if tensors else None
 
     install(_OnlyElsewhere())

@@ -121,8 +121,8 @@ for name, f in cross_cases:
     assert max_diff(want, got) <= TOL, (name, max_diff(want, got))
 
 # Small limits: the tables in several hash groups (one collective each), positions in several chunks.
-from keras_yoso.ops import _sequence_parallel
-_sequence_parallel.TABLE_FLOATS_PER_COLLECTIVE, _sequence_parallel.CHUNK_FLOATS = 2 ** 8, 2 ** 6
+from keras_yoso.ops.parallel import yoso_tables
+yoso_tables.TABLE_FLOATS_PER_COLLECTIVE, yoso_tables.CHUNK_FLOATS = 2 ** 8, 2 ** 6
 for causal in (False, True):
     f = yoso("custom_op", causal)
     def forward_backward(q, k, v, f=f):

@@ -11,6 +11,7 @@ cumulations add into buckets with float atomics; under op determinism they raise
 UnimplementedError, like TensorFlow's own nondeterministic GPU kernels.
 """
 
+import contextlib
 import hashlib
 import json
 import os
@@ -175,9 +176,29 @@ if __name__ == "__main__":
     (False, [], "custom_op"), (True, [], "custom_op"), (False, ["GPU:0"], "custom_op"), (True, ["GPU:0"], "composite"),
 ])
 def test_auto_takes_the_composite_only_where_op_determinism_meets_a_gpu(monkeypatch, determinism, gpus, expected):
-    from keras_yoso.ops import _tf_kernels
+    from keras_yoso.ops.providers import tensorflow as tf_provider
     if not CUSTOM_OPS_EXPECTED:
         pytest.skip("no custom ops expected (KERAS_YOSO_DISABLE_CUSTOM_OPS=1): 'auto' is always the composite")
-    monkeypatch.setattr(_tf_kernels.tf_config, "is_op_determinism_enabled", lambda: determinism)
-    monkeypatch.setattr(_tf_kernels.tf.config, "list_physical_devices", lambda kind=None: list(gpus))
+    monkeypatch.setattr(tf_provider.tf_config, "is_op_determinism_enabled", lambda: determinism)
+    monkeypatch.setattr(tf_provider.tf.config, "list_physical_devices", lambda kind=None: list(gpus))
     assert keras_yoso.ops.implementation_in_use("auto") == expected
+
+
+@pytest.mark.parametrize("device, expected", [("", "composite"), ("/CPU:0", "custom_op")])
+def test_a_causal_call_bound_for_a_gpu_runs_the_composite_under_auto_and_is_refused_under_custom_op(
+        monkeypatch, device, expected):
+    """The op library's causal cumulations have CPU kernels only: the dispatch, not the provider, picks
+    the composite for a causal call TensorFlow would place on a GPU (and "custom_op" says why it cannot)."""
+    from keras_yoso.ops import _dispatch
+    from keras_yoso.ops.providers import tensorflow as tf_provider
+    if not CUSTOM_OPS_EXPECTED:
+        pytest.skip("no custom ops expected (KERAS_YOSO_DISABLE_CUSTOM_OPS=1): 'auto' is always the composite")
+    monkeypatch.setattr(tf_provider.tf.config, "list_physical_devices", lambda kind=None: ["GPU:0"])
+    with tf.device(device) if device else contextlib.nullcontext():
+        assert _dispatch.provider("auto", (), causal=1).name == expected
+        assert _dispatch.provider("auto", (), causal=0).name == "custom_op"
+        if expected == "composite":
+            with pytest.raises(ValueError, match="causal cumulations .* CPU kernels only"):
+                _dispatch.provider("custom_op", (), causal=1)
+        else:
+            assert _dispatch.provider("custom_op", (), causal=1).name == "custom_op"

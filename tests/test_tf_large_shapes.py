@@ -161,7 +161,7 @@ def test_cpu_kernels_index_tensors_past_2_pow_31_elements_and_size_helpers_satur
 
 
 def _library():
-    from keras_yoso.ops._library import library
+    from keras_yoso.ops.providers.tensorflow import library
     return library()
 
 

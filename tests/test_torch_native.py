@@ -1,4 +1,4 @@
-"""The PyTorch provider (keras_yoso/ops/_torch_kernels.py): the native library's CPU kernels as
+"""The PyTorch provider (keras_yoso/ops/providers/torch.py): the native library's CPU kernels as
 `torch.library` ops of the `keras_yoso::` namespace, traced by torch.compile through their fake
 kernels, with gradients from keras_yoso.ops (torch autograd)."""
 
@@ -16,7 +16,7 @@ from keras_yoso import YosoAttention
 from keras_yoso import _validation
 from keras_yoso import ops
 from keras_yoso.ops import _dispatch
-from keras_yoso.ops import composite
+from keras_yoso.ops.providers import composite
 
 pytestmark = pytest.mark.skipif(BACKEND != "torch" or not ops.custom_ops_available(),
                                 reason="PyTorch backend with the native library only")
@@ -24,8 +24,8 @@ pytestmark = pytest.mark.skipif(BACKEND != "torch" or not ops.custom_ops_availab
 if BACKEND == "torch":
     import torch
 
-    from keras_yoso import _native
-    from keras_yoso.ops import _torch_kernels
+    from keras_yoso.ops.providers import native_library
+    from keras_yoso.ops.providers import torch as torch_provider
 
 # Tolerance of each dtype, relative to max(1, |expected|), for outputs computed from inputs of that dtype.
 DTYPES = [("float32", 1e-5), ("float16", 2e-2), ("bfloat16", 8e-2)]
@@ -94,7 +94,7 @@ def test_auto_runs_the_torch_library_ops():
 
 
 def test_reimporting_the_provider_keeps_the_registered_ops():
-    importlib.reload(_torch_kernels)
+    importlib.reload(torch_provider)
     qc = np.zeros((1, 2, 3), np.int32)
     out = ops.lsh_cumulation(qc, qc, np.ones((1, 3, 2), np.float32), 4, implementation="custom_op")
     np.testing.assert_allclose(to_numpy(out), 3.0)
@@ -197,7 +197,7 @@ def test_out_of_range_codes_raise_value_error_naming_the_codes(side):
 
 def test_tensors_off_the_cpu_are_refused_naming_their_device():
     meta = torch.empty((1, 3, 2), device="meta")
-    assert _torch_kernels.PROVIDER.device_error([torch.ones(1), 3]) is None
+    assert torch_provider.PROVIDER.device_error([torch.ones(1), 3]) is None
     with pytest.raises(ValueError, match="CPU only; got a tensor on meta"):
         _dispatch.provider("custom_op", (torch.ones(1), meta))
     assert _dispatch.provider("auto", (meta,)) is composite.PROVIDER
@@ -219,13 +219,13 @@ def _yoso_forward_backward(q, k, v, qc, kc):
 
 def test_kernels_run_on_torch_num_threads_with_identical_results(monkeypatch):
     threads_used = []
-    call = _native.call
+    call = native_library.call
 
     def recording_call(*args, num_threads):
         threads_used.append(num_threads)
         return call(*args, num_threads=num_threads)
 
-    monkeypatch.setattr(_native, "call", recording_call)
+    monkeypatch.setattr(native_library, "call", recording_call)
     inputs = _cumulation_inputs()
     previous = torch.get_num_threads()
     results = {}
@@ -267,8 +267,8 @@ def test_concurrent_python_threads_give_identical_results():
 _IDLE_SPIN_PROBE = """
 import os, time
 import torch
-from keras_yoso.ops import _torch_kernels
-assert _torch_kernels.PROVIDER.load_error() is None
+from keras_yoso.ops.providers import torch as torch_provider
+assert torch_provider.PROVIDER.load_error() is None
 torch.set_num_threads(2)
 x = torch.ones(1 << 18)
 for _ in range(5):
@@ -278,7 +278,7 @@ start = time.process_time()
 for _ in range(100):
     x.add_(1)
     time.sleep(0.01)
-print("cpu", time.process_time() - start, "throttled", _torch_kernels._THROTTLED)
+print("cpu", time.process_time() - start, "throttled", torch_provider._THROTTLED)
 """
 
 
@@ -288,7 +288,7 @@ def _idle_cpu_seconds(tmp_path, spinning):
 
 
 def test_provider_throttles_the_spinning_of_torch_libgomp_workers(tmp_path):
-    if _torch_kernels.torch_openmp_parallel_region() is None or len(os.sched_getaffinity(0)) < 2:
+    if torch_provider.torch_openmp_parallel_region() is None or len(os.sched_getaffinity(0)) < 2:
         pytest.skip("needs a PyTorch on libgomp and 2 CPUs")
     throttled = _idle_cpu_seconds(tmp_path, "throttled")
     default = _idle_cpu_seconds(tmp_path, "default")
@@ -298,14 +298,14 @@ def test_provider_throttles_the_spinning_of_torch_libgomp_workers(tmp_path):
 @pytest.mark.parametrize("missing", ["libgomp", "openmp_backend"])
 def test_provider_leaves_torch_alone_without_libgomp(monkeypatch, missing):
     if missing == "libgomp":  # e.g. a PyTorch on Intel's or LLVM's OpenMP, or no /proc/self/maps
-        monkeypatch.setattr(_torch_kernels, "_loaded_libgomp_paths", lambda: [])
+        monkeypatch.setattr(torch_provider, "_loaded_libgomp_paths", lambda: [])
     else:  # PyTorch built with its native thread pool or TBB
         monkeypatch.setattr(torch.__config__, "parallel_info", lambda: "ATen parallel backend: native thread pool")
-    assert _torch_kernels.torch_openmp_parallel_region() is None
+    assert torch_provider.torch_openmp_parallel_region() is None
     calls = []
-    monkeypatch.setattr(_native, "throttle_openmp_spinning", lambda *args: calls.append(args))
-    monkeypatch.setattr(_torch_kernels, "_THROTTLED", False)
-    assert _torch_kernels.PROVIDER.load_error() is None
+    monkeypatch.setattr(native_library, "throttle_openmp_spinning", lambda *args: calls.append(args))
+    monkeypatch.setattr(torch_provider, "_THROTTLED", False)
+    assert torch_provider.PROVIDER.load_error() is None
     assert calls == []
 
 

@@ -102,9 +102,9 @@ CASES = {
 
 
 def _tf_library():
-    from keras_yoso.ops import _library
-    library = _library.library()
-    assert library is not None, _library.load_error()
+    from keras_yoso.ops.providers import tensorflow as tf_provider
+    library = tf_provider.library()
+    assert library is not None, tf_provider.load_error()
     return library
 
 
@@ -127,13 +127,13 @@ def _tf_shape_function_message(op, inputs, num_buckets):
 
 
 def _c_abi_message(op, inputs, num_buckets):
-    """The message of the native library's C ABI (keras_yoso._native raises it as ValueError)."""
-    from keras_yoso import _native
-    assert _native.library() is not None, _native.load_error()
-    views = [_native.tensor_view(None, dtype, shape) for shape, dtype in inputs]
-    output = _native.tensor_view(None, "float32", (0, 1, inputs[-1][0][2]))
+    """The message of the native library's C ABI (native_library raises it as ValueError)."""
+    from keras_yoso.ops.providers import native_library
+    assert native_library.library() is not None, native_library.load_error()
+    views = [native_library.tensor_view(None, dtype, shape) for shape, dtype in inputs]
+    output = native_library.tensor_view(None, "float32", (0, 1, inputs[-1][0][2]))
     with pytest.raises(ValueError) as info:
-        _native.call("ky_" + op, *views, num_buckets, 0, output)  # causal = 0
+        native_library.call("ky_" + op, *views, num_buckets, 0, output)  # causal = 0
     return str(info.value)
 
 

@@ -7,7 +7,7 @@ attention with relative positional encoding", 2022.
 import keras
 from keras import ops
 
-from keras_yoso import _runtime
+from keras_yoso import _backend
 from keras_yoso import _validation
 from keras_yoso import ops as yoso_ops
 from keras_yoso.layers.multi_head_attention_base import MultiHeadAttentionBase
@@ -124,7 +124,7 @@ class LinearRelativeAttention(MultiHeadAttentionBase):
         horizon=16,
         causal=False,
         share_relative_embeddings=False,
-        epsilon=1e-6,
+        epsilon=_validation.LINEAR_RELATIVE_EPSILON,
         chunk_size=None,
         dropout=0.0,
         use_bias=True,
@@ -266,7 +266,7 @@ class LinearRelativeAttention(MultiHeadAttentionBase):
                              f"{sorted(shapes)}; received {got}")
         for name, shape in shapes.items():
             want = (batch_size, self._num_heads) + shape
-            got = _runtime.static_shape(cache[name])
+            got = _backend.static_shape(cache[name])
             if got is None or len(got) != len(want) or any(
                     w is not None and g is not None and w != g for w, g in zip(want, got)):
                 raise ValueError(f"`cache[{name!r}]` must have shape {want} (the shape `init_cache(batch_size)` "
@@ -286,7 +286,7 @@ class LinearRelativeAttention(MultiHeadAttentionBase):
                              "layer with causal=True or pass use_causal_mask=True. Received causal="
                              f"{self._causal}, use_causal_mask={use_causal_mask}")
         batch = ops.shape(query_heads)[0]
-        shapes = self._check_cache(cache, _runtime.static_shape(query_heads)[0])
+        shapes = self._check_cache(cache, _backend.static_shape(query_heads)[0])
         # [B, heads, ...] -> [B * heads, ...], row b * heads + h like flatten_heads.
         state = {name: ops.reshape(tensor, (-1,) + shapes[name]) for name, tensor in cache.items()}
         out, state = linear_relative.linear_relative_attention_step(

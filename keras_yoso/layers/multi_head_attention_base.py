@@ -12,7 +12,7 @@ from keras import initializers
 from keras import ops
 from keras import regularizers
 
-from keras_yoso import _runtime
+from keras_yoso import _backend
 from keras_yoso import _validation
 
 _OUTPUT_LETTERS = "opqrsuvwxyz"
@@ -230,7 +230,7 @@ class MultiHeadAttentionBase(keras.layers.Layer):
         shape and the received one, before anything is computed when the shapes are known; a run-time
         assertion with the same message for dims unknown in a TensorFlow graph. Returns the
         assertions. (An `attention_mask` dim of 1 broadcasts.)"""
-        shape = _runtime.static_shape
+        shape = _backend.static_shape
         self._check_shapes(shape(query), shape(value), shape(key))
         sources = {"batch": (query, 0), "target": (query, 1), "source": (value, 1)}
         tensors = {"value": value, "key": key, **{k: v for k, v in masks.items() if v is not None}}
@@ -256,11 +256,11 @@ class MultiHeadAttentionBase(keras.layers.Layer):
                 ok = ops.equal(actual, wanted)
                 if arg == "attention_mask":
                     ok = ops.logical_or(ok, ops.equal(actual, 1))
-                checks += _runtime.check(ok, message, error=ValueError(message))
+                checks += _backend.check(ok, message, error=ValueError(message))
         return checks
 
     def _shape_message(self, arg, layout, dims, got, query, value):
-        shape = _runtime.static_shape
+        shape = _backend.static_shape
         sizes = {"batch": shape(query)[0], "target": shape(query)[1], "source": shape(value)[1]}
         names = layout.strip("()").split(", ")
         want = "(" + ", ".join(name if dim is None or sizes[dim] is None else str(sizes[dim])
@@ -310,15 +310,15 @@ class MultiHeadAttentionBase(keras.layers.Layer):
                    f"{self._padding_only_reason}, so it can only express masks of the form "
                    "query_mask[:, :, None] & key_mask[:, None, :]. Pass `query_mask`, `value_mask` and/or "
                    "`key_mask` ([batch, length] padding masks) instead.")
-        if not _runtime.can_check(is_padding):
+        if not _backend.can_check(is_padding):
             # XLA drops run-time assertions and traced JAX code cannot raise: a causal or banded mask
             # would then be silently read as padding. Refuse at trace time instead.
             raise ValueError(f"{name} cannot check under XLA (jit_compile=True, or the JAX backend's compiled "
                              "train/predict steps) that `attention_mask` is a padding mask. Pass `query_mask`, "
                              "`value_mask` and/or `key_mask` ([batch, length] padding masks) instead, or compile "
                              "without XLA.")
-        checks = _runtime.check(is_padding, message, error=ValueError(message))
-        return _runtime.after(checks, [query_pad, key_pad])
+        checks = _backend.check(is_padding, message, error=ValueError(message))
+        return _backend.after(checks, [query_pad, key_pad])
 
     def _check_call_options(self, return_attention_scores, use_causal_mask):
         """Raises for call options the subclass cannot honour."""
@@ -353,7 +353,7 @@ class MultiHeadAttentionBase(keras.layers.Layer):
                              "padding of the new positions).")
         if return_attention_scores:
             raise ValueError(f"{name} called with `cache` cannot return attention scores.")
-        shape = _runtime.static_shape
+        shape = _backend.static_shape
         if key is not None and key is not value:
             raise ValueError(f"{name} called with `cache` is self-attention over the new positions: pass "
                              "`layer(query, query, cache=..., cache_update_index=...)` (no separate `key`).")
@@ -396,7 +396,7 @@ class MultiHeadAttentionBase(keras.layers.Layer):
         masks = {name: _bool_mask(mask) for name, mask in
                  (("query_mask", query_mask), ("value_mask", value_mask), ("key_mask", key_mask))}
         checks = self._check_call_shapes(query, value, key_tensor, masks, attention_mask)
-        query, value, key_tensor = _runtime.after(checks, [query, value, key_tensor])
+        query, value, key_tensor = _backend.after(checks, [query, value, key_tensor])
         query_mask, key_mask = masks["query_mask"], masks["key_mask"]
         batch = ops.shape(query)[0]
         query_length, key_length = ops.shape(query)[1], ops.shape(value)[1]

@@ -7,7 +7,7 @@ Sampling", ICML 2021.
 import keras
 from keras import ops
 
-from keras_yoso import _runtime
+from keras_yoso import _backend
 from keras_yoso import _validation
 from keras_yoso import ops as yoso_ops
 from keras_yoso.layers.multi_head_attention_base import MultiHeadAttentionBase
@@ -324,7 +324,7 @@ class YosoAttention(MultiHeadAttentionBase):
     def _attend(self, query_heads, key_heads, value_heads, query_mask, key_mask, training, use_causal_mask):
         causal = bool(use_causal_mask)
         if causal:
-            lengths = (_runtime.static_shape(query_heads)[1], _runtime.static_shape(key_heads)[1])
+            lengths = (_backend.static_shape(query_heads)[1], _backend.static_shape(key_heads)[1])
             if None not in lengths and lengths[0] != lengths[1]:
                 raise ValueError("YosoAttention with use_causal_mask=True is causal self-attention: `query` and "
                                  "`value` must have the same length (query i attends to keys j <= i). Received "
@@ -392,18 +392,18 @@ class YosoAttention(MultiHeadAttentionBase):
         kept = ops.where(k_mask[:, None, :, None], ops.broadcast_to(v[:, None], (batch * heads, m, length, dv)), 0.0)
         kept, key_rows = ops.reshape(kept, (-1, dv)), ops.reshape(key_codes + base, (-1,))
         flat = ops.reshape(tables, (-1, dv))
-        if _runtime.static_shape(query_heads)[1] == 1:
+        if _backend.static_shape(query_heads)[1] == 1:
             # One key per (row, hash): distinct rows, updated in place (no table-sized temporary).
             updated = ops.scatter_update(flat, key_rows[:, None], ops.take(flat, key_rows, axis=0) + kept)
         else:
-            updated = flat + _runtime.segment_sum(kept, key_rows, batch * heads * m * buckets)
+            updated = flat + _backend.segment_sum(kept, key_rows, batch * heads * m * buckets)
         updated = ops.reshape(updated, ops.shape(tables))
 
         def read(state):
             rows = ops.take(ops.reshape(state, (-1, dv)), ops.reshape(query_codes + base, (-1,)), axis=0)
             return ops.mean(ops.reshape(rows, (batch * heads, m, length, dv)), axis=1)
 
-        if _runtime.static_shape(query_heads)[1] == 1:
+        if _backend.static_shape(query_heads)[1] == 1:
             # One token: its own key is the only new one, so it reads the updated tables (then a
             # compiled step can update the tables in place: no copy of the state is kept alive).
             out = read(updated)
@@ -426,7 +426,7 @@ class YosoAttention(MultiHeadAttentionBase):
     def _check_cache_shapes(self, tables, history, batch):
         """ValueError when the cache is not this layer's (shapes from init_cache)."""
         want = (batch, self._num_heads, self._num_hashes, 2 ** self._hash_code_len, self._value_dim)
-        got = _runtime.static_shape(tables)
+        got = _backend.static_shape(tables)
         if got is None or len(got) != 5 or any(
                 g is not None and isinstance(w, int) and g != w for g, w in zip(got, want)):
             raise ValueError(f"YosoAttention expects `cache` tables of shape (batch, num_heads, num_hashes, "

@@ -3,7 +3,7 @@
 import keras
 from keras import ops
 
-from keras_yoso import _runtime
+from keras_yoso import _backend
 from keras_yoso import _validation
 from keras_yoso.layers.transformer_encoder_block import TransformerEncoderBlock
 
@@ -106,7 +106,7 @@ class CausalLM(keras.Model):
         """
         _validation.check_token_ids(prompt, self.vocabulary_size, "prompt")
         prompt = ops.cast(ops.convert_to_tensor(prompt), "int32")
-        shape = _runtime.static_shape(prompt)
+        shape = _backend.static_shape(prompt)
         if len(shape) != 2 or not shape[1]:
             raise ValueError(f"`prompt` must be int token ids of shape (batch, length >= 1), received shape {shape}")
         max_new_tokens = _validation.integer(max_new_tokens, "max_new_tokens", 1)
@@ -160,7 +160,7 @@ class CausalLM(keras.Model):
 def _compile(fn):
     """`fn` compiled for the running backend: jax.jit, tf.function (no XLA: the TensorFlow op
     library has no XLA kernels), or eager on torch."""
-    backend = _runtime.backend()
+    backend = _backend.backend()
     if backend == "jax":
         import jax
 

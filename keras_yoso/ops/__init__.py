@@ -7,7 +7,6 @@ native library's CPU kernels through XLA FFI on JAX and torch.library on PyTorch
 picks; `supports_jit` whether it runs inside compiled functions.
 """
 
-from keras_yoso import _runtime
 from keras_yoso.ops._dispatch import composite_only
 from keras_yoso.ops._dispatch import custom_ops_available
 from keras_yoso.ops._dispatch import native_provider as _native_provider

@@ -1,7 +1,7 @@
 """The one place that decides how each op call runs.
 
-A *provider* (`_provider.Provider`) runs the primitives of every op and declares what it can do.
-There is the composite (`composite.PROVIDER`: `keras.ops`, every backend) and one native provider
+A *provider* (`providers/base.py`) runs the primitives of every op and declares what it can do.
+There is the composite (`providers/composite.py`: `keras.ops`, every backend) and one native provider
 per backend (`_NATIVE_PROVIDERS`): TensorFlow's op library, and the native library's CPU kernels
 on JAX (XLA FFI) and PyTorch (torch.library). The public functions of `keras_yoso.ops` ask
 `provider(implementation, tensors)` per call, wrap the primitives with gradients
@@ -13,17 +13,17 @@ import contextlib
 import contextvars
 import importlib
 
-from keras_yoso import _runtime
+from keras_yoso import _backend
 from keras_yoso import _validation
-from keras_yoso.ops import _sequence_parallel
-from keras_yoso.ops import _sharding
-from keras_yoso.ops import composite
+from keras_yoso.ops.parallel import yoso_tables
+from keras_yoso.ops.parallel import mesh
+from keras_yoso.ops.providers import composite
 
 # backend name -> module whose PROVIDER holds that backend's native kernels.
 _NATIVE_PROVIDERS = {
-    "tensorflow": "keras_yoso.ops._tf_kernels",
-    "jax": "keras_yoso.ops._jax_kernels",
-    "torch": "keras_yoso.ops._torch_kernels",
+    "tensorflow": "keras_yoso.ops.providers.tensorflow",
+    "jax": "keras_yoso.ops.providers.jax",
+    "torch": "keras_yoso.ops.providers.torch",
 }
 
 
@@ -31,7 +31,7 @@ _NATIVE_PROVIDERS = {
 _COMPOSITE_ONLY = contextvars.ContextVar("keras_yoso_composite_only", default=False)
 
 
-@_runtime.constant_while_traced
+@_backend.constant_while_traced
 def _composite_only_active():
     return _COMPOSITE_ONLY.get()
 
@@ -55,7 +55,7 @@ _NATIVE = {}
 
 def native_provider():
     """(provider, None) of the running backend's native kernels, or (None, why they are unavailable)."""
-    backend = _runtime.backend()
+    backend = _backend.backend()
     if backend not in _NATIVE:
         _NATIVE[backend] = _load_native_provider(backend)
     return _NATIVE[backend]
@@ -75,11 +75,12 @@ def custom_ops_available():
     return native_provider()[0] is not None
 
 
-def provider(implementation, tensors=()):
+def provider(implementation, tensors=(), causal=0):
     """The provider that runs an op called with `implementation` on `tensors`.
 
     "custom_op": the backend's native kernels (RuntimeError when they are not loaded, ValueError
-    naming the device when they cannot take `tensors`, e.g. CPU kernels and CUDA tensors);
+    naming the device when they cannot take `tensors`, e.g. CPU kernels and CUDA tensors, or a
+    `causal` call where they have no causal kernel);
     "composite": `keras.ops`; "auto": the native kernels when loaded, usable in the current
     context (not inside a TensorFlow XLA graph, not where determinism needs the composite) and
     able to take `tensors`, else the composite.
@@ -91,11 +92,11 @@ def provider(implementation, tensors=()):
     if implementation == "custom_op":
         if native is None:
             raise RuntimeError(f"implementation='custom_op' but the keras_yoso native kernels are not loaded: {error}")
-        device_error = native.device_error(tensors)
+        device_error = native.device_error(tensors, causal)
         if device_error:
             raise ValueError(f"implementation='custom_op' cannot run here: {device_error}")
         return native
-    if native is None or not native.usable_here() or native.device_error(tensors):
+    if native is None or not native.usable_here() or native.device_error(tensors, causal):
         return composite.PROVIDER
     return native
 
@@ -112,23 +113,23 @@ def supports_jit(implementation="auto"):
 
 
 def on_mesh(provider, fn, args, roles, out_roles, split_sequence=True, pointwise=False):
-    """`fn(provider, *args)`, placed on the active device mesh (`_sharding.plan()`).
+    """`fn(provider, *args)`, placed on the active device mesh (`mesh.plan()`).
 
     Outside a distribution (or on TensorFlow and PyTorch, whose engines replicate the whole call
     per device) this is the call itself. On a JAX mesh the call runs inside `jax.shard_map`
-    (`_sharding.run`; `roles` and `out_roles` name each axis "batch", "seq" or None) when the
+    (`mesh.run`; `roles` and `out_roles` name each axis "batch", "seq" or None) when the
     provider's kernels cannot be partitioned by XLA (native custom calls: data parallel, per
     block of the batch) or when the mesh splits the sequence and `split_sequence` is True: then
-    `fn` gets a `_sequence_parallel.SequenceShardedProvider`, which adds the other blocks'
+    `fn` gets a `yoso_tables.SequenceShardedProvider`, which adds the other blocks'
     contributions through bucket tables (ValueError when a sequence length does not divide
     over the sequence axis). With `split_sequence=False` the sequence stays whole on each device.
     `pointwise=True` (a per-position op, e.g. hashing) splits the sequence only where it divides
     (one decoding token stays whole) and never needs the other blocks.
     """
-    active = _sharding.plan()
+    active = mesh.plan()
     if active is None:
         return fn(provider, *args)
-    lengths = [_runtime.static_shape(arg)[role.index("seq")] for arg, role in zip(args, roles) if "seq" in role]
+    lengths = [_backend.static_shape(arg)[role.index("seq")] for arg, role in zip(args, roles) if "seq" in role]
     split = split_sequence and active.seq is not None
     if split and pointwise and any(n is None or n % active.seq_size for n in lengths):
         split = False
@@ -138,9 +139,9 @@ def on_mesh(provider, fn, args, roles, out_roles, split_sequence=True, pointwise
         roles, out_roles = _whole_sequence(roles), _whole_sequence(out_roles)
     elif not pointwise:
         for length in lengths:
-            _sharding.sequence_length_check(active, length, "a sequence")
-        provider = _sequence_parallel.SequenceShardedProvider(provider, active.seq, active.seq_size)
-    return _sharding.run(active, lambda *blocks: fn(provider, *blocks), args, roles, out_roles)
+            mesh.sequence_length_check(active, length, "a sequence")
+        provider = yoso_tables.SequenceShardedProvider(provider, active.seq, active.seq_size)
+    return mesh.run(active, lambda *blocks: fn(provider, *blocks), args, roles, out_roles)
 
 
 def _whole_sequence(roles):

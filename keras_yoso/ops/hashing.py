@@ -11,7 +11,7 @@ import keras
 import numpy as np
 from keras import ops
 
-from keras_yoso import _runtime
+from keras_yoso import _backend
 from keras_yoso import _validation
 from keras_yoso.ops import _dispatch
 
@@ -44,7 +44,7 @@ def _numpy_parameters(dim, num_hashes, hash_code_len, seed, method):
     return params
 
 
-@_runtime.traced_as_opaque_call
+@_backend.traced_as_opaque_call
 def _host_parameters(dim, num_hashes, hash_code_len, seed, method):
     return ops.convert_to_tensor(_numpy_parameters(dim, num_hashes, hash_code_len, seed, method))
 
@@ -53,7 +53,7 @@ class _StatelessSeed(keras.random.SeedGenerator):
     """A `[2]` seed tensor in the form `keras.random` accepts: every draw is a stateless function of it."""
 
     def __init__(self, seed):  # no state variable: nothing to advance
-        self._seed = ops.cast(seed, _runtime.random_seed_dtype())
+        self._seed = ops.cast(seed, _backend.random_seed_dtype())
 
     def next(self, ordered=True):
         return self._seed
@@ -66,7 +66,7 @@ def _seed_tensor(seed):
         tensor = ops.convert_to_tensor(seed)
     except (TypeError, ValueError) as error:
         raise ValueError(message) from error
-    shape = _runtime.static_shape(tensor)
+    shape = _backend.static_shape(tensor)
     if "int" not in str(tensor.dtype) or (shape is not None and tuple(shape) != (2,)):
         raise ValueError(message)
     return tensor
@@ -145,13 +145,13 @@ def hash_codes(x, num_hashes, hash_code_len, seed, method=_validation.DEFAULT_HA
         _seed_tensor(seed)
     x = _validation.float_tensor(x, "x", 3)
     provider = _dispatch.provider(implementation, (x,))
-    dim = _runtime.static_shape(x)[2]
+    dim = _backend.static_shape(x)[2]
     if dim is None:
-        raise ValueError(f"the last dimension of x must be known statically, got shape {_runtime.static_shape(x)}")
+        raise ValueError(f"the last dimension of x must be known statically, got shape {_backend.static_shape(x)}")
     if dim == 0:
-        raise ValueError(f"x must have at least one feature (axis 2), got shape {_runtime.static_shape(x)}")
+        raise ValueError(f"x must have at least one feature (axis 2), got shape {_backend.static_shape(x)}")
     params = _parameters(dim, num_hashes, hash_code_len, seed, method)
     # Per position: on a mesh each device hashes its own block with the same (replicated) functions.
-    params_roles = (None,) * len(_runtime.static_shape(params))
+    params_roles = (None,) * len(_backend.static_shape(params))
     return _dispatch.on_mesh(provider, lambda p, x, params: p.hash_codes(x, params, num_hashes, hash_code_len, method),
                              (x, params), (("batch", "seq", None), params_roles), ("batch", None, "seq"), pointwise=True)

@@ -7,7 +7,7 @@ C++/CUDA op library; the native library's CPU kernels on JAX and PyTorch), "comp
 `keras.ops` composite (every backend; same numbers to float32 rounding; XLA- and
 serving-friendly), "auto" the native kernels where they are loaded and usable, else the
 composite. Gradients are the same `keras.ops.custom_gradient`s for both; what differs between
-providers is read from their declarations (`_provider.Provider`).
+providers is read from their declarations (`providers/base.py`).
 
 `B` is any flattened batch (batch x heads). Codes are int `[B, m, N]`. Masks are `[B, N]`, bool or
 numeric (any nonzero keeps the position). float16, bfloat16 and float32 inputs are accumulated in
@@ -18,15 +18,15 @@ Device meshes (JAX): under a `keras.distribution` every call is placed by `_disp
 native kernels run per device block inside `jax.shard_map` (never gathered); under
 `keras_yoso.distribution.SequenceParallel` `hash_codes`, `lsh_cumulation` and `yoso_cumulation`
 (lower-bound backward) split the sequence too, adding the other devices' keys through their
-bucket tables (`_sequence_parallel`); the weighted and collision cumulations keep it whole.
+bucket tables (`parallel/yoso_tables.py`); the weighted and collision cumulations keep it whole.
 """
 
 from keras import ops
 
-from keras_yoso import _runtime
+from keras_yoso import _backend
 from keras_yoso import _validation
 from keras_yoso.ops import _dispatch
-from keras_yoso.ops import composite
+from keras_yoso.ops.composite import collision
 
 
 def _upstream(args, upstream):
@@ -56,14 +56,14 @@ def _prepare_sides(query_codes, key_codes, query_mask, key_mask, query_side, key
     if causal:
         checks += _validation.agree([("query_codes axis 2", qc, 2), ("key_codes axis 2", kc, 2)],
                                     "query and key lengths (causal=True aligns query i with key i)")
-    num_hashes = _runtime.static_shape(qc)[1]
+    num_hashes = _backend.static_shape(qc)[1]
     if num_hashes == 0:
-        raise ValueError(f"query_codes must have num_hashes >= 1 (axis 1), got shape {_runtime.static_shape(qc)}")
+        raise ValueError(f"query_codes must have num_hashes >= 1 (axis 1), got shape {_backend.static_shape(qc)}")
     if num_hashes is None:
         if provider.needs_static_num_hashes:
             raise ValueError("num_hashes (axis 1 of query_codes) must be known when the graph is built for the "
-                             f"composite path; got shape {_runtime.static_shape(qc)}")
-        checks += _runtime.check(ops.greater(ops.shape(qc)[1], 0), "query_codes must have num_hashes >= 1 (axis 1)")
+                             f"composite path; got shape {_backend.static_shape(qc)}")
+        checks += _backend.check(ops.greater(ops.shape(qc)[1], 0), "query_codes must have num_hashes >= 1 (axis 1)")
     named = {"query_codes": qc, "key_codes": kc}
     for side, codes, mask, per_position in (("query", qc, query_mask, query_side), ("key", kc, key_mask, key_side)):
         given = [] if mask is None else [(f"{side}_mask", _validation.mask_tensor(mask, f"{side}_mask"))]
@@ -82,7 +82,7 @@ def _prepare_sides(query_codes, key_codes, query_mask, key_mask, query_side, key
         checks += _validation.codes_in_range(kc, num_buckets, "key_codes")
     named.update(query_side)
     named.update(key_side)
-    named = dict(zip(named, _runtime.after(checks, list(named.values()))))
+    named = dict(zip(named, _backend.after(checks, list(named.values()))))
     qc, kc = named["query_codes"], named["key_codes"]
     qm = named["query_mask"] if "query_mask" in named else _ones_mask(qc)
     km = named["key_mask"] if "key_mask" in named else _ones_mask(kc)
@@ -145,7 +145,7 @@ def lsh_cumulation(query_codes, key_codes, value, num_buckets, query_mask=None, 
     num_buckets = _validation.num_buckets(num_buckets)
     causal = _direction(causal)
     value = _validation.float_tensor(value, "value", 3)
-    provider = _dispatch.provider(implementation, (value,))
+    provider = _dispatch.provider(implementation, (value,), causal)
     qc, kc, qm, km, _, (value,) = _prepare_sides(query_codes, key_codes, query_mask, key_mask, [],
                                                  [("value", value)], num_buckets, provider, causal=causal)
     return _dispatch.on_mesh(provider, lambda p, *t: _lsh(p, *t[:3], num_buckets, *t[3:], causal),
@@ -155,7 +155,7 @@ def lsh_cumulation(query_codes, key_codes, value, num_buckets, query_mask=None, 
 def _check_pair_table(provider, weight, value):
     """The provider's per-bucket [W, D] table limit (kMaxBucketTableFloats), checked before the call."""
     if provider.max_bucket_table_floats is not None:
-        _validation.check_bucket_table(_runtime.static_shape(weight)[2], _runtime.static_shape(value)[2])
+        _validation.check_bucket_table(_backend.static_shape(weight)[2], _backend.static_shape(value)[2])
 
 
 def _weighted(provider, qc, query_weight, kc, key_weight, value, num_buckets, qm, km):
@@ -220,7 +220,7 @@ def _lower_bound_gradients(provider, qc, q, kc, k, v, dy, num_buckets, scale, qm
     """(dQ, dK) of eq. 4. A provider's per-bucket table holds W * D floats (W: value width, D: key
     width) up to its `max_bucket_table_floats`: wider heads are split into column blocks that fit,
     so the backward never fails."""
-    dim, value_dim = _runtime.static_shape(q)[2], _runtime.static_shape(v)[2]
+    dim, value_dim = _backend.static_shape(q)[2], _backend.static_shape(v)[2]
     limit = provider.max_bucket_table_floats
     if limit is None or dim is None or value_dim is None or dim * value_dim <= limit:
         return provider.lower_bound_gradients(qc, q, kc, k, v, dy, num_buckets, scale, qm, km, causal=causal)
@@ -273,7 +273,7 @@ def yoso_cumulation(query, key, value, query_codes, key_codes, hash_code_len, qu
     value = _validation.float_tensor(value, "value", 3)
     query = ops.cast(_validation.float_tensor(query, "query", 3), value.dtype)
     key = ops.cast(_validation.float_tensor(key, "key", 3), value.dtype)
-    provider = _dispatch.provider(implementation, (query, key, value))
+    provider = _dispatch.provider(implementation, (query, key, value), causal)
     widths = [([("query", query, 2), ("key", key, 2)], "query and key widths (axis 2)")]
     qc, kc, qm, km, (query,), (key, value) = _prepare_sides(
         query_codes, key_codes, query_mask, key_mask, [("query", query)], [("key", key), ("value", value)],
@@ -353,7 +353,7 @@ def _dense_inputs(query, key, value, query_mask, key_mask):
                                  if name in named], "query lengths")
     checks += _validation.agree([(f"{name} axis 1", named[name], 1) for name in ("key", "value", "key_mask")
                                  if name in named], "key lengths")
-    named = dict(zip(named, _runtime.after(checks, list(named.values()))))
+    named = dict(zip(named, _backend.after(checks, list(named.values()))))
     query, key = named["query"], named["key"]
     qm = named.get("query_mask")
     km = named.get("key_mask")
@@ -394,7 +394,7 @@ def yoso_expectation(query, key, value, hash_code_len, query_mask=None, key_mask
     def expectation(q, k, v):
         q32, k32 = ops.cast(q, compute), _keep(km, ops.cast(k, compute))
         v32 = _keep(km, ops.cast(v, compute))
-        x, e = composite.expectation_weights(q32, k32, tau)
+        x, e = collision.expectation_weights(q32, k32, tau)
         e = e * ops.cast(pair_mask, compute)
 
         def grad(*args, upstream=None):
@@ -403,7 +403,7 @@ def yoso_expectation(query, key, value, hash_code_len, query_mask=None, key_mask
             if backward == "lower_bound":
                 w = dyv * e * (tau / 2.0)
             else:
-                w = dyv * composite.collision_derivative(x, tau, _validation.COLLISION_EPSILON) * ops.cast(
+                w = dyv * collision.collision_derivative(x, tau, _validation.COLLISION_EPSILON) * ops.cast(
                     pair_mask, compute)
             dq = ops.einsum("bij,bjd->bid", w, k32)
             dk = ops.einsum("bij,bid->bjd", w, q32)
@@ -425,6 +425,6 @@ def yoso_expectation_weights(query, key, hash_code_len, query_mask=None, key_mas
     hash_code_len = _validation.hash_code_len(hash_code_len, cumulation=False)
     query, key, _, qm, km = _dense_inputs(query, key, None, query_mask, key_mask)
     key32 = _keep(km, ops.cast(key, "float32"))
-    weights = composite.expectation_weights(ops.cast(query, "float32"), key32, hash_code_len)[1]
+    weights = collision.expectation_weights(ops.cast(query, "float32"), key32, hash_code_len)[1]
     return weights * ops.cast(ops.logical_and(qm[:, :, None], km[:, None, :]), "float32")
 

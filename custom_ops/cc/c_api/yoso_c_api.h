@@ -10,8 +10,8 @@
  * Returns KY_OK, or KY_INVALID_ARGUMENT / KY_INTERNAL with the error text (NUL-terminated,
  * truncated to error_size bytes) in `error`. Thread-safe: any number of callers at once.
  *
- * Callers: keras_yoso/_native.py (ctypes: the PyTorch provider), the XLA FFI handlers of
- * custom_ops/cc/jax/yoso_xla_ffi.cc (the JAX provider). The TensorFlow op kernels call the same
+ * Callers: keras_yoso/ops/providers/native_library.py (ctypes: the PyTorch provider), the XLA FFI
+ * handlers of custom_ops/cc/jax/yoso_xla_ffi.cc (the JAX provider). The TensorFlow op kernels call the same
  * checks and algorithms on TensorFlow's own thread pool.
  */
 #ifndef KERAS_YOSO_C_API_YOSO_C_API_H_
@@ -23,7 +23,7 @@
 extern "C" {
 #endif
 
-/* Bumped whenever an entry's signature or KyTensor changes; _native.py checks it. */
+/* Bumped whenever an entry's signature or KyTensor changes; native_library.py checks it. */
 #define KY_ABI_VERSION 4
 
 /* dtype codes; the float codes match keras_yoso::ScalarType. */
@@ -61,7 +61,7 @@ typedef void (*KyParallelRegion)(void (*fn)(void*), void* data, unsigned num_thr
  * spinning of its idle workers (about 100 spins before they sleep instead of about 300,000), by
  * holding one parallel region of `num_threads` sleeping threads on it (openmp_spinning.h says
  * why). The PyTorch provider calls it with PyTorch's libgomp and the CPUs the process may use
- * (keras_yoso/ops/_torch_kernels.py). Returns 1 when this call opened the region, else 0. */
+ * (keras_yoso/ops/providers/torch.py). Returns 1 when this call opened the region, else 0. */
 KY_EXPORT int32_t ky_throttle_openmp_spinning(KyParallelRegion parallel_region, int32_t num_threads);
 
 /* x [B, N, d] (float), projection float32 [d, m * tau] -> codes int32 [B, m, N]. */

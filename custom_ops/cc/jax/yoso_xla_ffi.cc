@@ -1,4 +1,4 @@
-// XLA FFI handlers of the keras-yoso CPU kernels, for JAX (keras_yoso/ops/_jax_kernels.py).
+// XLA FFI handlers of the keras-yoso CPU kernels, for JAX (keras_yoso/ops/providers/jax.py).
 //
 // Glue only: each handler turns its ffi::AnyBuffer arguments into KyTensor views, calls the C ABI
 // entry of custom_ops/cc/c_api/yoso_c_api.h (which checks everything and runs the kernel on the

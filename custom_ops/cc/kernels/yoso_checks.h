@@ -3,7 +3,7 @@
 // Each check returns an empty string when the input is fine, else the error text, built
 // from the limits of yoso_common.h. The wrappers turn a non-empty text into their own error:
 // tensorflow::errors::InvalidArgument (TF op kernels and shape functions), an XLA FFI
-// InvalidArgument error (JAX), a C ABI error code plus text (keras_yoso/_native.py raises
+// InvalidArgument error (JAX), a C ABI error code plus text (keras_yoso/ops/providers/native_library.py raises
 // ValueError). keras_yoso/_validation.py states the same limits for the composite, and
 // tests/test_validation.py checks that the two agree.
 //

@@ -158,7 +158,7 @@ Status CheckNondeterminismAllowed(const char* op_name) {
 }
 
 // The CUDA kernels sum over every key: the causal cumulations (causal != 0) run on the CPU
-// kernels or, through keras_yoso.ops, on the composite (keras_yoso/ops/_tf_kernels.py routes
+// kernels or, through keras_yoso.ops, on the composite (keras_yoso/ops/providers/tensorflow.py routes
 // causal calls on GPU tensors there).
 Status CheckGpuCausal(const char* op_name, int64_t causal) {
   if (causal == 0) return absl::OkStatus();

@@ -6,10 +6,10 @@ provider's declarations, never its identity, what to do around a call: whether t
 first, whether num_hashes must be known while tracing, whether a weighted cumulation's per-bucket
 table must be split, whether the provider can run inside a compiled function. The providers:
 
-- `composite.PROVIDER`: `keras.ops`, every backend;
-- `_tf_kernels.PROVIDER`: the TensorFlow op library (C++ and CUDA kernels);
-- `_jax_kernels.PROVIDER`: the native library's XLA FFI handlers (CPU);
-- `_torch_kernels.PROVIDER`: the native library's C ABI as `torch.library` ops (CPU).
+- `providers/composite.py`: `keras.ops`, every backend;
+- `providers/tensorflow.py`: the TensorFlow op library (C++ and CUDA kernels);
+- `providers/jax.py`: the native library's XLA FFI handlers (CPU);
+- `providers/torch.py`: the native library's C ABI as `torch.library` ops (CPU).
 
 `_dispatch.provider(implementation, tensors)` is the one place that picks a provider for a call.
 
@@ -49,8 +49,6 @@ class Provider:
     max_bucket_table_floats = None
     # Runs inside compiled functions: XLA (TF jit_compile, jax.jit) or torch.compile.
     supports_jit = False
-    # Gives the same bits on every run.
-    deterministic = True
 
     def load_error(self):
         """None when the provider can run in this process, else why not (one sentence)."""
@@ -61,15 +59,15 @@ class Provider:
         TensorFlow XLA graph, or under op determinism on a GPU)."""
         return True
 
-    def device_error(self, tensors):
-        """None when the provider can take `tensors` where they live, else a message naming the
-        device (e.g. CPU kernels handed CUDA tensors). "auto" then takes the composite;
-        "custom_op" raises ValueError with this message."""
+    def device_error(self, tensors, causal=0):
+        """None when the provider can take `tensors` where they live (for a `causal` call when causal
+        is nonzero), else a message naming the device (e.g. CPU kernels handed CUDA tensors). "auto"
+        then takes the composite; "custom_op" raises ValueError with this message."""
         return None
 
     def lower_bound_gradients(self, query_codes, query, key_codes, key, value, output_gradient, num_buckets,
                               scale, query_mask, key_mask, causal=0):
-        """(dQ, dK) of the eq. 4 lower bound: two weighted cumulations (see composite.lower_bound_gradients);
+        """(dQ, dK) of the eq. 4 lower bound: two weighted cumulations (see composite/cumulation.py);
         causal: dQ_i over keys j <= i, dK_j over queries i >= j."""
         dq = self.weighted_lsh_cumulation(query_codes, output_gradient, key_codes, value, key, num_buckets,
                                           query_mask, key_mask, causal=causal)
@@ -102,4 +100,3 @@ class NativeLibraryProvider(Provider):
     needs_static_num_hashes = False
     max_bucket_table_floats = _validation.MAX_BUCKET_TABLE_FLOATS
     supports_jit = True
-    deterministic = True

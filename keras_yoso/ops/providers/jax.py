@@ -24,8 +24,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from keras_yoso import _native
-from keras_yoso.ops import _provider
+from keras_yoso.ops.providers import base
+from keras_yoso.ops.providers import native_library
 
 # XLA FFI target name -> handler symbol exported by the native library.
 _TARGETS = {
@@ -62,19 +62,19 @@ def _register():
 
 
 def _registration_error():
-    error = _native.load_error()
+    error = native_library.load_error()
     if error:
         return f"the keras_yoso native library did not load: {error}"
     if not hasattr(getattr(jax, "ffi", None), "ffi_call"):
         return (f"jax {jax.__version__} has no jax.ffi.ffi_call; the keras_yoso native kernels need "
                 "jax >= 0.4.38")
-    missing = [symbol for symbol in _TARGETS.values() if not _native.has_handler(symbol)]
+    missing = [symbol for symbol in _TARGETS.values() if not native_library.has_handler(symbol)]
     if missing:
         return (f"the keras_yoso native library has no XLA FFI handlers ({', '.join(missing)}): it was built "
-                f"without jaxlib's XLA FFI headers. {_native.REBUILD_HINT}")
+                f"without jaxlib's XLA FFI headers. {native_library.REBUILD_HINT}")
     try:
         for target, symbol in _TARGETS.items():
-            jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(_native.handler(symbol)), platform="cpu")
+            jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(native_library.handler(symbol)), platform="cpu")
     except Exception as exception:  # noqa: BLE001: any failure means "not usable", with its reason
         return f"registering the keras_yoso XLA FFI handlers failed: {exception}"
     return ""
@@ -112,7 +112,7 @@ def _threads():
     return np.int64(_NUM_THREADS)
 
 
-class JaxProvider(_provider.NativeLibraryProvider):
+class JaxProvider(base.NativeLibraryProvider):
     """The native library's CPU kernels as XLA FFI custom calls: eager, `jax.jit` and `jax.vmap`;
     bitwise reproducible (each output element is summed in a fixed order)."""
 
@@ -121,7 +121,7 @@ class JaxProvider(_provider.NativeLibraryProvider):
         it was built without the XLA FFI handlers, or this jax has no `jax.ffi`."""
         return _register() or None
 
-    def device_error(self, tensors):
+    def device_error(self, tensors, causal=0):
         """A message naming the device when an input lives off the CPU or JAX computes on another
         backend (the kernels run on CPU only); else None."""
         for tensor in tensors:

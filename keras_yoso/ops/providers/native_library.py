@@ -14,7 +14,8 @@ import glob
 import os
 import warnings
 
-_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+# The folder of the keras_yoso package (keras_yoso/ops/providers/../..), where the compiled libraries lie.
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # custom_ops/cc/c_api/yoso_c_api.h: KY_ABI_VERSION, dtype codes, return codes, KY_MAX_RANK.
 ABI_VERSION = 4
 DTYPE_CODES = {"float32": 0, "float16": 1, "bfloat16": 2, "int32": 3}
@@ -61,7 +62,7 @@ _SIGNATURES = {
 
 class LazyLibrary:
     """A compiled library of the package, loaded once, on first use (the native library here; the
-    TensorFlow op library in ops/_library.py).
+    TensorFlow op library in providers/tensorflow.py).
 
     `open_library(path)` loads the first file matching `pattern` in the package folder; an exception
     of `errors` from it means "not loadable". When the library is disabled
@@ -141,7 +142,7 @@ def throttle_openmp_spinning(parallel_region, num_threads):
     """Once per process: the libgomp whose `GOMP_parallel` is at address `parallel_region` (an int)
     spins about 100 times before its idle workers sleep, not about 300,000, as under
     OMP_WAIT_POLICY=PASSIVE (custom_ops/cc/c_api/openmp_spinning.h: it holds a region of `num_threads`
-    sleeping threads). True when this call did it. Called by the PyTorch provider (ops/_torch_kernels.py)."""
+    sleeping threads). True when this call did it. Called by the PyTorch provider (providers/torch.py)."""
     return bool(library().ky_throttle_openmp_spinning(parallel_region, int(num_threads)))
 
 

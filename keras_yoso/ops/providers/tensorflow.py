@@ -6,19 +6,39 @@ registered here too, so graphs and SavedModels that call them directly (and `tf.
 over them) differentiate; the public functions of `keras_yoso.ops` bring their own gradients
 (`keras.ops.custom_gradient`).
 
-The causal cumulations (`causal` != 0) have CPU kernels only: a causal call that TensorFlow would
-place on a GPU runs on the composite (`composite.PROVIDER`) instead.
+The op library is loaded when keras_yoso is imported on TensorFlow (not lazily), so SavedModels
+that contain its ops load afterwards. If it is missing or fails to load (e.g. an ABI mismatch
+after a TensorFlow upgrade), one warning says why, how to rebuild, and what the composite fallback
+costs, and every op runs on the composite instead.
+
+The causal cumulations (`causal` != 0) have CPU kernels only: `device_error` names the GPU for a
+causal call that TensorFlow would place there, so "auto" takes the composite and "custom_op" raises.
 """
 
 import tensorflow as tf
 from tensorflow.python.eager import context as tf_context
 from tensorflow.python.framework import config as tf_config
 
-from keras_yoso import _runtime
+from keras_yoso import _backend
 from keras_yoso import _validation
-from keras_yoso.ops import _library
-from keras_yoso.ops import _provider
-from keras_yoso.ops import composite
+from keras_yoso.ops.providers import base
+from keras_yoso.ops.providers import native_library
+
+_REBUILD_HINT = (
+    "Rebuild it against the installed TensorFlow with "
+    "`pip install --force-reinstall --no-deps --no-build-isolation .` from the keras-yoso source tree. "
+    "Until then keras_yoso runs every op on its keras.ops composite: the same numbers, but slower and "
+    "bigger on long sequences: one YosoAttention layer (4 heads x 64, m = 32, tau = 8) forward+backward "
+    "at 4096 tokens on a 2-core CPU took 2.2 s and 1.3 GiB on the composite against 0.39 s and 0.9 GiB "
+    "with the custom op (docs/benchmarks.md, 'Composite vs custom op')."
+)
+
+
+# tf raises NotFoundError and others for undefined symbols: any exception means "not loadable".
+_LIBRARY = native_library.LazyLibrary("custom ops", "_yoso_ops*.so", "compiled library", tf.load_op_library,
+                                      (Exception,), _REBUILD_HINT, stacklevel=4)
+library = _LIBRARY.library  # the loaded op library module, or None when only the composite runs
+load_error = _LIBRARY.load_error  # why the library is not loaded (None when it is)
 
 
 def _gpu_needs_determinism():
@@ -41,10 +61,10 @@ def _mask(mask):
 
 
 def _lib():
-    return _library.library()
+    return library()
 
 
-class TensorFlowProvider(_provider.Provider):
+class TensorFlowProvider(base.Provider):
     """The TensorFlow op library: not an XLA op (so no jit_compile), CPU and GPU kernels."""
 
     checks_codes = True
@@ -52,17 +72,20 @@ class TensorFlowProvider(_provider.Provider):
     max_bucket_table_floats = _validation.MAX_BUCKET_TABLE_FLOATS
     supports_jit = False
 
-    @property
-    def deterministic(self):
-        """The GPU table cumulations sum with float atomics; the CPU kernels are bitwise reproducible."""
-        return not tf.config.list_physical_devices("GPU")
-
     def load_error(self):
-        return _library.load_error()
+        return load_error()
 
     def usable_here(self):
         """False inside XLA-compiled graphs (no XLA kernels) and where determinism needs the composite."""
-        return not _runtime.in_xla_context() and not _gpu_needs_determinism()
+        return not _backend.in_xla_context() and not _gpu_needs_determinism()
+
+    def device_error(self, tensors, causal=0):
+        """The causal cumulations have CPU kernels only: a message naming the GPU when a causal call
+        would run there (TensorFlow places an op on the GPU unless a device scope names the CPU)."""
+        if causal and _runs_on_gpu():
+            return ("the causal cumulations of the keras_yoso op library have CPU kernels only, and this call "
+                    "would run on a GPU (use implementation='auto' or 'composite', or a tf.device('/CPU:0') scope)")
+        return None
 
     def hash_codes(self, x, params, num_hashes, hash_code_len, method):
         if method == "gaussian":
@@ -71,20 +94,11 @@ class TensorFlowProvider(_provider.Provider):
                                                interleaved=method == "hadamard_interleaved")
 
     def lsh_cumulation(self, query_codes, key_codes, value, num_buckets, query_mask, key_mask, causal=0):
-        """causal != 0 on a GPU: the composite (the CUDA kernel takes causal = 0 only)."""
-        if causal and _runs_on_gpu():
-            return composite.PROVIDER.lsh_cumulation(query_codes, key_codes, value, num_buckets, query_mask,
-                                                     key_mask, causal=causal)
         return _lib().yoso_lsh_cumulation(_mask(query_mask), query_codes, _mask(key_mask), key_codes, value,
                                           num_buckets=num_buckets, causal=int(causal))
 
     def weighted_lsh_cumulation(self, query_codes, query_weight, key_codes, key_weight, value, num_buckets,
                                 query_mask, key_mask, causal=0):
-        """causal != 0 on a GPU: the composite (the CUDA kernel takes causal = 0 only)."""
-        if causal and _runs_on_gpu():
-            return composite.PROVIDER.weighted_lsh_cumulation(query_codes, query_weight, key_codes, key_weight,
-                                                              value, num_buckets, query_mask, key_mask,
-                                                              causal=causal)
         return _lib().yoso_weighted_lsh_cumulation(_mask(query_mask), query_codes, query_weight, _mask(key_mask),
                                                    key_codes, key_weight, value, num_buckets=num_buckets,
                                                    causal=int(causal))
@@ -133,5 +147,5 @@ def _register_gradients():
         tf.no_gradient(name)
 
 
-if _library.library() is not None:
+if library() is not None:
     _register_gradients()

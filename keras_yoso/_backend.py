@@ -86,12 +86,6 @@ def static_shape(x):
     return tuple(None if d is None else int(d) for d in shape)
 
 
-def dim(x, axis):
-    """Axis `axis` of `x`: a Python int when known, else a scalar tensor (TensorFlow graphs)."""
-    known = static_shape(x)[axis]
-    return known if known is not None else ops.shape(x)[axis]
-
-
 def data_error(message):
     """The exception of a check that needs the data (codes in range, a padding mask)."""
     if is_tensorflow():
@@ -229,3 +223,11 @@ def stable_argsort(x):
 
         return tf.argsort(x, axis=-1, stable=True)
     return ops.cast(ops.argsort(x, axis=-1), "int32")
+
+
+def exclusive_cumsum(x, axis):
+    """sum_{t' < t} x[..., t', ...] along `axis`, exactly: a shifted cumsum (cumsum - x would carry the
+    rounding of x[t] itself, e.g. of a chunk's future keys, into causal outputs)."""
+    before = (slice(None),) * axis
+    zeros = ops.zeros_like(x[before + (slice(0, 1),)])
+    return ops.concatenate([zeros, ops.cumsum(x, axis=axis)[before + (slice(None, -1),)]], axis=axis)

@@ -11,7 +11,7 @@ reach every query only through the tables T_s[h, b] = sum_{j in s, kc_hj = b} V_
 
 where own(i) is the provider's cumulation of the local block (the native kernels where loaded).
 R is one psum (psum(T) - T), or an exclusive scan over the devices (1 + ceil(log2(P - 1))
-ppermutes, `_sharding.exclusive_scan`). The eq. 4 backward is the same with other tables: dV
+ppermutes, `mesh.exclusive_scan`). The eq. 4 backward is the same with other tables: dV
 with the tables of dY (by query code), dQ_i = (tau/2)(1/m) sum_h <dY_i, TVK_h[qc_hi]> with TVK the sums of V_j (x) K_j per bucket, dK_j = (tau/2)(1/m) sum_h
 <V_j, TYQ_h[kc_hj]> with TYQ the sums of dY_i (x) Q_i: three collectives of
 B m 2^tau Dv (1 + 2 dk) floats in all, independent of the sequence length (the outer-product
@@ -22,9 +22,11 @@ memory is its block's activations plus the tables: nothing of size n x m x D or 
 
 from keras import ops
 
-from keras_yoso import _runtime
-from keras_yoso.ops import _sharding
-from keras_yoso.ops import composite
+from keras_yoso import _backend
+from keras_yoso.ops.parallel import mesh
+from keras_yoso.ops.composite.chunking import f32
+from keras_yoso.ops.composite.masking import bucket_ids
+from keras_yoso.ops.composite.masking import keep_rows
 
 # Largest table of one collective, in floats (64 MiB of float32): the outer-product tables of the
 # backward are reduced in groups of hashes that fit.
@@ -38,8 +40,8 @@ CHUNK_FLOATS = 2 ** 20
 def _remote(table, axis, size, causal):
     """The sum of the other devices' `table` that `causal` lets this device's queries see."""
     if causal == 0:
-        return _sharding.psum(table, axis) - table
-    return _sharding.exclusive_scan(table, axis, size, causal)
+        return mesh.psum(table, axis) - table
+    return mesh.exclusive_scan(table, axis, size, causal)
 
 
 class _Chunks:
@@ -64,7 +66,7 @@ class _Chunks:
         hash h of the group, position); masked and padding positions go to the spare row num_buckets of
         their (b, h), which is never read back."""
         batch, group = ops.shape(codes)[0], codes.shape[1]
-        ids = composite._bucket_ids(self.pad(codes, 2), self.pad(mask, 1), num_buckets, num_buckets)
+        ids = bucket_ids(self.pad(codes, 2), self.pad(mask, 1), num_buckets, num_buckets)
         base = ops.reshape(ops.arange(batch * group, dtype="int32") * (num_buckets + 1), (batch, group, 1))
         return ids + base
 
@@ -78,7 +80,7 @@ class _Chunks:
 
 
 class SequenceShardedProvider:
-    """A provider (`_provider.Provider`) for one device's block of a split sequence: `inner` (the
+    """A provider (`providers/base.py`) for one device's block of a split sequence: `inner` (the
     provider chosen for the op) on the block, the other blocks through bucket tables reduced over
     the mesh axis `axis` of `size` devices. Codes and masks are the block's; queries and keys are
     in the same blocks of the sequence axis (cross-attention: blocks of each side's own length)."""
@@ -106,8 +108,8 @@ class SequenceShardedProvider:
         # Keys and queries may differ in length (cross-attention): each side has its own chunks.
         writes = _Chunks(ops.shape(write_codes)[2], batch * group * width)
         reads_at = _Chunks(ops.shape(read_codes)[2], batch * group * max(width, out_width))
-        write_tensors = [writes.pad(composite._keep_rows(write_mask, composite._f32(t)), 1) for t in write_tensors]
-        read_tensors = [reads_at.pad(composite._keep_rows(read_mask, composite._f32(t)), 1) for t in read_tensors]
+        write_tensors = [writes.pad(keep_rows(write_mask, f32(t)), 1) for t in write_tensors]
+        read_tensors = [reads_at.pad(keep_rows(read_mask, f32(t)), 1) for t in read_tensors]
         num_rows = lambda count: batch * count * (num_buckets + 1)  # noqa: E731
 
         def scatter(ids):
@@ -115,7 +117,7 @@ class SequenceShardedProvider:
                 values = make_rows(*(writes.at(t, index) for t in write_tensors))         # [B, chunk, width]
                 block = writes.at(ids, index, 2)                                          # [B, g, chunk]
                 data = ops.broadcast_to(values[:, None], (batch, block.shape[1], writes.size, width))
-                return table + _runtime.segment_sum(ops.reshape(data, (-1, width)), ops.reshape(block, (-1,)),
+                return table + _backend.segment_sum(ops.reshape(data, (-1, width)), ops.reshape(block, (-1,)),
                                                     num_rows(block.shape[1]))
 
             return ops.fori_loop(0, writes.count, add, ops.zeros((num_rows(ids.shape[1]), width), "float32"))
@@ -137,7 +139,7 @@ class SequenceShardedProvider:
             table = scatter(writes.table_rows(write_codes[:, h0:h1], write_mask, num_buckets))
             table = _remote(table, self.axis, self.size, causal)
             total = gather(table, reads_at.table_rows(read_codes[:, h0:h1], read_mask, num_buckets), total)
-        return composite._keep_rows(read_mask, total[:, :ops.shape(read_codes)[2]] / num_hashes)
+        return keep_rows(read_mask, total[:, :ops.shape(read_codes)[2]] / num_hashes)
 
     def hash_codes(self, x, params, num_hashes, hash_code_len, method):
         return self.inner.hash_codes(x, params, num_hashes, hash_code_len, method)
@@ -148,7 +150,7 @@ class SequenceShardedProvider:
         width = value.shape[-1]
         remote = self._remote_term((key_codes, key_mask, [value]), (query_codes, query_mask, []), lambda v: v,
                                    lambda rows: ops.sum(rows, axis=1), width, width, num_buckets, causal)
-        return composite._f32(own) + remote
+        return f32(own) + remote
 
     def _outer_term(self, write_codes, write_mask, left, right, read_codes, read_mask, weight, num_buckets, causal):
         """(1/m) sum_h <weight_i, O_h[code_hi]> `[B, n, E]` over the other devices' outer-product tables
@@ -169,9 +171,9 @@ class SequenceShardedProvider:
                               scale, query_mask, key_mask, causal=0):
         dq, dk = self.inner.lower_bound_gradients(query_codes, query, key_codes, key, value, output_gradient,
                                                   num_buckets, scale, query_mask, key_mask, causal=causal)
-        dq = composite._f32(dq) + scale * self._outer_term(key_codes, key_mask, value, key, query_codes, query_mask,
+        dq = f32(dq) + scale * self._outer_term(key_codes, key_mask, value, key, query_codes, query_mask,
                                                            output_gradient, num_buckets, causal)
-        dk = composite._f32(dk) + scale * self._outer_term(query_codes, query_mask, output_gradient, query, key_codes,
+        dk = f32(dk) + scale * self._outer_term(query_codes, query_mask, output_gradient, query, key_codes,
                                                            key_mask, value, num_buckets, -causal)
         return dq, dk
 

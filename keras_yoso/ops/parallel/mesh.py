@@ -9,8 +9,8 @@ are not:
   inside `jax.shard_map`, so each device runs it on its own block (data parallel: blocks of the
   batch);
 - under `keras_yoso.distribution.SequenceParallel` the sequence is split too, and attention
-  needs its cross-shard terms: YOSO's bucket tables (`_sequence_parallel`), and the kernel state
-  and horizon halo of LinearRelativeAttention (`ops/linear_relative.py`). Those run inside
+  needs its cross-shard terms: YOSO's bucket tables (`parallel/yoso_tables.py`), and the kernel state
+  and horizon halo of LinearRelativeAttention (`parallel/linear_relative_halo.py`). Those run inside
   `jax.shard_map` with the collectives below, over the mesh's sequence axis.
 
 `plan()` says which applies: None outside a distribution, on other backends, and inside a
@@ -19,7 +19,7 @@ are not:
 
 import contextvars
 
-from keras_yoso import _runtime
+from keras_yoso import _backend
 
 # True while a body of `run` is traced: the ops it calls run on their block, unsharded.
 _INSIDE = contextvars.ContextVar("keras_yoso_inside_shard_map", default=False)
@@ -47,7 +47,7 @@ class Plan:
 def plan():
     """The `Plan` of the active `keras.distribution` on JAX, or None (no distribution, another
     backend, a one-device mesh, or inside a body of `run`)."""
-    if _runtime.backend() != "jax" or _INSIDE.get():
+    if _backend.backend() != "jax" or _INSIDE.get():
         return None
     import keras
 
@@ -83,7 +83,7 @@ def run(active, fn, args, roles, out_roles):
     import jax
     from jax.sharding import PartitionSpec
 
-    batches = [_runtime.static_shape(arg)[role.index("batch")] for arg, role in zip(args, roles) if "batch" in role]
+    batches = [_backend.static_shape(arg)[role.index("batch")] for arg, role in zip(args, roles) if "batch" in role]
     split_batch = active.batch is not None and all(
         n is not None and n % active.sizes[active.batch] == 0 for n in batches)
 

@@ -2,7 +2,7 @@
 
 Each primitive is one op of the `keras_yoso::` namespace (`torch.ops.keras_yoso.<name>`) whose
 CPU implementation hands contiguous views of its tensors to the C ABI
-(custom_ops/cc/c_api/yoso_c_api.h) through `keras_yoso._native.call`, with as many threads as
+(custom_ops/cc/c_api/yoso_c_api.h) through `native_library.call`, with as many threads as
 `torch.get_num_threads()`; the C ABI checks everything (shapes, dtypes, code ranges, limits) and
 its errors arrive as ValueError.
 
@@ -13,9 +13,9 @@ On a busy machine PyTorch's libgomp workers, which spin for milliseconds after e
 cores from the threads that have work (the native kernels' and PyTorch's own): a training run
 took up to 10x its quiet time (docs/benchmarks.md, "A busy machine"). libgomp reads
 OMP_WAIT_POLICY once, when PyTorch loads it, so when the provider loads it throttles that
-spinning through the native library (`_native.throttle_openmp_spinning`: libgomp's workers then
-spin about 100 times before they sleep, as with OMP_WAIT_POLICY=PASSIVE), for the libgomp that
-PyTorch runs its parallel regions on. Elsewhere (another OpenMP runtime, another parallel
+spinning through the native library (`native_library.throttle_openmp_spinning`: libgomp's
+workers then spin about 100 times before they sleep, as with OMP_WAIT_POLICY=PASSIVE), for the
+libgomp that PyTorch runs its parallel regions on. Elsewhere (another OpenMP runtime, another parallel
 backend, no /proc/self/maps) nothing changes. `KERAS_YOSO_TORCH_OPENMP_SPINNING=default` keeps
 libgomp's own spinning.
 
@@ -29,8 +29,8 @@ import os
 
 import torch
 
-from keras_yoso import _native
-from keras_yoso.ops import _provider
+from keras_yoso.ops.providers import base
+from keras_yoso.ops.providers import native_library
 
 _NAMESPACE = "keras_yoso"
 _DTYPE_NAMES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16", torch.int32: "int32"}
@@ -42,14 +42,14 @@ def _view(tensor, name):
     if dtype is None:
         raise ValueError(f"{name} must be float32, float16, bfloat16 or int32 for the keras_yoso native kernels, "
                          f"got {tensor.dtype}")
-    return _native.tensor_view(tensor.data_ptr(), dtype, tuple(tensor.shape))
+    return native_library.tensor_view(tensor.data_ptr(), dtype, tuple(tensor.shape))
 
 
 def _run(entry, inputs, attributes, output):
     """Runs the C ABI `entry` on the named `inputs` [(name, tensor)], then the attributes, then `output`."""
     inputs = [(name, tensor.contiguous()) for name, tensor in inputs]  # kept alive until the call returns
     views = [_view(tensor, name) for name, tensor in inputs]
-    _native.call(entry, *views, *attributes, _view(output, "output"), num_threads=torch.get_num_threads())
+    native_library.call(entry, *views, *attributes, _view(output, "output"), num_threads=torch.get_num_threads())
     return output
 
 
@@ -172,7 +172,7 @@ def _throttle_torch_openmp_spinning():
         return
     region = torch_openmp_parallel_region()  # reads /proc/self/maps: only when it will be used
     if region is not None:
-        _native.throttle_openmp_spinning(region, len(os.sched_getaffinity(0)))
+        native_library.throttle_openmp_spinning(region, len(os.sched_getaffinity(0)))
 
 
 def _torch_load_error():
@@ -200,16 +200,16 @@ def _mask(mask):
     return mask.to(torch.float32)
 
 
-class TorchProvider(_provider.NativeLibraryProvider):
+class TorchProvider(base.NativeLibraryProvider):
     """The native library's CPU kernels as torch.library ops: traced by torch.compile, CPU tensors only."""
 
     def load_error(self):
-        error = _torch_load_error() or _native.load_error()
+        error = _torch_load_error() or native_library.load_error()
         if error is None:
             _throttle_torch_openmp_spinning()
         return error
 
-    def device_error(self, tensors):
+    def device_error(self, tensors, causal=0):
         for tensor in tensors:
             if isinstance(tensor, torch.Tensor) and tensor.device.type != "cpu":
                 return (f"the keras_yoso native kernels run on CPU only; got a tensor on {tensor.device} "
