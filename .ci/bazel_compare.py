@@ -5,9 +5,9 @@
 Runs this file again in two fresh processes (`--run LIBRARY OUTDIR`), one per library:
 each loads its library with tf.load_op_library (never importing keras_yoso, which would
 load the pip-built library too, and two libraries registering the same op names cannot
-share a process), runs the five ops on the same seeded NumPy inputs for every dtype T
-they accept, on the CPU, and saves the outputs as .npy. Then compares: the op set and
-the CPU kernel registrations must match, hash codes must be bitwise equal, float outputs
+share a process), runs every primitive of keras_yoso/ops/_spec.py on its raw op, on the same
+seeded NumPy inputs for every dtype T they accept, on the CPU, and saves the outputs as .npy.
+Then compares: the op set and the CPU kernel registrations must match, hash codes must be bitwise equal, float outputs
 allclose with rtol 1e-6. Prints one PASS or FAIL line; exits 1 on any difference.
 """
 
@@ -20,13 +20,22 @@ import tempfile
 
 import numpy as np
 
-OPS = {  # op name -> python name in the loaded library
-    "YosoGaussianHashCodes": "yoso_gaussian_hash_codes",
-    "YosoHadamardHashCodes": "yoso_hadamard_hash_codes",
-    "YosoLshCumulation": "yoso_lsh_cumulation",
-    "YosoWeightedLshCumulation": "yoso_weighted_lsh_cumulation",
-    "YosoCollisionCumulation": "yoso_collision_cumulation",
-}
+
+
+def _load_spec():
+    """keras_yoso/ops/_spec.py (the primitive table), loaded alone under another name: importing
+    keras_yoso would load the pip-built op library into the comparison process."""
+    import importlib.util
+
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "keras_yoso", "ops", "_spec.py")
+    spec = importlib.util.spec_from_file_location("keras_yoso_primitive_table", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+SPEC = _load_spec()
+OPS = SPEC.raw_ops()
 DTYPES = ("float32", "float16", "bfloat16")
 RTOL = 1e-6
 
@@ -73,29 +82,21 @@ def run(library, outdir):
     lib = tf.load_op_library(os.path.abspath(library))
     loaded = [m for m in sys.modules if m == "keras_yoso" or m.startswith("keras_yoso.")]
     assert not loaded, f"keras_yoso must not be imported in the comparison process: {loaded}"
-    missing = [py for py in OPS.values() if not hasattr(lib, py)]
+    missing = [p.raw_op_function for p in SPEC.PRIMITIVES.values() if not hasattr(lib, p.raw_op_function)]
     assert not missing, f"{library} lacks ops {missing}"
 
     inp = _inputs()
+    attributes = {"num_hashes": NUM_HASHES, "hash_code_len": TAU, "num_buckets": 2**TAU, "causal": 0,
+                  "epsilon": 1e-6}
     outputs = {}
     with tf.device("/CPU:0"):
         for dt in DTYPES:
-            t = lambda name: tf.cast(tf.constant(inp[name]), dt)  # noqa: E731
-            c = lambda name: tf.constant(inp[name])  # noqa: E731
-            outputs[f"gaussian_hash_codes_{dt}"] = lib.yoso_gaussian_hash_codes(
-                t("x"), c("projection"), num_hashes=NUM_HASHES, hash_code_len=TAU)
-            outputs[f"hadamard_hash_codes_{dt}"] = lib.yoso_hadamard_hash_codes(
-                t("x"), c("signs"), num_hashes=NUM_HASHES, hash_code_len=TAU)
-            outputs[f"lsh_cumulation_{dt}"] = lib.yoso_lsh_cumulation(
-                c("query_mask"), c("query_codes"), c("key_mask"), c("key_codes"), t("value"),
-                num_buckets=2**TAU)
-            outputs[f"weighted_lsh_cumulation_{dt}"] = lib.yoso_weighted_lsh_cumulation(
-                c("query_mask"), c("query_codes"), t("query_weight"), c("key_mask"),
-                c("key_codes"), t("key_weight"), t("value"), num_buckets=2**TAU)
-            outputs[f"collision_cumulation_{dt}"] = lib.yoso_collision_cumulation(
-                c("query_mask"), c("query_codes"), t("query"), t("query_weight"),
-                c("key_mask"), c("key_codes"), t("key"), t("key_weight"),
-                hash_code_len=TAU, epsilon=1e-6)
+            for primitive in SPEC.PRIMITIVES.values():  # every primitive on its raw op, float rows in dtype T
+                tensors = [tf.cast(tf.constant(inp[t.name]), dt) if t.kind == "rows" else tf.constant(inp[t.name])
+                           for t in primitive.inputs]
+                given = {a.name: attributes[a.name] for a in primitive.attributes}
+                outputs[f"{primitive.name}_{dt}"] = getattr(lib, primitive.raw_op_function)(
+                    *tensors, **given, **primitive.raw_op_attributes)
 
     os.makedirs(outdir, exist_ok=True)
     for name, value in outputs.items():

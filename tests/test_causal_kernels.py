@@ -76,13 +76,13 @@ def _tensors(t):
 
 def _lsh(t, causal, dtype="float32"):
     qc, kc, qm, km = _tensors(t)
-    return _native().lsh_cumulation(qc, kc, cast(t["v"], dtype), t["num_buckets"], qm, km, causal=causal)
+    return _native().run("lsh_cumulation", qm, qc, km, kc, cast(t["v"], dtype), t["num_buckets"], causal)
 
 
 def _weighted(t, causal, dtype="float32"):
     qc, kc, qm, km = _tensors(t)
-    return _native().weighted_lsh_cumulation(qc, cast(t["qw"], dtype), kc, cast(t["kw"], dtype),
-                                             cast(t["v"], dtype), t["num_buckets"], qm, km, causal=causal)
+    return _native().run("weighted_lsh_cumulation", qm, qc, cast(t["qw"], dtype), km, kc, cast(t["kw"], dtype),
+                         cast(t["v"], dtype), t["num_buckets"], causal)
 
 
 def _lsh_reference(t, causal, dtype="float32"):
@@ -125,9 +125,9 @@ def test_a_query_sees_the_key_at_its_own_position_in_both_directions(causal):
         np.zeros((1, 1, 3), np.int32), np.ones((1, 3), bool), np.eye(3, dtype=np.float32)[None],
         np.ones((1, 3, 1), np.float32)))
     expected = np.tril(np.ones((3, 3))) if causal == 1 else np.triu(np.ones((3, 3)))
-    out = _native().lsh_cumulation(codes, codes, value, 1, mask, mask, causal=causal)
+    out = _native().run("lsh_cumulation", mask, codes, mask, codes, value, 1, causal)
     np.testing.assert_array_equal(to_numpy(out)[0], expected)
-    out = _native().weighted_lsh_cumulation(codes, weight, codes, weight, value, 1, mask, mask, causal=causal)
+    out = _native().run("weighted_lsh_cumulation", mask, codes, weight, mask, codes, weight, value, 1, causal)
     np.testing.assert_array_equal(to_numpy(out)[0], expected)
 
 
@@ -171,12 +171,9 @@ def test_causal_zero_is_the_bidirectional_cumulation_with_any_lengths():
     qc, kc, qm, km = _tensors(t)
     qw, kw, v = (cast(t[name], "float32") for name in ("qw", "kw", "v"))
     provider = _native()
-    default = provider.lsh_cumulation(qc, kc, v, t["num_buckets"], qm, km)
-    np.testing.assert_array_equal(to_numpy(_lsh(t, 0)), to_numpy(default))
-    _close(default, _lsh_reference(t, 0))
-    default = provider.weighted_lsh_cumulation(qc, qw, kc, kw, v, t["num_buckets"], qm, km)
-    np.testing.assert_array_equal(to_numpy(_weighted(t, 0)), to_numpy(default))
-    _close(default, _weighted_reference(t, 0))
+    _close(provider.run("lsh_cumulation", qm, qc, km, kc, v, t["num_buckets"], 0), _lsh_reference(t, 0))
+    _close(provider.run("weighted_lsh_cumulation", qm, qc, qw, km, kc, kw, v, t["num_buckets"], 0),
+           _weighted_reference(t, 0))
 
 
 @pytest.mark.parametrize("causal", DIRECTIONS)
@@ -251,8 +248,7 @@ def test_jax_causal_cumulations_run_inside_jit_with_the_eager_bits(causal):
     t = _inputs(13, "one_bucket", 8, 16)
     qc, kc, qm, km = _tensors(t)
     provider, nb = _native(), t["num_buckets"]
-    jitted = jax.jit(lambda qw, kw, v: provider.weighted_lsh_cumulation(qc, qw, kc, kw, v, nb, qm, km,
-                                                                        causal=causal))
+    jitted = jax.jit(lambda qw, kw, v: provider.run("weighted_lsh_cumulation", qm, qc, qw, km, kc, kw, v, nb, causal))
     np.testing.assert_array_equal(to_numpy(jitted(t["qw"], t["kw"], t["v"])), to_numpy(_weighted(t, causal)))
 
 
@@ -266,7 +262,7 @@ def test_jax_causal_cumulations_under_vmap_match_one_call_per_slice():
     stacked_masks = [np.stack([_masks(t)[side] for t in inputs]) for side in (0, 1)]
 
     def one(qc, kc, qw, kw, v, qm, km):
-        return provider.weighted_lsh_cumulation(qc, qw, kc, kw, v, 8, qm, km, causal=1)
+        return provider.run("weighted_lsh_cumulation", qm, qc, qw, km, kc, kw, v, 8, 1)
 
     batched = jax.vmap(one)(stacked["qc"], stacked["kc"], stacked["qw"], stacked["kw"], stacked["v"],
                             *stacked_masks)

@@ -230,7 +230,7 @@ def test_bucket_table_limit_raises_value_error_before_and_inside_the_kernel():
         ops.weighted_lsh_cumulation(codes, qw, codes, kw, value, 2, implementation="custom_op")
     mask = np.ones((1, 1), bool)
     with pytest.raises(ValueError, match="per-bucket table of the weighted LSH cumulation"):
-        jax_provider.PROVIDER.weighted_lsh_cumulation(codes, qw, codes, kw, value, 2, mask, mask)
+        jax_provider.PROVIDER.run("weighted_lsh_cumulation", mask, codes, qw, mask, codes, kw, value, 2, 0)
 
 
 def test_handler_rejects_inputs_without_the_output_leading_dims():

@@ -133,8 +133,8 @@ def on_mesh(provider, fn, args, roles, out_roles, split_sequence=True, pointwise
     split = split_sequence and active.seq is not None
     if split and pointwise and any(n is None or n % active.seq_size for n in lengths):
         split = False
-    if provider is composite.PROVIDER and (pointwise or not split):
-        return fn(provider, *args)  # XLA partitions keras.ops computations without cross-position terms
+    if provider.partitioned_by_xla and (pointwise or not split):
+        return fn(provider, *args)  # XLA partitions it itself: no cross-position terms between the blocks
     if not split:
         roles, out_roles = _whole_sequence(roles), _whole_sequence(out_roles)
     elif not pointwise:

@@ -14,6 +14,7 @@ from keras import ops
 from keras_yoso import _backend
 from keras_yoso import _validation
 from keras_yoso.ops import _dispatch
+from keras_yoso.ops import _spec
 
 
 def _next_power_of_two(n):
@@ -152,6 +153,6 @@ def hash_codes(x, num_hashes, hash_code_len, seed, method=_validation.DEFAULT_HA
         raise ValueError(f"x must have at least one feature (axis 2), got shape {_backend.static_shape(x)}")
     params = _parameters(dim, num_hashes, hash_code_len, seed, method)
     # Per position: on a mesh each device hashes its own block with the same (replicated) functions.
-    params_roles = (None,) * len(_backend.static_shape(params))
-    return _dispatch.on_mesh(provider, lambda p, x, params: p.hash_codes(x, params, num_hashes, hash_code_len, method),
-                             (x, params), (("batch", "seq", None), params_roles), ("batch", None, "seq"), pointwise=True)
+    primitive = _spec.hash_primitive(method)
+    return _dispatch.on_mesh(provider, lambda p, x, params: p.run(primitive.name, x, params, num_hashes, hash_code_len),
+                             (x, params), [t.roles for t in primitive.inputs], _spec.CODES_ROLES, pointwise=True)

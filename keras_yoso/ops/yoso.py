@@ -21,11 +21,14 @@ native kernels run per device block inside `jax.shard_map` (never gathered); und
 bucket tables (`parallel/yoso_tables.py`); the weighted and collision cumulations keep it whole.
 """
 
+import functools
+
 from keras import ops
 
 from keras_yoso import _backend
 from keras_yoso import _validation
 from keras_yoso.ops import _dispatch
+from keras_yoso.ops import _spec
 from keras_yoso.ops.composite import collision
 
 
@@ -89,7 +92,7 @@ def _prepare_sides(query_codes, key_codes, query_mask, key_mask, query_side, key
     return qc, kc, qm, km, [named[name] for name, _ in query_side], [named[name] for name, _ in key_side]
 
 
-def _lsh(provider, qc, kc, value, num_buckets, qm, km, causal):
+def _lsh(provider, qm, qc, km, kc, value, num_buckets, causal):
     """lsh_cumulation, differentiable in `value` (its gradient is the transposed cumulation, in the
     opposite direction when causal)."""
 
@@ -97,17 +100,16 @@ def _lsh(provider, qc, kc, value, num_buckets, qm, km, causal):
     def cumulation(v):
         def grad(*args, upstream=None):
             dy = ops.cast(_upstream(args, upstream), v.dtype)
-            return ops.cast(provider.lsh_cumulation(kc, qc, dy, num_buckets, km, qm, causal=-causal), v.dtype)
+            return ops.cast(provider.run("lsh_cumulation", km, kc, qm, qc, dy, num_buckets, -causal), v.dtype)
 
-        return ops.cast(provider.lsh_cumulation(qc, kc, v, num_buckets, qm, km, causal=causal), v.dtype), grad
+        return ops.cast(provider.run("lsh_cumulation", qm, qc, km, kc, v, num_buckets, causal), v.dtype), grad
 
     return cumulation(value)
 
 
-# Axis roles of the tensors of a call (`_dispatch.on_mesh`): codes [B, m, N], masks [B, N], rows [B, N, F].
-_CODES = ("batch", None, "seq")
-_MASK = ("batch", "seq")
-_ROWS = ("batch", "seq", None)
+def _roles(*names):
+    """The axis roles (`_dispatch.on_mesh`) of the tensors named as the primitives name them."""
+    return [_spec.roles(name) for name in names]
 
 
 def _direction(causal):
@@ -148,8 +150,8 @@ def lsh_cumulation(query_codes, key_codes, value, num_buckets, query_mask=None, 
     provider = _dispatch.provider(implementation, (value,), causal)
     qc, kc, qm, km, _, (value,) = _prepare_sides(query_codes, key_codes, query_mask, key_mask, [],
                                                  [("value", value)], num_buckets, provider, causal=causal)
-    return _dispatch.on_mesh(provider, lambda p, *t: _lsh(p, *t[:3], num_buckets, *t[3:], causal),
-                             (qc, kc, value, qm, km), (_CODES, _CODES, _ROWS, _MASK, _MASK), _ROWS)
+    return _dispatch.on_mesh(provider, lambda p, *t: _lsh(p, *t, num_buckets, causal), (qm, qc, km, kc, value),
+                             _roles("query_mask", "query_codes", "key_mask", "key_codes", "value"), _spec.ROWS_ROLES)
 
 
 def _check_pair_table(provider, weight, value):
@@ -158,21 +160,21 @@ def _check_pair_table(provider, weight, value):
         _validation.check_bucket_table(_backend.static_shape(weight)[2], _backend.static_shape(value)[2])
 
 
-def _weighted(provider, qc, query_weight, kc, key_weight, value, num_buckets, qm, km):
+def _weighted(provider, qm, qc, query_weight, km, kc, key_weight, value, num_buckets):
     """weighted_lsh_cumulation, differentiable in query_weight, key_weight and value (each gradient is
     itself a weighted cumulation with the roles of the inputs exchanged)."""
+    run = functools.partial(provider.run, "weighted_lsh_cumulation")
 
     @ops.custom_gradient
     def cumulation(qw, kw, v):
         def grad(*args, upstream=None):
             dy = ops.cast(_upstream(args, upstream), v.dtype)
-            d_qw = provider.weighted_lsh_cumulation(qc, dy, kc, v, kw, num_buckets, qm, km)
-            d_kw = provider.weighted_lsh_cumulation(kc, v, qc, dy, qw, num_buckets, km, qm)
-            d_v = provider.weighted_lsh_cumulation(kc, kw, qc, qw, dy, num_buckets, km, qm)
+            d_qw = run(qm, qc, dy, km, kc, v, kw, num_buckets, 0)
+            d_kw = run(km, kc, v, qm, qc, dy, qw, num_buckets, 0)
+            d_v = run(km, kc, kw, qm, qc, qw, dy, num_buckets, 0)
             return ops.cast(d_qw, qw.dtype), ops.cast(d_kw, kw.dtype), ops.cast(d_v, v.dtype)
 
-        out = provider.weighted_lsh_cumulation(qc, qw, kc, kw, v, num_buckets, qm, km)
-        return ops.cast(out, v.dtype), grad
+        return ops.cast(run(qm, qc, qw, km, kc, kw, v, num_buckets, 0), v.dtype), grad
 
     return cumulation(query_weight, key_weight, value)
 
@@ -211,22 +213,23 @@ def weighted_lsh_cumulation(query_codes, query_weight, key_codes, key_weight, va
         [("key_weight", key_weight), ("value", value)], num_buckets, provider, widths)
     _check_pair_table(provider, query_weight, value)
     query_weight, key_weight = ops.cast(query_weight, value.dtype), ops.cast(key_weight, value.dtype)
-    return _dispatch.on_mesh(provider, lambda p, *t: _weighted(p, *t[:5], num_buckets, *t[5:]),
-                             (qc, query_weight, kc, key_weight, value, qm, km),
-                             (_CODES, _ROWS, _CODES, _ROWS, _ROWS, _MASK, _MASK), _ROWS, split_sequence=False)
+    names = _spec.PRIMITIVES["weighted_lsh_cumulation"].input_names
+    return _dispatch.on_mesh(provider, lambda p, *t: _weighted(p, *t, num_buckets),
+                             (qm, qc, query_weight, km, kc, key_weight, value), _roles(*names), _spec.ROWS_ROLES,
+                             split_sequence=False)
 
 
-def _lower_bound_gradients(provider, qc, q, kc, k, v, dy, num_buckets, scale, qm, km, causal):
+def _lower_bound_gradients(provider, qm, qc, q, km, kc, k, v, dy, num_buckets, scale, causal):
     """(dQ, dK) of eq. 4. A provider's per-bucket table holds W * D floats (W: value width, D: key
     width) up to its `max_bucket_table_floats`: wider heads are split into column blocks that fit,
     so the backward never fails."""
     dim, value_dim = _backend.static_shape(q)[2], _backend.static_shape(v)[2]
     limit = provider.max_bucket_table_floats
     if limit is None or dim is None or value_dim is None or dim * value_dim <= limit:
-        return provider.lower_bound_gradients(qc, q, kc, k, v, dy, num_buckets, scale, qm, km, causal=causal)
+        return provider.lower_bound_gradients(qm, qc, q, km, kc, k, v, dy, num_buckets, scale, causal)
     step = max(1, limit // max(1, value_dim))
-    parts = [provider.lower_bound_gradients(qc, q[:, :, c:c + step], kc, k[:, :, c:c + step], v, dy, num_buckets,
-                                            scale, qm, km, causal=causal) for c in range(0, dim, step)]
+    parts = [provider.lower_bound_gradients(qm, qc, q[:, :, c:c + step], km, kc, k[:, :, c:c + step], v, dy,
+                                            num_buckets, scale, causal) for c in range(0, dim, step)]
     return ops.concatenate([p[0] for p in parts], axis=-1), ops.concatenate([p[1] for p in parts], axis=-1)
 
 
@@ -281,29 +284,29 @@ def yoso_cumulation(query, key, value, query_codes, key_codes, hash_code_len, qu
     half_tau = hash_code_len / 2.0
     epsilon = _validation.COLLISION_EPSILON
 
-    def run(provider, qc, kc, qm, km, query, key, value):
+    def run(provider, qm, qc, km, kc, query, key, value):
         @ops.custom_gradient
         def attention(q, k, v):
             def grad(*args, upstream=None):
                 dy = ops.cast(_upstream(args, upstream), v.dtype)
                 if backward == "lower_bound":
-                    dq, dk = _lower_bound_gradients(provider, qc, q, kc, k, v, dy, num_buckets, half_tau, qm, km,
+                    dq, dk = _lower_bound_gradients(provider, qm, qc, q, km, kc, k, v, dy, num_buckets, half_tau,
                                                     causal)
                 else:
-                    dq = provider.collision_cumulation(qc, q, dy, kc, k, v, hash_code_len, epsilon, qm, km)
-                    dk = provider.collision_cumulation(kc, k, v, qc, q, dy, hash_code_len, epsilon, km, qm)
-                dv = provider.lsh_cumulation(kc, qc, dy, num_buckets, km, qm, causal=-causal)
+                    dq = provider.run("collision_cumulation", qm, qc, q, dy, km, kc, k, v, hash_code_len, epsilon)
+                    dk = provider.run("collision_cumulation", km, kc, k, v, qm, qc, q, dy, hash_code_len, epsilon)
+                dv = provider.run("lsh_cumulation", km, kc, qm, qc, dy, num_buckets, -causal)
                 return ops.cast(dq, q.dtype), ops.cast(dk, k.dtype), ops.cast(dv, v.dtype)
 
-            return ops.cast(provider.lsh_cumulation(qc, kc, v, num_buckets, qm, km, causal=causal), v.dtype), grad
+            return ops.cast(provider.run("lsh_cumulation", qm, qc, km, kc, v, num_buckets, causal), v.dtype), grad
 
         return attention(query, key, value)
 
     # *YOSO (collision) weighs each colliding pair by <Q_i, K_j> itself: no bucket-sum form across
     # devices, so it keeps the sequence whole.
-    return _dispatch.on_mesh(provider, run, (qc, kc, qm, km, query, key, value),
-                             (_CODES, _CODES, _MASK, _MASK, _ROWS, _ROWS, _ROWS), _ROWS,
-                             split_sequence=backward == "lower_bound")
+    return _dispatch.on_mesh(provider, run, (qm, qc, km, kc, query, key, value),
+                             _roles("query_mask", "query_codes", "key_mask", "key_codes", "query", "key", "value"),
+                             _spec.ROWS_ROLES, split_sequence=backward == "lower_bound")
 
 
 def collision_cumulation(query_codes, query, query_weight, key_codes, key, key_weight, hash_code_len,
@@ -328,10 +331,11 @@ def collision_cumulation(query_codes, query, query_weight, key_codes, key, key_w
     qc, kc, qm, km, (query, query_weight), (key, key_weight) = _prepare_sides(
         query_codes, key_codes, query_mask, key_mask, [("query", query), ("query_weight", query_weight)],
         [("key", key), ("key_weight", key_weight)], num_buckets, provider, widths)
+    names = _spec.PRIMITIVES["collision_cumulation"].input_names
     out = _dispatch.on_mesh(
-        provider, lambda p, *t: p.collision_cumulation(*t[:6], hash_code_len, _validation.COLLISION_EPSILON, *t[6:]),
-        (qc, query, query_weight, kc, key, key_weight, qm, km),
-        (_CODES, _ROWS, _ROWS, _CODES, _ROWS, _ROWS, _MASK, _MASK), _ROWS, split_sequence=False)
+        provider, lambda p, *t: p.run("collision_cumulation", *t, hash_code_len, _validation.COLLISION_EPSILON),
+        (qm, qc, query, query_weight, km, kc, key, key_weight), _roles(*names), _spec.ROWS_ROLES,
+        split_sequence=False)
     return ops.cast(out, dtype)
 
 

@@ -95,7 +95,7 @@ def _causal_hash_rows(query_ids, key_ids, qw_table, kw_table, v_table, num_rows,
 
 
 @_backend.compiled(static_argnames=("num_buckets", "causal"))
-def causal_cumulation(query_codes, query_weight, key_codes, key_weight, value, num_buckets, query_mask, key_mask,
+def causal_cumulation(query_mask, query_codes, query_weight, key_mask, key_codes, key_weight, value, num_buckets,
                       causal):
     """`[B, N, D]` float32: (1/m) sum_h sum_{j allowed} [qc == kc] <query_weight_i, key_weight_j> value_j
     over kept pairs, with j <= i (causal=1) or j >= i (causal=-1); query_weight and key_weight None

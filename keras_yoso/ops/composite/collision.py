@@ -33,8 +33,8 @@ def collision_derivative(x, hash_code_len, epsilon):
 
 
 @_backend.compiled(static_argnames=("hash_code_len", "epsilon"))
-def collision_cumulation(query_codes, query, query_weight, key_codes, key, key_weight, hash_code_len,
-                         epsilon, query_mask, key_mask):
+def collision_cumulation(query_mask, query_codes, query, query_weight, key_mask, key_codes, key, key_weight,
+                         hash_code_len, epsilon):
     """*YOSO estimator `[B, Nq, d]` float32: sum over pairs that collide in >= 1 hash, each once, of
     <query_weight_i, key_weight_j> g(<query_i, key_j>) key_j (appendix eq. 2 on colliding pairs).
 

@@ -26,7 +26,7 @@ TABLE_COST_FACTOR = 4
 
 
 @_backend.compiled(static_argnames=("num_buckets",))
-def lsh_cumulation(query_codes, key_codes, value, num_buckets, query_mask, key_mask):
+def lsh_cumulation(query_mask, query_codes, key_mask, key_codes, value, num_buckets):
     """YOSO eq. 2 averaged over hashes, `[B, Nq, D]` float32: per hash, segment sums of the values
     by key code gathered by query code."""
     num_hashes = query_codes.shape[1]
@@ -57,15 +57,16 @@ def _prefers_tables(chunk, weight_dim, value_dim):
     """True when this chunk's windows cost more multiply-adds than bucket tables would
     (TABLE_COST_FACTOR-weighted): codes skewed into a few huge buckets."""
     windows = ops.sum(ops.maximum((chunk.length + chunk.window - 1) // chunk.window, 1))
-    tiles_cost = ops.cast(windows, "float32") * (chunk.rows * chunk.window * (as_float(weight_dim) + as_float(value_dim)))
+    tiles_cost = ops.cast(windows, "float32") * (chunk.rows * chunk.window
+                                                 * (as_float(weight_dim) + as_float(value_dim)))
     table_cost = (TABLE_COST_FACTOR * as_float(chunk.count) * as_float(chunk.batch) * (
         as_float(chunk.num_queries) + as_float(chunk.num_keys)) * as_float(weight_dim) * as_float(value_dim))
     return ops.greater(tiles_cost, table_cost)
 
 
 @_backend.compiled(static_argnames=("num_buckets",))
-def weighted_lsh_cumulation(query_codes, query_weight, key_codes, key_weight, value, num_buckets,
-                            query_mask, key_mask):
+def weighted_lsh_cumulation(query_mask, query_codes, query_weight, key_mask, key_codes, key_weight, value,
+                            num_buckets):
     """`[B, Nq, D]` float32: (1/m) sum_h sum_j [qc == kc] <query_weight_i, key_weight_j> value_j over
     kept pairs (the building block of the eq. 4 backward), by sort-by-code tiles, or by bucket
     tables when the codes are too skewed for tiles (see the module docstring)."""
@@ -105,13 +106,14 @@ def weighted_lsh_cumulation(query_codes, query_weight, key_codes, key_weight, va
 
 
 @_backend.compiled(static_argnames=("num_buckets", "scale"))
-def lower_bound_gradients(query_codes, query, key_codes, key, value, output_gradient, num_buckets, scale,
-                          query_mask, key_mask):
+def lower_bound_gradients(query_mask, query_codes, query, key_mask, key_codes, key, value, output_gradient,
+                          num_buckets, scale):
     """(dQ [B, Nq, d], dK [B, Nk, d]) of the eq. 4 lower bound, float32, in one sort-by-code pass:
     with S_ij = [qc == kc] <dY_i, V_j> over kept pairs,
     dQ_i = scale (1/m) sum_h sum_j S_ij K_j and dK_j = scale (1/m) sum_h sum_i S_ij Q_i
     (scale = tau / 2): each pair's weight is computed once for both. Equals
-    `scale * weighted_lsh_cumulation(qc, dY, kc, V, K)` and `scale * weighted_lsh_cumulation(kc, V, qc, dY, Q)`.
+    `scale * weighted_lsh_cumulation(qm, qc, dY, km, kc, V, K)` and
+    `scale * weighted_lsh_cumulation(km, kc, V, qm, qc, dY, Q)`.
     """
     num_hashes = query_codes.shape[1]
     batch, num_queries = ops.shape(query_codes)[0], ops.shape(query_codes)[2]

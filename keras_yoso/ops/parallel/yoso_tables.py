@@ -12,9 +12,9 @@ reach every query only through the tables T_s[h, b] = sum_{j in s, kc_hj = b} V_
 where own(i) is the provider's cumulation of the local block (the native kernels where loaded).
 R is one psum (psum(T) - T), or an exclusive scan over the devices (1 + ceil(log2(P - 1))
 ppermutes, `mesh.exclusive_scan`). The eq. 4 backward is the same with other tables: dV
-with the tables of dY (by query code), dQ_i = (tau/2)(1/m) sum_h <dY_i, TVK_h[qc_hi]> with TVK the sums of V_j (x) K_j per bucket, dK_j = (tau/2)(1/m) sum_h
-<V_j, TYQ_h[kc_hj]> with TYQ the sums of dY_i (x) Q_i: three collectives of
-B m 2^tau Dv (1 + 2 dk) floats in all, independent of the sequence length (the outer-product
+with the tables of dY (by query code), dQ_i = (tau/2)(1/m) sum_h <dY_i, TVK_h[qc_hi]> with TVK
+the sums of V_j (x) K_j per bucket, dK_j = (tau/2)(1/m) sum_h <V_j, TYQ_h[kc_hj]> with TYQ the
+sums of dY_i (x) Q_i: three collectives of B m 2^tau Dv (1 + 2 dk) floats in all, independent of the sequence length (the outer-product
 tables go in groups of hashes of at most TABLE_FLOATS_PER_COLLECTIVE floats, one collective each).
 Positions are scattered into the tables and read back in chunks (CHUNK_FLOATS), so a device's
 memory is its block's activations plus the tables: nothing of size n x m x D or n x Dv x dk.
@@ -27,6 +27,7 @@ from keras_yoso.ops.parallel import mesh
 from keras_yoso.ops.composite.chunking import f32
 from keras_yoso.ops.composite.masking import bucket_ids
 from keras_yoso.ops.composite.masking import keep_rows
+from keras_yoso.ops.providers import base
 
 # Largest table of one collective, in floats (64 MiB of float32): the outer-product tables of the
 # backward are reduced in groups of hashes that fit.
@@ -67,8 +68,8 @@ class _Chunks:
         their (b, h), which is never read back."""
         batch, group = ops.shape(codes)[0], codes.shape[1]
         ids = bucket_ids(self.pad(codes, 2), self.pad(mask, 1), num_buckets, num_buckets)
-        base = ops.reshape(ops.arange(batch * group, dtype="int32") * (num_buckets + 1), (batch, group, 1))
-        return ids + base
+        offsets = ops.reshape(ops.arange(batch * group, dtype="int32") * (num_buckets + 1), (batch, group, 1))
+        return ids + offsets
 
     def at(self, x, index, axis=1):
         """Chunk `index` of `x` (padded) along `axis`."""
@@ -79,17 +80,16 @@ class _Chunks:
         return ops.slice(x, start, shape)
 
 
-class SequenceShardedProvider:
-    """A provider (`providers/base.py`) for one device's block of a split sequence: `inner` (the
-    provider chosen for the op) on the block, the other blocks through bucket tables reduced over
-    the mesh axis `axis` of `size` devices. Codes and masks are the block's; queries and keys are
-    in the same blocks of the sequence axis (cross-attention: blocks of each side's own length)."""
+class SequenceShardedProvider(base.DelegatingProvider):
+    """The provider for one device's block of a split sequence: `inner` (the provider chosen for
+    the op, whose declarations it reports) on the block, the other blocks through bucket tables
+    reduced over the mesh axis `axis` of `size` devices. Codes and masks are the block's; queries
+    and keys are in the same blocks of the sequence axis (cross-attention: blocks of each side's own
+    length)."""
 
     def __init__(self, inner, axis, size):
-        self.inner, self.axis, self.size = inner, axis, size
-        for name in ("name", "checks_codes", "needs_static_num_hashes", "max_bucket_table_floats", "supports_jit",
-                     "deterministic"):
-            setattr(self, name, getattr(inner, name))
+        super().__init__(inner)
+        self.axis, self.size = axis, size
 
     def _remote_term(self, write, reads, make_rows, combine, width, out_width, num_buckets, causal):
         """(1/m) sum_h combine(R_h rows at the read codes, *read tensors) `[B, n, out_width]` float32.
@@ -141,12 +141,25 @@ class SequenceShardedProvider:
             total = gather(table, reads_at.table_rows(read_codes[:, h0:h1], read_mask, num_buckets), total)
         return keep_rows(read_mask, total[:, :ops.shape(read_codes)[2]] / num_hashes)
 
-    def hash_codes(self, x, params, num_hashes, hash_code_len, method):
-        return self.inner.hash_codes(x, params, num_hashes, hash_code_len, method)
+    def run(self, name, *arguments):
+        """lsh_cumulation: the block's own keys (`inner`) plus the other blocks' tables; hashing is
+        per position (`inner` alone); the weighted and collision cumulations have no
+        sequence-parallel form (ValueError)."""
+        if name.endswith("hash_codes"):
+            return self.inner.run(name, *arguments)
+        if name == "lsh_cumulation":
+            return self._lsh_cumulation(*arguments)
+        if name == "collision_cumulation":
+            raise ValueError("backward=\"collision\" (*YOSO) is not sequence-parallel: its pair weight depends on "
+                             "<Q_i, K_j> itself, so it needs the colliding keys of every device, not bucket sums. "
+                             "Use backward=\"lower_bound\" (paper eq. 4) under "
+                             "keras_yoso.distribution.SequenceParallel.")
+        raise ValueError(f"{name} has no sequence-parallel form here: call it outside "
+                         "keras_yoso.distribution.SequenceParallel (YOSO's backward uses lower_bound_gradients).")
 
-    def lsh_cumulation(self, query_codes, key_codes, value, num_buckets, query_mask, key_mask, causal=0):
-        own = self.inner.lsh_cumulation(query_codes, key_codes, value, num_buckets, query_mask, key_mask,
-                                        causal=causal)
+    def _lsh_cumulation(self, query_mask, query_codes, key_mask, key_codes, value, num_buckets, causal):
+        own = self.inner.run("lsh_cumulation", query_mask, query_codes, key_mask, key_codes, value, num_buckets,
+                             causal)
         width = value.shape[-1]
         remote = self._remote_term((key_codes, key_mask, [value]), (query_codes, query_mask, []), lambda v: v,
                                    lambda rows: ops.sum(rows, axis=1), width, width, num_buckets, causal)
@@ -167,21 +180,12 @@ class SequenceShardedProvider:
         return self._remote_term((write_codes, write_mask, [left, right]), (read_codes, read_mask, [weight]), outer,
                                  combine, width * depth, depth, num_buckets, causal)
 
-    def lower_bound_gradients(self, query_codes, query, key_codes, key, value, output_gradient, num_buckets,
-                              scale, query_mask, key_mask, causal=0):
-        dq, dk = self.inner.lower_bound_gradients(query_codes, query, key_codes, key, value, output_gradient,
-                                                  num_buckets, scale, query_mask, key_mask, causal=causal)
+    def lower_bound_gradients(self, query_mask, query_codes, query, key_mask, key_codes, key, value,
+                              output_gradient, num_buckets, scale, causal=0):
+        dq, dk = self.inner.lower_bound_gradients(query_mask, query_codes, query, key_mask, key_codes, key, value,
+                                                  output_gradient, num_buckets, scale, causal)
         dq = f32(dq) + scale * self._outer_term(key_codes, key_mask, value, key, query_codes, query_mask,
-                                                           output_gradient, num_buckets, causal)
+                                                output_gradient, num_buckets, causal)
         dk = f32(dk) + scale * self._outer_term(query_codes, query_mask, output_gradient, query, key_codes,
-                                                           key_mask, value, num_buckets, -causal)
+                                                key_mask, value, num_buckets, -causal)
         return dq, dk
-
-    def weighted_lsh_cumulation(self, *args, **kwargs):
-        raise ValueError("weighted_lsh_cumulation has no sequence-parallel form here: call it outside "
-                         "keras_yoso.distribution.SequenceParallel (YOSO's backward uses lower_bound_gradients).")
-
-    def collision_cumulation(self, *args, **kwargs):
-        raise ValueError("backward=\"collision\" (*YOSO) is not sequence-parallel: its pair weight depends on "
-                         "<Q_i, K_j> itself, so it needs the colliding keys of every device, not bucket sums. "
-                         "Use backward=\"lower_bound\" (paper eq. 4) under keras_yoso.distribution.SequenceParallel.")

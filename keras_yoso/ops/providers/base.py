@@ -1,41 +1,34 @@
 """The provider protocol: what an implementation of the YOSO primitives declares and provides.
 
-A provider runs the five primitives below on one backend's tensors. `keras_yoso.ops` wraps them
-with the checks, the gradients (`keras.ops.custom_gradient`) and the dtype casts, and asks the
-provider's declarations, never its identity, what to do around a call: whether to check the codes
-first, whether num_hashes must be known while tracing, whether a weighted cumulation's per-bucket
-table must be split, whether the provider can run inside a compiled function. The providers:
+A provider runs the primitives of the table `keras_yoso.ops._spec` on one backend's tensors:
+`run(name, *inputs, *attributes)`, in the table's order (the C ABI's: masks float32 or bool
+`[B, N]` first on each side, codes int32 `[B, m, N]`, then the float tensors), plus
+`lower_bound_gradients`, the two weighted cumulations of the eq. 4 backward. `keras_yoso.ops`
+wraps them with the checks, the gradients (`keras.ops.custom_gradient`) and the dtype casts, and
+asks the provider's declarations, never its identity, what to do around a call: whether to check
+the codes first, whether num_hashes must be known while tracing, whether a weighted cumulation's
+per-bucket table must be split, whether the provider can run inside a compiled function. The
+providers:
 
 - `providers/composite.py`: `keras.ops`, every backend;
 - `providers/tensorflow.py`: the TensorFlow op library (C++ and CUDA kernels);
 - `providers/jax.py`: the native library's XLA FFI handlers (CPU);
 - `providers/torch.py`: the native library's C ABI as `torch.library` ops (CPU).
 
-`_dispatch.provider(implementation, tensors)` is the one place that picks a provider for a call.
+`_dispatch.provider(implementation, tensors, causal)` is the one place that picks a provider for
+a call.
 
-Primitive signatures (all tensors of the running backend; masks bool or float `[B, N]`; codes
-int32 `[B, m, N]`):
-
-    hash_codes(x, params, num_hashes, hash_code_len, method) -> int32 [B, m, N]
-    lsh_cumulation(query_codes, key_codes, value, num_buckets, query_mask, key_mask, causal=0)
-        -> [B, Nq, D]
-    weighted_lsh_cumulation(query_codes, query_weight, key_codes, key_weight, value, num_buckets,
-                            query_mask, key_mask, causal=0) -> [B, Nq, D]
-    lower_bound_gradients(query_codes, query, key_codes, key, value, output_gradient, num_buckets,
-                          scale, query_mask, key_mask, causal=0) -> (dQ [B, Nq, d], dK [B, Nk, d])
-
-`causal` (a Python int) restricts which keys count for a query, positions aligned (Nq == Nk,
-checked by ops/yoso.py): 0 every key, 1 keys j <= i (causal attention), -1 keys j >= i (the
-transposed cumulations of a causal backward: dK_j and dV_j sum over queries i >= j).
-    collision_cumulation(query_codes, query, query_weight, key_codes, key, key_weight,
-                         hash_code_len, epsilon, query_mask, key_mask) -> [B, Nq, d]
+The `causal` attribute of the cumulations (a Python int) restricts which keys count for a query,
+positions aligned (Nq == Nk, checked by ops/yoso.py): 0 every key, 1 keys j <= i (causal
+attention), -1 keys j >= i (the transposed cumulations of a causal backward: dK_j and dV_j sum
+over queries i >= j).
 """
 
 from keras_yoso import _validation
 
 
 class Provider:
-    """Base class of the providers. Subclasses set the declarations and implement the primitives
+    """Base class of the providers. Subclasses set the declarations and implement `run`
     (`lower_bound_gradients` has a default: two weighted cumulations, eq. 4)."""
 
     # What `keras_yoso.ops.implementation_in_use` reports for it: "custom_op" or "composite".
@@ -49,6 +42,10 @@ class Provider:
     max_bucket_table_floats = None
     # Runs inside compiled functions: XLA (TF jit_compile, jax.jit) or torch.compile.
     supports_jit = False
+    # XLA partitions its calls over a device mesh itself (keras.ops computations); else
+    # `_dispatch.on_mesh` runs each device's block inside `jax.shard_map` (a custom call has no
+    # partitioning rule: XLA would gather its operands).
+    partitioned_by_xla = False
 
     def load_error(self):
         """None when the provider can run in this process, else why not (one sentence)."""
@@ -65,29 +62,54 @@ class Provider:
         then takes the composite; "custom_op" raises ValueError with this message."""
         return None
 
-    def lower_bound_gradients(self, query_codes, query, key_codes, key, value, output_gradient, num_buckets,
-                              scale, query_mask, key_mask, causal=0):
+    def run(self, name, *arguments):
+        """Primitive `name` of `_spec.PRIMITIVES` on `arguments`: its inputs, then its attributes, in
+        the table's order. Returns the output tensor (float32 or the input dtype)."""
+        raise NotImplementedError
+
+    def lower_bound_gradients(self, query_mask, query_codes, query, key_mask, key_codes, key, value,
+                              output_gradient, num_buckets, scale, causal=0):
         """(dQ, dK) of the eq. 4 lower bound: two weighted cumulations (see composite/cumulation.py);
         causal: dQ_i over keys j <= i, dK_j over queries i >= j."""
-        dq = self.weighted_lsh_cumulation(query_codes, output_gradient, key_codes, value, key, num_buckets,
-                                          query_mask, key_mask, causal=causal)
-        dk = self.weighted_lsh_cumulation(key_codes, value, query_codes, output_gradient, query, num_buckets,
-                                          key_mask, query_mask, causal=-causal)
+        dq = self.run("weighted_lsh_cumulation", query_mask, query_codes, output_gradient, key_mask, key_codes, value,
+                      key, num_buckets, causal)
+        dk = self.run("weighted_lsh_cumulation", key_mask, key_codes, value, query_mask, query_codes, output_gradient,
+                      query, num_buckets, -causal)
         return scale * dq, scale * dk
 
-    def hash_codes(self, x, params, num_hashes, hash_code_len, method):
-        raise NotImplementedError
 
-    def lsh_cumulation(self, query_codes, key_codes, value, num_buckets, query_mask, key_mask, causal=0):
-        raise NotImplementedError
+def _inner(declaration):
+    return property(lambda self: getattr(self.inner, declaration), doc=f"The wrapped provider's {declaration}.")
 
-    def weighted_lsh_cumulation(self, query_codes, query_weight, key_codes, key_weight, value, num_buckets,
-                                query_mask, key_mask, causal=0):
-        raise NotImplementedError
 
-    def collision_cumulation(self, query_codes, query, query_weight, key_codes, key, key_weight, hash_code_len,
-                             epsilon, query_mask, key_mask):
-        raise NotImplementedError
+class DelegatingProvider(Provider):
+    """A provider that wraps another, `inner`: it reports the declarations and device checks of
+    `inner` and, unless a subclass says otherwise, runs every primitive there."""
+
+    name = _inner("name")
+    checks_codes = _inner("checks_codes")
+    needs_static_num_hashes = _inner("needs_static_num_hashes")
+    max_bucket_table_floats = _inner("max_bucket_table_floats")
+    supports_jit = _inner("supports_jit")
+    partitioned_by_xla = _inner("partitioned_by_xla")
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    def load_error(self):
+        return self.inner.load_error()
+
+    def usable_here(self):
+        return self.inner.usable_here()
+
+    def device_error(self, tensors, causal=0):
+        return self.inner.device_error(tensors, causal)
+
+    def run(self, name, *arguments):
+        return self.inner.run(name, *arguments)
+
+    def lower_bound_gradients(self, *arguments):
+        return self.inner.lower_bound_gradients(*arguments)
 
 
 class NativeLibraryProvider(Provider):

@@ -1,5 +1,7 @@
 """The composite as a provider: the `keras.ops` algorithms of `keras_yoso.ops.composite`, every backend."""
 
+import functools
+
 from keras_yoso.ops.composite.causal import causal_cumulation
 from keras_yoso.ops.composite.collision import collision_cumulation
 from keras_yoso.ops.composite.cumulation import lower_bound_gradients
@@ -9,40 +11,52 @@ from keras_yoso.ops.composite.hashing import hash_codes
 from keras_yoso.ops.providers import base
 
 
+def _lsh(query_mask, query_codes, key_mask, key_codes, value, num_buckets, causal):
+    if causal:
+        return causal_cumulation(query_mask, query_codes, None, key_mask, key_codes, None, value, num_buckets, causal)
+    return lsh_cumulation(query_mask, query_codes, key_mask, key_codes, value, num_buckets)
+
+
+def _weighted(query_mask, query_codes, query_weight, key_mask, key_codes, key_weight, value, num_buckets, causal):
+    if causal:
+        return causal_cumulation(query_mask, query_codes, query_weight, key_mask, key_codes, key_weight, value,
+                                 num_buckets, causal)
+    return weighted_lsh_cumulation(query_mask, query_codes, query_weight, key_mask, key_codes, key_weight, value,
+                                   num_buckets)
+
+
+# `_spec.PRIMITIVES` name -> the composite function that computes it (same arguments, same order).
+_FUNCTIONS = {
+    "gaussian_hash_codes": functools.partial(hash_codes, method="gaussian"),
+    "hadamard_hash_codes": functools.partial(hash_codes, method="hadamard"),
+    "hadamard_interleaved_hash_codes": functools.partial(hash_codes, method="hadamard_interleaved"),
+    "lsh_cumulation": _lsh,
+    "weighted_lsh_cumulation": _weighted,
+    "collision_cumulation": collision_cumulation,
+}
+
+
 class _CompositeProvider(base.Provider):
     """The composite as a provider: every backend, inside any compiled function; it cannot check
     codes in traced code (ops/yoso.py checks them where it can), and it chunks by num_hashes, which
-    must therefore be known while tracing."""
+    must therefore be known while tracing. Masks are bool; outputs float32."""
 
     name = "composite"
     checks_codes = False
     needs_static_num_hashes = True
     supports_jit = True
+    partitioned_by_xla = True
 
-    hash_codes = staticmethod(hash_codes)
-    collision_cumulation = staticmethod(collision_cumulation)
+    def run(self, name, *arguments):
+        return _FUNCTIONS[name](*arguments)
 
-    def lsh_cumulation(self, query_codes, key_codes, value, num_buckets, query_mask, key_mask, causal=0):
+    def lower_bound_gradients(self, query_mask, query_codes, query, key_mask, key_codes, key, value,
+                              output_gradient, num_buckets, scale, causal=0):
         if causal:
-            return causal_cumulation(query_codes, None, key_codes, None, value, num_buckets, query_mask, key_mask,
-                                     causal)
-        return lsh_cumulation(query_codes, key_codes, value, num_buckets, query_mask, key_mask)
-
-    def weighted_lsh_cumulation(self, query_codes, query_weight, key_codes, key_weight, value, num_buckets,
-                                query_mask, key_mask, causal=0):
-        if causal:
-            return causal_cumulation(query_codes, query_weight, key_codes, key_weight, value, num_buckets,
-                                     query_mask, key_mask, causal)
-        return weighted_lsh_cumulation(query_codes, query_weight, key_codes, key_weight, value, num_buckets,
-                                       query_mask, key_mask)
-
-    def lower_bound_gradients(self, query_codes, query, key_codes, key, value, output_gradient, num_buckets,
-                              scale, query_mask, key_mask, causal=0):
-        if causal:
-            return super().lower_bound_gradients(query_codes, query, key_codes, key, value, output_gradient,
-                                                 num_buckets, scale, query_mask, key_mask, causal)
-        return lower_bound_gradients(query_codes, query, key_codes, key, value, output_gradient, num_buckets,
-                                     scale, query_mask, key_mask)
+            return super().lower_bound_gradients(query_mask, query_codes, query, key_mask, key_codes, key, value,
+                                                 output_gradient, num_buckets, scale, causal)
+        return lower_bound_gradients(query_mask, query_codes, query, key_mask, key_codes, key, value,
+                                     output_gradient, num_buckets, scale)
 
 
 PROVIDER = _CompositeProvider()

@@ -24,18 +24,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from keras_yoso.ops import _spec
 from keras_yoso.ops.providers import base
 from keras_yoso.ops.providers import native_library
 
-# XLA FFI target name -> handler symbol exported by the native library.
-_TARGETS = {
-    "keras_yoso_gaussian_hash_codes": "ky_xla_gaussian_hash_codes",
-    "keras_yoso_hadamard_hash_codes": "ky_xla_hadamard_hash_codes",
-    "keras_yoso_hadamard_interleaved_hash_codes": "ky_xla_hadamard_interleaved_hash_codes",
-    "keras_yoso_lsh_cumulation": "ky_xla_lsh_cumulation",
-    "keras_yoso_weighted_lsh_cumulation": "ky_xla_weighted_lsh_cumulation",
-    "keras_yoso_collision_cumulation": "ky_xla_collision_cumulation",
-}
+# The XLA types of the table's attribute kinds (the handlers bind int64 and float32 attributes).
+_ATTRIBUTE_TYPES = {"int": np.int64, "float": np.float32}
 # Threads of the kernels' pool per call (0: every core); an XLA attribute, fixed when a
 # function is traced.
 _NUM_THREADS = 0
@@ -68,13 +62,14 @@ def _registration_error():
     if not hasattr(getattr(jax, "ffi", None), "ffi_call"):
         return (f"jax {jax.__version__} has no jax.ffi.ffi_call; the keras_yoso native kernels need "
                 "jax >= 0.4.38")
-    missing = [symbol for symbol in _TARGETS.values() if not native_library.has_handler(symbol)]
+    missing = [p.handler for p in _spec.PRIMITIVES.values() if not native_library.has_handler(p.handler)]
     if missing:
         return (f"the keras_yoso native library has no XLA FFI handlers ({', '.join(missing)}): it was built "
                 f"without jaxlib's XLA FFI headers. {native_library.REBUILD_HINT}")
     try:
-        for target, symbol in _TARGETS.items():
-            jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(native_library.handler(symbol)), platform="cpu")
+        for primitive in _spec.PRIMITIVES.values():
+            capsule = jax.ffi.pycapsule(native_library.handler(primitive.handler))
+            jax.ffi.register_ffi_target(primitive.target, capsule, platform="cpu")
     except Exception as exception:  # noqa: BLE001: any failure means "not usable", with its reason
         return f"registering the keras_yoso XLA FFI handlers failed: {exception}"
     return ""
@@ -98,14 +93,6 @@ def _call(target, result, arrays, **attributes):
         if not message.startswith(_INVALID_ARGUMENT_PREFIX):
             raise
         raise ValueError(message[len(_INVALID_ARGUMENT_PREFIX):]) from None
-
-
-def _mask(mask):
-    return jnp.asarray(mask).astype(jnp.float32)
-
-
-def _codes(codes):
-    return jnp.asarray(codes).astype(jnp.int32)
 
 
 def _threads():
@@ -136,63 +123,30 @@ class JaxProvider(base.NativeLibraryProvider):
                     f"({jax.devices()[0]}) (use implementation='composite' or 'auto' there)")
         return None
 
-    def hash_codes(self, x, params, num_hashes, hash_code_len, method):
-        """Sign-random-projection codes (YOSO §3.2, appendix §1.2): x `[B, N, d]` float, params
-        float32 (gaussian: projection `[d, m * tau]`; the Hadamard methods: signs `[num_blocks, 3, padded_dim]`)
-        -> int32 `[B, m, N]`, code = sum_i [<x, r_{h,i}> > 0] 2^i. Piecewise constant: its
-        inputs are cut from autodiff (an FFI call has no derivative rule), so layers that hash
-        projected queries and keys differentiate through it, as through the composite."""
+    def run(self, name, *arguments):
+        """`_spec.PRIMITIVES[name]` as one FFI call of its handler: masks as float32, codes as int32,
+        the float rows in the output's dtype (the primitive's; hashing keeps x's), float32
+        parameters; int attributes as int64, float ones as float32. The hashing primitives are
+        piecewise constant: their inputs are cut from autodiff (an FFI call has no derivative rule),
+        so layers that hash projected queries and keys differentiate through them, as through the
+        composite."""
         _register()
-        x = jax.lax.stop_gradient(jnp.asarray(x))
-        params = jax.lax.stop_gradient(jnp.asarray(params, jnp.float32))
-        target = f"keras_yoso_{method}_hash_codes"
-        result = jax.ShapeDtypeStruct((x.shape[0], num_hashes, x.shape[1]), jnp.int32)
-        return _call(target, result, (x, params), num_hashes=np.int64(num_hashes),
-                     hash_code_len=np.int64(hash_code_len), num_threads=_threads())
-
-    def lsh_cumulation(self, query_codes, key_codes, value, num_buckets, query_mask, key_mask, causal=0):
-        """YOSO eq. 2 averaged over the m hashes: out[b, i] = qmask (1/m) sum_h sum_j kmask
-        [qc[b,h,i] == kc[b,h,j]] value[b, j], over keys j <= i (causal=1) or j >= i (causal=-1;
-        Nq == Nk when causal != 0). codes `[B, m, N]`, value `[B, Nk, D]` -> `[B, Nq, D]` in
-        value's dtype."""
-        _register()
-        query_codes, key_codes, value = _codes(query_codes), _codes(key_codes), jnp.asarray(value)
-        result = jax.ShapeDtypeStruct((query_codes.shape[0], query_codes.shape[2], value.shape[2]), value.dtype)
-        return _call("keras_yoso_lsh_cumulation", result,
-                     (_mask(query_mask), query_codes, _mask(key_mask), key_codes, value),
-                     num_buckets=np.int64(num_buckets), causal=np.int64(causal), num_threads=_threads())
-
-    def weighted_lsh_cumulation(self, query_codes, query_weight, key_codes, key_weight, value, num_buckets,
-                                query_mask, key_mask, causal=0):
-        """lsh_cumulation with each colliding pair weighted by <query_weight_i, key_weight_j> (the
-        blocks of the eq. 4 backward), causal as there. query_weight `[B, Nq, W]`, key_weight
-        `[B, Nk, W]`, value `[B, Nk, D]` -> `[B, Nq, D]` in value's dtype (the weights are cast to
-        it)."""
-        _register()
-        query_codes, key_codes, value = _codes(query_codes), _codes(key_codes), jnp.asarray(value)
-        query_weight = jnp.asarray(query_weight).astype(value.dtype)
-        key_weight = jnp.asarray(key_weight).astype(value.dtype)
-        result = jax.ShapeDtypeStruct((query_codes.shape[0], query_codes.shape[2], value.shape[2]), value.dtype)
-        return _call("keras_yoso_weighted_lsh_cumulation", result,
-                     (_mask(query_mask), query_codes, query_weight, _mask(key_mask), key_codes, key_weight, value),
-                     num_buckets=np.int64(num_buckets), causal=np.int64(causal), num_threads=_threads())
-
-    def collision_cumulation(self, query_codes, query, query_weight, key_codes, key, key_weight, hash_code_len,
-                             epsilon, query_mask, key_mask):
-        """The *YOSO estimator (appendix eq. 2 on colliding pairs): sum_j w_ij key_j over keys
-        colliding with query i in >= 1 hash, each pair once, w_ij = <query_weight_i, key_weight_j>
-        tau (1 - acos(x)/pi)^(tau-1) / (pi sqrt(1 - x^2 + epsilon)), x = <query_i, key_j> clipped
-        to [-1, 1]. query `[B, Nq, d]`, key `[B, Nk, d]`, weights `[B, N, W]` -> `[B, Nq, d]` in
-        query's dtype (the others are cast to it)."""
-        _register()
-        query_codes, key_codes, query = _codes(query_codes), _codes(key_codes), jnp.asarray(query)
-        dtype = query.dtype
-        query_weight, key, key_weight = (jnp.asarray(t).astype(dtype) for t in (query_weight, key, key_weight))
-        result = jax.ShapeDtypeStruct((query_codes.shape[0], query_codes.shape[2], query.shape[2]), dtype)
-        return _call("keras_yoso_collision_cumulation", result,
-                     (_mask(query_mask), query_codes, query, query_weight, _mask(key_mask), key_codes, key,
-                      key_weight),
-                     hash_code_len=np.int64(hash_code_len), epsilon=np.float32(epsilon), num_threads=_threads())
+        primitive = _spec.PRIMITIVES[name]
+        count = len(primitive.inputs)
+        tensors = dict(zip(primitive.input_names, (jnp.asarray(a) for a in arguments[:count])))
+        attributes = dict(zip(primitive.attribute_names, arguments[count:]))
+        shape, source = primitive.output({n: t.shape for n, t in tensors.items()}, attributes)
+        dtype = jnp.int32 if source == "int32" else tensors[source].dtype
+        arrays = []
+        for spec in primitive.inputs:
+            tensor = tensors[spec.name]
+            if spec.dtype is not None:
+                tensor = tensor.astype(spec.dtype)
+            elif source != "int32":
+                tensor = tensor.astype(dtype)
+            arrays.append(jax.lax.stop_gradient(tensor) if source == "int32" else tensor)
+        typed = {a.name: _ATTRIBUTE_TYPES[a.kind](attributes[a.name]) for a in primitive.attributes}
+        return _call(primitive.target, jax.ShapeDtypeStruct(shape, dtype), arrays, **typed, num_threads=_threads())
 
 
 PROVIDER = JaxProvider()

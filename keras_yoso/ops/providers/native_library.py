@@ -14,6 +14,8 @@ import glob
 import os
 import warnings
 
+from keras_yoso.ops import _spec
+
 # The folder of the keras_yoso package (keras_yoso/ops/providers/../..), where the compiled libraries lie.
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # custom_ops/cc/c_api/yoso_c_api.h: KY_ABI_VERSION, dtype codes, return codes, KY_MAX_RANK.
@@ -50,15 +52,14 @@ def tensor_view(data_pointer, dtype, shape):
 _T = ctypes.POINTER(KyTensor)
 _I64, _I32, _F32 = ctypes.c_int64, ctypes.c_int32, ctypes.c_float
 _TAIL = [_I32, ctypes.c_char_p, _I64]  # num_threads, error, error_size
-# entry -> argument types before the tail (the C ABI's signatures).
-_SIGNATURES = {
-    "ky_gaussian_hash_codes": [_T, _T, _I64, _I64, _T],
-    "ky_hadamard_hash_codes": [_T, _T, _I64, _I64, _T],
-    "ky_hadamard_interleaved_hash_codes": [_T, _T, _I64, _I64, _T],
-    "ky_lsh_cumulation": [_T, _T, _T, _T, _T, _I64, _I64, _T],  # ..., num_buckets, causal, output
-    "ky_weighted_lsh_cumulation": [_T, _T, _T, _T, _T, _T, _T, _I64, _I64, _T],
-    "ky_collision_cumulation": [_T, _T, _T, _T, _T, _T, _T, _T, _I64, _F32, _T],
-}
+_ATTRIBUTE_TYPES = {"int": _I64, "float": _F32}
+
+
+def _signature(primitive):
+    """The C ABI argument types of `primitive`'s entry: a KyTensor per input, its attributes, the
+    output KyTensor, then the tail."""
+    return [_T] * len(primitive.inputs) + [_ATTRIBUTE_TYPES[a.kind] for a in primitive.attributes] + [_T] + _TAIL
+
 
 class LazyLibrary:
     """A compiled library of the package, loaded once, on first use (the native library here; the
@@ -113,9 +114,9 @@ def _open(path):
     version = library.ky_abi_version()
     if version != ABI_VERSION:
         raise OSError(f"it has C ABI version {version}, this keras_yoso needs {ABI_VERSION}")
-    for name, argtypes in _SIGNATURES.items():
-        entry = getattr(library, name)
-        entry.argtypes = argtypes + _TAIL
+    for primitive in _spec.PRIMITIVES.values():
+        entry = getattr(library, primitive.entry)
+        entry.argtypes = _signature(primitive)
         entry.restype = _I32
     library.ky_throttle_openmp_spinning.argtypes = [ctypes.c_void_p, _I32]
     library.ky_throttle_openmp_spinning.restype = _I32

@@ -21,6 +21,7 @@ from tensorflow.python.framework import config as tf_config
 
 from keras_yoso import _backend
 from keras_yoso import _validation
+from keras_yoso.ops import _spec
 from keras_yoso.ops.providers import base
 from keras_yoso.ops.providers import native_library
 
@@ -56,12 +57,9 @@ def _runs_on_gpu():
     return "CPU" not in (tf_context.context().device_name or "").upper()
 
 
-def _mask(mask):
-    return tf.cast(mask, tf.float32)
-
-
-def _lib():
-    return library()
+def _raw_op(primitive):
+    """The op library's Python function of `primitive`'s raw op."""
+    return getattr(library(), primitive.raw_op_function)
 
 
 class TensorFlowProvider(base.Provider):
@@ -87,27 +85,15 @@ class TensorFlowProvider(base.Provider):
                     "would run on a GPU (use implementation='auto' or 'composite', or a tf.device('/CPU:0') scope)")
         return None
 
-    def hash_codes(self, x, params, num_hashes, hash_code_len, method):
-        if method == "gaussian":
-            return _lib().yoso_gaussian_hash_codes(x, params, num_hashes=num_hashes, hash_code_len=hash_code_len)
-        return _lib().yoso_hadamard_hash_codes(x, params, num_hashes=num_hashes, hash_code_len=hash_code_len,
-                                               interleaved=method == "hadamard_interleaved")
-
-    def lsh_cumulation(self, query_codes, key_codes, value, num_buckets, query_mask, key_mask, causal=0):
-        return _lib().yoso_lsh_cumulation(_mask(query_mask), query_codes, _mask(key_mask), key_codes, value,
-                                          num_buckets=num_buckets, causal=int(causal))
-
-    def weighted_lsh_cumulation(self, query_codes, query_weight, key_codes, key_weight, value, num_buckets,
-                                query_mask, key_mask, causal=0):
-        return _lib().yoso_weighted_lsh_cumulation(_mask(query_mask), query_codes, query_weight, _mask(key_mask),
-                                                   key_codes, key_weight, value, num_buckets=num_buckets,
-                                                   causal=int(causal))
-
-    def collision_cumulation(self, query_codes, query, query_weight, key_codes, key, key_weight, hash_code_len,
-                             epsilon, query_mask, key_mask):
-        return _lib().yoso_collision_cumulation(_mask(query_mask), query_codes, query, query_weight,
-                                                _mask(key_mask), key_codes, key, key_weight,
-                                                hash_code_len=hash_code_len, epsilon=epsilon)
+    def run(self, name, *arguments):
+        """`_spec.PRIMITIVES[name]` as one call of its raw op (masks as float32, the attributes and
+        the raw op's own selectors as attrs)."""
+        primitive = _spec.PRIMITIVES[name]
+        count = len(primitive.inputs)
+        tensors = [tf.cast(t, tf.float32) if spec.kind == "mask" else t
+                   for spec, t in zip(primitive.inputs, arguments[:count])]
+        attributes = dict(zip(primitive.attribute_names, arguments[count:]))
+        return _raw_op(primitive)(*tensors, **attributes, **primitive.raw_op_attributes)
 
 
 PROVIDER = TensorFlowProvider()
@@ -115,7 +101,7 @@ PROVIDER = TensorFlowProvider()
 
 def _register_gradients():
     """Gradients of the raw ops, for graphs that call them directly: the role swaps of ops/yoso.py's
-    custom gradients, in the raw ops' input order."""
+    custom gradients (the raw ops take the provider's argument order)."""
 
     def _causal(op):
         """The op's causal attr (0 for graphs built before it existed); the transposed cumulations,
@@ -128,19 +114,18 @@ def _register_gradients():
     @tf.RegisterGradient("YosoLshCumulation")
     def _lsh_cumulation_grad(op, dy):
         qm, qc, km, kc, value = op.inputs
-        dv = _lib().yoso_lsh_cumulation(km, kc, qm, qc, tf.cast(dy, value.dtype),
-                                        num_buckets=op.get_attr("num_buckets"), causal=-_causal(op))
+        dv = PROVIDER.run("lsh_cumulation", km, kc, qm, qc, tf.cast(dy, value.dtype), op.get_attr("num_buckets"),
+                          -_causal(op))
         return [None, None, None, None, dv]
 
     @tf.RegisterGradient("YosoWeightedLshCumulation")
     def _weighted_lsh_cumulation_grad(op, dy):
         qm, qc, qw, km, kc, kw, value = op.inputs
         nb, causal = op.get_attr("num_buckets"), _causal(op)
-        run = _lib().yoso_weighted_lsh_cumulation
         dy = tf.cast(dy, value.dtype)
-        d_qw = run(qm, qc, dy, km, kc, value, kw, num_buckets=nb, causal=causal)
-        d_kw = run(km, kc, value, qm, qc, dy, qw, num_buckets=nb, causal=-causal)
-        d_value = run(km, kc, kw, qm, qc, qw, dy, num_buckets=nb, causal=-causal)
+        d_qw = PROVIDER.run("weighted_lsh_cumulation", qm, qc, dy, km, kc, value, kw, nb, causal)
+        d_kw = PROVIDER.run("weighted_lsh_cumulation", km, kc, value, qm, qc, dy, qw, nb, -causal)
+        d_value = PROVIDER.run("weighted_lsh_cumulation", km, kc, kw, qm, qc, qw, dy, nb, -causal)
         return [None, None, d_qw, None, None, d_kw, d_value]
 
     for name in ("YosoGaussianHashCodes", "YosoHadamardHashCodes", "YosoCollisionCumulation"):

@@ -29,6 +29,7 @@ import os
 
 import torch
 
+from keras_yoso.ops import _spec
 from keras_yoso.ops.providers import base
 from keras_yoso.ops.providers import native_library
 
@@ -53,77 +54,38 @@ def _run(entry, inputs, attributes, output):
     return output
 
 
-def _empty(shape, like):
-    return torch.empty(shape, dtype=like.dtype, device=like.device)
+# Schema types of the table's attribute kinds.
+_SCHEMA_TYPES = {"int": "int", "float": "float"}
 
 
-def _hash_codes_op(entry, params_name):
-    """The CPU implementation of a hash method's op: the C ABI `entry` (ky_<method>_hash_codes), whose
-    params tensor is named `params_name` in its error messages (projection [d, m tau] or signs
-    [num_blocks, 3, padded_dim]) -> int32 codes [B, m, N]."""
-    def hash_codes(x: torch.Tensor, params: torch.Tensor, num_hashes: int, hash_code_len: int) -> torch.Tensor:
-        output = torch.empty((x.shape[0], num_hashes, x.shape[1]), dtype=torch.int32)
-        return _run(entry, [("x", x), (params_name, params)], [num_hashes, hash_code_len], output)
-
-    return hash_codes
-
-
-def _hash_codes_fake(x, params, num_hashes, hash_code_len):
-    return torch.empty((x.shape[0], num_hashes, x.shape[1]), dtype=torch.int32, device=x.device)
+def _output(primitive, arguments):
+    """An empty output tensor of `primitive` for `arguments` (its inputs, then its attributes)."""
+    arguments = primitive.complete(arguments)
+    count = len(primitive.inputs)
+    tensors = dict(zip(primitive.input_names, arguments[:count]))
+    attributes = dict(zip(primitive.attribute_names, arguments[count:]))
+    shape, source = primitive.output({n: tuple(t.shape) for n, t in tensors.items()}, attributes)
+    like = tensors[primitive.input_names[0]]
+    dtype = torch.int32 if source == "int32" else tensors[source].dtype
+    return torch.empty(shape, dtype=dtype, device=like.device)
 
 
-def _lsh_cumulation(query_mask: torch.Tensor, query_codes: torch.Tensor, key_mask: torch.Tensor,
-                    key_codes: torch.Tensor, value: torch.Tensor, num_buckets: int, causal: int = 0) -> torch.Tensor:
-    output = _empty((query_codes.shape[0], query_codes.shape[2], value.shape[2]), value)
-    inputs = [("query_mask", query_mask), ("query_codes", query_codes), ("key_mask", key_mask),
-              ("key_codes", key_codes), ("value", value)]
-    return _run("ky_lsh_cumulation", inputs, [num_buckets, causal], output)
+def _define(primitive):
+    """Registers `keras_yoso::<name>`: its CPU implementation runs the C ABI entry, its fake gives the
+    output's shape and dtype (so torch.compile traces it without a graph break)."""
+    count = len(primitive.inputs)
+    schema = ", ".join([f"Tensor {name}" for name in primitive.input_names]
+                       + [f"{_SCHEMA_TYPES[a.kind]} {a.name}" + ("" if a.default is None else f"={a.default}")
+                          for a in primitive.attributes])
 
+    def implementation(*arguments):
+        arguments = primitive.complete(arguments)
+        inputs = list(zip(primitive.input_names, arguments[:count]))
+        return _run(primitive.entry, inputs, list(arguments[count:]), _output(primitive, arguments))
 
-def _lsh_cumulation_fake(query_mask, query_codes, key_mask, key_codes, value, num_buckets, causal=0):
-    return _empty((query_codes.shape[0], query_codes.shape[2], value.shape[2]), value)
-
-
-def _weighted_lsh_cumulation(query_mask: torch.Tensor, query_codes: torch.Tensor, query_weight: torch.Tensor,
-                             key_mask: torch.Tensor, key_codes: torch.Tensor, key_weight: torch.Tensor,
-                             value: torch.Tensor, num_buckets: int, causal: int = 0) -> torch.Tensor:
-    output = _empty((query_codes.shape[0], query_codes.shape[2], value.shape[2]), value)
-    inputs = [("query_mask", query_mask), ("query_codes", query_codes), ("query_weight", query_weight),
-              ("key_mask", key_mask), ("key_codes", key_codes), ("key_weight", key_weight), ("value", value)]
-    return _run("ky_weighted_lsh_cumulation", inputs, [num_buckets, causal], output)
-
-
-def _weighted_lsh_cumulation_fake(query_mask, query_codes, query_weight, key_mask, key_codes, key_weight, value,
-                                  num_buckets, causal=0):
-    return _empty((query_codes.shape[0], query_codes.shape[2], value.shape[2]), value)
-
-
-def _collision_cumulation(query_mask: torch.Tensor, query_codes: torch.Tensor, query: torch.Tensor,
-                          query_weight: torch.Tensor, key_mask: torch.Tensor, key_codes: torch.Tensor,
-                          key: torch.Tensor, key_weight: torch.Tensor, hash_code_len: int,
-                          epsilon: float) -> torch.Tensor:
-    output = _empty(query.shape, query)
-    inputs = [("query_mask", query_mask), ("query_codes", query_codes), ("query", query),
-              ("query_weight", query_weight), ("key_mask", key_mask), ("key_codes", key_codes), ("key", key),
-              ("key_weight", key_weight)]
-    return _run("ky_collision_cumulation", inputs, [hash_code_len, epsilon], output)
-
-
-def _collision_cumulation_fake(query_mask, query_codes, query, query_weight, key_mask, key_codes, key, key_weight,
-                               hash_code_len, epsilon):
-    return _empty(query.shape, query)
-
-
-# op name -> (CPU implementation, fake implementation).
-_OPS = {
-    "gaussian_hash_codes": (_hash_codes_op("ky_gaussian_hash_codes", "projection"), _hash_codes_fake),
-    "hadamard_hash_codes": (_hash_codes_op("ky_hadamard_hash_codes", "signs"), _hash_codes_fake),
-    "hadamard_interleaved_hash_codes": (_hash_codes_op("ky_hadamard_interleaved_hash_codes", "signs"),
-                                        _hash_codes_fake),
-    "lsh_cumulation": (_lsh_cumulation, _lsh_cumulation_fake),
-    "weighted_lsh_cumulation": (_weighted_lsh_cumulation, _weighted_lsh_cumulation_fake),
-    "collision_cumulation": (_collision_cumulation, _collision_cumulation_fake),
-}
+    op = torch.library.custom_op(f"{_NAMESPACE}::{primitive.name}", implementation, mutates_args=(),
+                                 device_types="cpu", schema=f"({schema}) -> Tensor")
+    op.register_fake(lambda *arguments: _output(primitive, arguments))
 
 
 def _loaded_libgomp_paths():
@@ -182,22 +144,16 @@ def _torch_load_error():
 
 
 def _register_ops():
-    """Defines the `keras_yoso::` ops once per process: a second import of this module (a reload)
-    finds them registered and uses them as they are."""
-    for name, (implementation, fake) in _OPS.items():
-        if hasattr(getattr(torch.ops, _NAMESPACE), name):
-            continue
-        op = torch.library.custom_op(f"{_NAMESPACE}::{name}", implementation, mutates_args=(), device_types="cpu")
-        op.register_fake(fake)
+    """Defines the `keras_yoso::` ops of `_spec.PRIMITIVES` once per process: a second import of this
+    module (a reload) finds them registered and uses them as they are."""
+    for primitive in _spec.PRIMITIVES.values():
+        if not hasattr(getattr(torch.ops, _NAMESPACE), primitive.name):
+            _define(primitive)
 
 
 def _op(name):
     """The registered op `torch.ops.keras_yoso.<name>.default`."""
     return getattr(getattr(torch.ops, _NAMESPACE), name).default
-
-
-def _mask(mask):
-    return mask.to(torch.float32)
 
 
 class TorchProvider(base.NativeLibraryProvider):
@@ -216,22 +172,16 @@ class TorchProvider(base.NativeLibraryProvider):
                         "(use implementation='composite' or 'auto' for tensors on an accelerator)")
         return None
 
-    def hash_codes(self, x, params, num_hashes, hash_code_len, method):
-        return _op(f"{method}_hash_codes")(x, params, num_hashes, hash_code_len)
-
-    def lsh_cumulation(self, query_codes, key_codes, value, num_buckets, query_mask, key_mask, causal=0):
-        return _op("lsh_cumulation")(_mask(query_mask), query_codes, _mask(key_mask), key_codes, value, num_buckets,
-                                    int(causal))
-
-    def weighted_lsh_cumulation(self, query_codes, query_weight, key_codes, key_weight, value, num_buckets,
-                                query_mask, key_mask, causal=0):
-        return _op("weighted_lsh_cumulation")(_mask(query_mask), query_codes, query_weight, _mask(key_mask),
-                                             key_codes, key_weight, value, num_buckets, int(causal))
-
-    def collision_cumulation(self, query_codes, query, query_weight, key_codes, key, key_weight, hash_code_len,
-                             epsilon, query_mask, key_mask):
-        return _op("collision_cumulation")(_mask(query_mask), query_codes, query, query_weight, _mask(key_mask),
-                                          key_codes, key, key_weight, hash_code_len, float(epsilon))
+    def run(self, name, *arguments):
+        """`_spec.PRIMITIVES[name]` as its `torch.ops.keras_yoso` op; masks as float32, attributes as
+        Python numbers."""
+        primitive = _spec.PRIMITIVES[name]
+        count = len(primitive.inputs)
+        tensors = [t.to(torch.float32) if spec.kind == "mask" else t
+                   for spec, t in zip(primitive.inputs, arguments[:count])]
+        attributes = [int(a) if spec.kind == "int" else float(a)
+                      for spec, a in zip(primitive.attributes, arguments[count:])]
+        return _op(name)(*tensors, *attributes)
 
 
 PROVIDER = TorchProvider()

@@ -1,0 +1,142 @@
+"""The native primitives, declared once: inputs in the C ABI's order, attributes, output shape.
+
+One row per entry of the C ABI (custom_ops/cc/c_api/yoso_c_api.h). Everything that restates a
+primitive is derived from this table: the ctypes signatures of the native library
+(providers/native_library.py), the `torch.library` schemas and fakes (providers/torch.py), the
+XLA FFI targets, attribute types and result shapes (providers/jax.py), the raw-op calls of the
+TensorFlow op library (providers/tensorflow.py), the axis roles of the tensors on a device mesh
+(`_dispatch.on_mesh`) and the op lists of CI (.ci/run, .ci/bazel_compare.py).
+`tests/test_spec.py` reads yoso_c_api.h and the REGISTER_OPs of the TensorFlow op library and
+holds them to this table.
+
+Every provider primitive (`providers/base.py`) takes its tensors and attributes in this order:
+masks float32 `[B, N]` (1 keeps a position), codes int32 `[B, m, N]`, float tensors `[B, N, F]`.
+Nothing here imports Keras or a framework, so CI scripts load this file alone.
+"""
+
+import collections
+import re
+
+# Axis roles of a tensor on a device mesh (`_dispatch.on_mesh`): "batch", "seq" or None per axis.
+MASK_ROLES = ("batch", "seq")
+CODES_ROLES = ("batch", None, "seq")
+ROWS_ROLES = ("batch", "seq", None)
+
+# kind -> (rank, roles, dtype): "mask" float32 [B, N]; "codes" int32 [B, m, N]; "rows" float
+# [B, N, F] (float32, float16 or bfloat16; the primitive's dtype); "float32" a float32 parameter
+# of its own rank (hash parameters, replicated over a mesh).
+_KINDS = {"mask": (2, MASK_ROLES, "float32"), "codes": (3, CODES_ROLES, "int32"), "rows": (3, ROWS_ROLES, None)}
+
+Input = collections.namedtuple("Input", "name kind rank roles dtype")
+# kind: "int" (int64) or "float" (float32); default: its value when a caller leaves it out (None: required).
+Attribute = collections.namedtuple("Attribute", "name kind default", defaults=(None,))
+
+
+def _input(name, kind, rank=None):
+    if kind in _KINDS:
+        rank, roles, dtype = _KINDS[kind]
+    else:
+        roles, dtype = (None,) * rank, "float32"
+    return Input(name, kind, rank, roles, dtype)
+
+
+class Primitive(collections.namedtuple("Primitive", "name inputs attributes output raw_op raw_op_attributes")):
+    """One C ABI entry `ky_<name>`: `inputs` (Input, in the ABI's order), `attributes` (Attribute,
+    after the inputs), `output` (a function of (input shapes by name, attributes by name) -> (shape,
+    dtype source: the name of the input whose dtype the output takes, or "int32")), the TensorFlow
+    raw op that runs it and the raw-op attributes that select it there."""
+
+    @property
+    def entry(self):
+        """The C ABI entry (and XLA FFI handler `ky_xla_<name>`)."""
+        return f"ky_{self.name}"
+
+    @property
+    def handler(self):
+        return f"ky_xla_{self.name}"
+
+    @property
+    def target(self):
+        """The XLA FFI target name on JAX."""
+        return f"keras_yoso_{self.name}"
+
+    @property
+    def raw_op_function(self):
+        """The raw op's Python name in the loaded op library (YosoLshCumulation -> yoso_lsh_cumulation)."""
+        return re.sub(r"(?<!^)(?=[A-Z])", "_", self.raw_op).lower()
+
+    @property
+    def input_names(self):
+        return tuple(t.name for t in self.inputs)
+
+    @property
+    def attribute_names(self):
+        return tuple(a.name for a in self.attributes)
+
+    def complete(self, arguments):
+        """`arguments` (inputs, then attributes) with the defaults of the attributes left out appended."""
+        given = len(arguments) - len(self.inputs)
+        missing = self.attributes[given:]
+        if any(a.default is None for a in missing):
+            raise TypeError(f"{self.name} takes {len(self.inputs)} tensors and the attributes "
+                            f"{list(self.attribute_names)}; got {len(arguments)} arguments")
+        return tuple(arguments) + tuple(a.default for a in missing)
+
+
+def _hash_output(shapes, attributes):
+    x = shapes["x"]
+    return (x[0], attributes["num_hashes"], x[1]), "int32"
+
+
+def _cumulation_output(shapes, attributes):
+    return (shapes["query_codes"][0], shapes["query_codes"][2], shapes["value"][2]), "value"
+
+
+def _collision_output(shapes, attributes):
+    return tuple(shapes["query"]), "query"
+
+
+_HASH_ATTRIBUTES = (Attribute("num_hashes", "int"), Attribute("hash_code_len", "int"))
+_CUMULATION_ATTRIBUTES = (Attribute("num_buckets", "int"), Attribute("causal", "int", 0))
+
+PRIMITIVES = {p.name: p for p in (
+    Primitive("gaussian_hash_codes", (_input("x", "rows"), _input("projection", "float32", 2)), _HASH_ATTRIBUTES,
+              _hash_output, "YosoGaussianHashCodes", {}),
+    Primitive("hadamard_hash_codes", (_input("x", "rows"), _input("signs", "float32", 3)), _HASH_ATTRIBUTES,
+              _hash_output, "YosoHadamardHashCodes", {"interleaved": False}),
+    Primitive("hadamard_interleaved_hash_codes", (_input("x", "rows"), _input("signs", "float32", 3)),
+              _HASH_ATTRIBUTES, _hash_output, "YosoHadamardHashCodes", {"interleaved": True}),
+    Primitive("lsh_cumulation",
+              (_input("query_mask", "mask"), _input("query_codes", "codes"), _input("key_mask", "mask"),
+               _input("key_codes", "codes"), _input("value", "rows")),
+              _CUMULATION_ATTRIBUTES, _cumulation_output, "YosoLshCumulation", {}),
+    Primitive("weighted_lsh_cumulation",
+              (_input("query_mask", "mask"), _input("query_codes", "codes"), _input("query_weight", "rows"),
+               _input("key_mask", "mask"), _input("key_codes", "codes"), _input("key_weight", "rows"),
+               _input("value", "rows")),
+              _CUMULATION_ATTRIBUTES, _cumulation_output, "YosoWeightedLshCumulation", {}),
+    Primitive("collision_cumulation",
+              (_input("query_mask", "mask"), _input("query_codes", "codes"), _input("query", "rows"),
+               _input("query_weight", "rows"), _input("key_mask", "mask"), _input("key_codes", "codes"),
+               _input("key", "rows"), _input("key_weight", "rows")),
+              (Attribute("hash_code_len", "int"), Attribute("epsilon", "float")), _collision_output,
+              "YosoCollisionCumulation", {}),
+)}
+
+
+def hash_primitive(method):
+    """The hashing primitive of `method` ("gaussian", "hadamard" or "hadamard_interleaved")."""
+    return PRIMITIVES[f"{method}_hash_codes"]
+
+
+def raw_ops():
+    """The TensorFlow raw ops of the op library, each once, in table order."""
+    return list(dict.fromkeys(p.raw_op for p in PRIMITIVES.values()))
+
+
+def roles(name):
+    """The mesh axis roles of the tensor input `name` (the same for every primitive that takes it)."""
+    found = {t.roles for p in PRIMITIVES.values() for t in p.inputs if t.name == name}
+    if len(found) != 1:
+        raise KeyError(f"no single role for a primitive input named {name!r}: {sorted(found)}")
+    return found.pop()
