@@ -15,7 +15,7 @@ import importlib
 
 from keras_yoso import _backend
 from keras_yoso import _validation
-from keras_yoso.ops.parallel import yoso_tables
+from keras_yoso.ops.parallel import sequence_sharded
 from keras_yoso.ops.parallel import mesh
 from keras_yoso.ops.providers import composite
 
@@ -140,7 +140,7 @@ def on_mesh(provider, fn, args, roles, out_roles, split_sequence=True, pointwise
     elif not pointwise:
         for length in lengths:
             mesh.sequence_length_check(active, length, "a sequence")
-        provider = yoso_tables.SequenceShardedProvider(provider, active.seq, active.seq_size)
+        provider = sequence_sharded.SequenceShardedProvider(provider, active.seq, active.seq_size)
     return mesh.run(active, lambda *blocks: fn(provider, *blocks), args, roles, out_roles)
 
 

@@ -38,9 +38,9 @@ from keras import ops
 
 from keras_yoso import _backend
 from keras_yoso import _validation
+from keras_yoso.ops import _dispatch
+from keras_yoso.ops import _spec
 from keras_yoso.ops.composite import linear_relative as composite
-from keras_yoso.ops.parallel import linear_relative_halo
-from keras_yoso.ops.parallel import mesh
 
 
 def _check_options(relative_embeddings, horizon, causal, epsilon, chunk_size):
@@ -135,16 +135,16 @@ def linear_relative_attention(query, key, value, relative_embeddings=None, horiz
     phi_q, phi_k, v = composite.features(query, key, value, q_mask, k_mask)
 
     scores = None if rel is None else composite.relative_scores(phi_q, rel)
-    active = mesh.plan()
     # Positions meet across blocks through sums only when queries and keys share positions (or
     # neither the order nor the distance matters): else XLA partitions the whole-sequence form.
     same_positions = _backend.static_shape(query)[1] == _backend.static_shape(key)[1]
-    if active is not None and active.seq is not None and (same_positions or (not causal and scores is None)):
-        total = linear_relative_halo.sequence_parallel_total(active, phi_q, phi_k, v, scores, horizon, causal,
-                                                             chunk_size)
-    else:
-        chunk = composite.chunk_rows(chunk_size, ops.shape(query)[1])
-        total = composite.total_rows(phi_q, phi_k, v, scores, horizon, causal, chunk)
+    args = (phi_q, phi_k, v) + (() if scores is None else (scores,))
+    rows = _spec.ROWS_ROLES
+    total = _dispatch.on_mesh(
+        _dispatch.provider("composite"),
+        lambda p, phi_q, phi_k, v, scores=None: p.linear_relative_total(phi_q, phi_k, v, scores, horizon, causal,
+                                                                       chunk_size),
+        args, [rows] * len(args), rows, split_sequence=same_positions or (not causal and scores is None))
     return ops.cast(composite.normalize(total, q_mask, epsilon), out_dtype)
 
 

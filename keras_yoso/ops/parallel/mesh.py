@@ -20,6 +20,7 @@ are not:
 import contextvars
 
 from keras_yoso import _backend
+from keras_yoso.distribution import SequenceParallel
 
 # True while a body of `run` is traced: the ops it calls run on their block, unsharded.
 _INSIDE = contextvars.ContextVar("keras_yoso_inside_shard_map", default=False)
@@ -59,7 +60,7 @@ def plan():
         return None
     names = list(device_mesh.axis_names)
     batch = distribution.batch_dim_name if distribution.batch_dim_name in names else None
-    seq = getattr(distribution, "sequence_dim_name", None)
+    seq = distribution.sequence_dim_name if isinstance(distribution, SequenceParallel) else None
     return Plan(device_mesh.backend_mesh, batch, seq if seq in names else None)
 
 

@@ -27,7 +27,6 @@ from keras_yoso.ops.parallel import mesh
 from keras_yoso.ops.composite.chunking import f32
 from keras_yoso.ops.composite.masking import bucket_ids
 from keras_yoso.ops.composite.masking import keep_rows
-from keras_yoso.ops.providers import base
 
 # Largest table of one collective, in floats (64 MiB of float32): the outer-product tables of the
 # backward are reduced in groups of hashes that fit.
@@ -80,112 +79,87 @@ class _Chunks:
         return ops.slice(x, start, shape)
 
 
-class SequenceShardedProvider(base.DelegatingProvider):
-    """The provider for one device's block of a split sequence: `inner` (the provider chosen for
-    the op, whose declarations it reports) on the block, the other blocks through bucket tables
-    reduced over the mesh axis `axis` of `size` devices. Codes and masks are the block's; queries
-    and keys are in the same blocks of the sequence axis (cross-attention: blocks of each side's own
-    length)."""
+def lsh_remote(axis, size, query_mask, query_codes, key_mask, key_codes, value, num_buckets, causal):
+    """The other devices' keys of lsh_cumulation for this device's queries, `[B, Nq, D]` float32."""
+    width = value.shape[-1]
+    return remote_term(axis, size, (key_codes, key_mask, [value]), (query_codes, query_mask, []), lambda v: v,
+                       lambda rows: ops.sum(rows, axis=1), width, width, num_buckets, causal)
 
-    def __init__(self, inner, axis, size):
-        super().__init__(inner)
-        self.axis, self.size = axis, size
 
-    def _remote_term(self, write, reads, make_rows, combine, width, out_width, num_buckets, causal):
-        """(1/m) sum_h combine(R_h rows at the read codes, *read tensors) `[B, n, out_width]` float32.
+def lower_bound_remote(axis, size, query_mask, query_codes, query, key_mask, key_codes, key, value,
+                       output_gradient, num_buckets, scale, causal=0):
+    """The other devices' pairs of the eq. 4 gradients (dQ [B, Nq, d], dK [B, Nk, d]) float32, through the
+    outer-product tables of V (x) K and dY (x) Q."""
+    dq = _outer_term(axis, size, key_codes, key_mask, value, key, query_codes, query_mask, output_gradient,
+                     num_buckets, causal)
+    dk = _outer_term(axis, size, query_codes, query_mask, output_gradient, query, key_codes, key_mask, value,
+                     num_buckets, -causal)
+    return scale * dq, scale * dk
 
-        write = (codes [B, m, n], mask [B, n], tensors [B, n, *]): R_h[b] = the other devices' sum over
-        positions j with code_hj = b of make_rows(*tensors at j) (`width` floats); reads = (codes,
-        mask, tensors): combine(rows [B, g, chunk, width], *tensors of the chunk) -> [B, chunk,
-        out_width]; masked reads give 0. Hashes go in groups whose tables hold at most
-        TABLE_FLOATS_PER_COLLECTIVE floats (one collective per group), positions in chunks of at most
-        CHUNK_FLOATS per-position floats, so nothing of size n x m x width is ever formed.
-        """
-        write_codes, write_mask, write_tensors = write
-        read_codes, read_mask, read_tensors = reads
-        batch, num_hashes = ops.shape(write_codes)[0], write_codes.shape[1]
-        group = max(1, min(num_hashes, TABLE_FLOATS_PER_COLLECTIVE // max(1, batch * (num_buckets + 1) * width)))
-        # Keys and queries may differ in length (cross-attention): each side has its own chunks.
-        writes = _Chunks(ops.shape(write_codes)[2], batch * group * width)
-        reads_at = _Chunks(ops.shape(read_codes)[2], batch * group * max(width, out_width))
-        write_tensors = [writes.pad(keep_rows(write_mask, f32(t)), 1) for t in write_tensors]
-        read_tensors = [reads_at.pad(keep_rows(read_mask, f32(t)), 1) for t in read_tensors]
-        num_rows = lambda count: batch * count * (num_buckets + 1)  # noqa: E731
 
-        def scatter(ids):
-            def add(index, table):
-                values = make_rows(*(writes.at(t, index) for t in write_tensors))         # [B, chunk, width]
-                block = writes.at(ids, index, 2)                                          # [B, g, chunk]
-                data = ops.broadcast_to(values[:, None], (batch, block.shape[1], writes.size, width))
-                return table + _backend.segment_sum(ops.reshape(data, (-1, width)), ops.reshape(block, (-1,)),
-                                                    num_rows(block.shape[1]))
+def remote_term(axis, size, write, reads, make_rows, combine, width, out_width, num_buckets, causal):
+    """(1/m) sum_h combine(R_h rows at the read codes, *read tensors) `[B, n, out_width]` float32.
 
-            return ops.fori_loop(0, writes.count, add, ops.zeros((num_rows(ids.shape[1]), width), "float32"))
+    write = (codes [B, m, n], mask [B, n], tensors [B, n, *]): R_h[b] = the other devices' sum over
+    positions j with code_hj = b of make_rows(*tensors at j) (`width` floats); reads = (codes,
+    mask, tensors): combine(rows [B, g, chunk, width], *tensors of the chunk) -> [B, chunk,
+    out_width]; masked reads give 0. Hashes go in groups whose tables hold at most
+    TABLE_FLOATS_PER_COLLECTIVE floats (one collective per group), positions in chunks of at most
+    CHUNK_FLOATS per-position floats, so nothing of size n x m x width is ever formed.
+    """
+    write_codes, write_mask, write_tensors = write
+    read_codes, read_mask, read_tensors = reads
+    batch, num_hashes = ops.shape(write_codes)[0], write_codes.shape[1]
+    group = max(1, min(num_hashes, TABLE_FLOATS_PER_COLLECTIVE // max(1, batch * (num_buckets + 1) * width)))
+    # Keys and queries may differ in length (cross-attention): each side has its own chunks.
+    writes = _Chunks(ops.shape(write_codes)[2], batch * group * width)
+    reads_at = _Chunks(ops.shape(read_codes)[2], batch * group * max(width, out_width))
+    write_tensors = [writes.pad(keep_rows(write_mask, f32(t)), 1) for t in write_tensors]
+    read_tensors = [reads_at.pad(keep_rows(read_mask, f32(t)), 1) for t in read_tensors]
+    num_rows = lambda count: batch * count * (num_buckets + 1)  # noqa: E731
 
-        def gather(table, ids, total):
-            def read(index, total):
-                block = reads_at.at(ids, index, 2)
-                rows = ops.reshape(ops.take(table, ops.reshape(block, (-1,)), axis=0),
-                                   (batch, block.shape[1], reads_at.size, width))
-                part = combine(rows, *(reads_at.at(t, index) for t in read_tensors))
-                start, size = (0, index * reads_at.size, 0), (batch, reads_at.size, out_width)
-                return ops.slice_update(total, start, ops.slice(total, start, size) + part)
+    def scatter(ids):
+        def add(index, table):
+            values = make_rows(*(writes.at(t, index) for t in write_tensors))         # [B, chunk, width]
+            block = writes.at(ids, index, 2)                                          # [B, g, chunk]
+            data = ops.broadcast_to(values[:, None], (batch, block.shape[1], writes.size, width))
+            return table + _backend.segment_sum(ops.reshape(data, (-1, width)), ops.reshape(block, (-1,)),
+                                                num_rows(block.shape[1]))
 
-            return ops.fori_loop(0, reads_at.count, read, total)
+        return ops.fori_loop(0, writes.count, add, ops.zeros((num_rows(ids.shape[1]), width), "float32"))
 
-        total = ops.zeros((batch, reads_at.padded, out_width), "float32")
-        for h0 in range(0, num_hashes, group):
-            h1 = min(num_hashes, h0 + group)
-            table = scatter(writes.table_rows(write_codes[:, h0:h1], write_mask, num_buckets))
-            table = _remote(table, self.axis, self.size, causal)
-            total = gather(table, reads_at.table_rows(read_codes[:, h0:h1], read_mask, num_buckets), total)
-        return keep_rows(read_mask, total[:, :ops.shape(read_codes)[2]] / num_hashes)
+    def gather(table, ids, total):
+        def read(index, total):
+            block = reads_at.at(ids, index, 2)
+            rows = ops.reshape(ops.take(table, ops.reshape(block, (-1,)), axis=0),
+                               (batch, block.shape[1], reads_at.size, width))
+            part = combine(rows, *(reads_at.at(t, index) for t in read_tensors))
+            start, size = (0, index * reads_at.size, 0), (batch, reads_at.size, out_width)
+            return ops.slice_update(total, start, ops.slice(total, start, size) + part)
 
-    def run(self, name, *arguments):
-        """lsh_cumulation: the block's own keys (`inner`) plus the other blocks' tables; hashing is
-        per position (`inner` alone); the weighted and collision cumulations have no
-        sequence-parallel form (ValueError)."""
-        if name.endswith("hash_codes"):
-            return self.inner.run(name, *arguments)
-        if name == "lsh_cumulation":
-            return self._lsh_cumulation(*arguments)
-        if name == "collision_cumulation":
-            raise ValueError("backward=\"collision\" (*YOSO) is not sequence-parallel: its pair weight depends on "
-                             "<Q_i, K_j> itself, so it needs the colliding keys of every device, not bucket sums. "
-                             "Use backward=\"lower_bound\" (paper eq. 4) under "
-                             "keras_yoso.distribution.SequenceParallel.")
-        raise ValueError(f"{name} has no sequence-parallel form here: call it outside "
-                         "keras_yoso.distribution.SequenceParallel (YOSO's backward uses lower_bound_gradients).")
+        return ops.fori_loop(0, reads_at.count, read, total)
 
-    def _lsh_cumulation(self, query_mask, query_codes, key_mask, key_codes, value, num_buckets, causal):
-        own = self.inner.run("lsh_cumulation", query_mask, query_codes, key_mask, key_codes, value, num_buckets,
-                             causal)
-        width = value.shape[-1]
-        remote = self._remote_term((key_codes, key_mask, [value]), (query_codes, query_mask, []), lambda v: v,
-                                   lambda rows: ops.sum(rows, axis=1), width, width, num_buckets, causal)
-        return f32(own) + remote
+    total = ops.zeros((batch, reads_at.padded, out_width), "float32")
+    for h0 in range(0, num_hashes, group):
+        h1 = min(num_hashes, h0 + group)
+        table = scatter(writes.table_rows(write_codes[:, h0:h1], write_mask, num_buckets))
+        table = _remote(table, axis, size, causal)
+        total = gather(table, reads_at.table_rows(read_codes[:, h0:h1], read_mask, num_buckets), total)
+    return keep_rows(read_mask, total[:, :ops.shape(read_codes)[2]] / num_hashes)
 
-    def _outer_term(self, write_codes, write_mask, left, right, read_codes, read_mask, weight, num_buckets, causal):
-        """(1/m) sum_h <weight_i, O_h[code_hi]> `[B, n, E]` over the other devices' outer-product tables
-        O_h[b] = sum_{j: code_hj = b} left_j (x) right_j (left, weight [B, n, W]; right [B, n, E])."""
-        width, depth = left.shape[-1], right.shape[-1]
 
-        def outer(left, right):
-            return ops.reshape(left[:, :, :, None] * right[:, :, None, :], (ops.shape(left)[0], -1, width * depth))
+def _outer_term(axis, size, write_codes, write_mask, left, right, read_codes, read_mask, weight, num_buckets,
+                causal):
+    """(1/m) sum_h <weight_i, O_h[code_hi]> `[B, n, E]` over the other devices' outer-product tables
+    O_h[b] = sum_{j: code_hj = b} left_j (x) right_j (left, weight [B, n, W]; right [B, n, E])."""
+    width, depth = left.shape[-1], right.shape[-1]
 
-        def combine(rows, weight):
-            batch, group, size = ops.shape(rows)[0], rows.shape[1], ops.shape(rows)[2]
-            return ops.einsum("bnw,bhnwe->bne", weight, ops.reshape(rows, (batch, group, size, width, depth)))
+    def outer(left, right):
+        return ops.reshape(left[:, :, :, None] * right[:, :, None, :], (ops.shape(left)[0], -1, width * depth))
 
-        return self._remote_term((write_codes, write_mask, [left, right]), (read_codes, read_mask, [weight]), outer,
-                                 combine, width * depth, depth, num_buckets, causal)
+    def combine(rows, weight):
+        batch, group, size = ops.shape(rows)[0], rows.shape[1], ops.shape(rows)[2]
+        return ops.einsum("bnw,bhnwe->bne", weight, ops.reshape(rows, (batch, group, size, width, depth)))
 
-    def lower_bound_gradients(self, query_mask, query_codes, query, key_mask, key_codes, key, value,
-                              output_gradient, num_buckets, scale, causal=0):
-        dq, dk = self.inner.lower_bound_gradients(query_mask, query_codes, query, key_mask, key_codes, key, value,
-                                                  output_gradient, num_buckets, scale, causal)
-        dq = f32(dq) + scale * self._outer_term(key_codes, key_mask, value, key, query_codes, query_mask,
-                                                output_gradient, num_buckets, causal)
-        dk = f32(dk) + scale * self._outer_term(query_codes, query_mask, output_gradient, query, key_codes,
-                                                key_mask, value, num_buckets, -causal)
-        return dq, dk
+    return remote_term(axis, size, (write_codes, write_mask, [left, right]), (read_codes, read_mask, [weight]), outer,
+                       combine, width * depth, depth, num_buckets, causal)

@@ -2,12 +2,16 @@
 
 import functools
 
+from keras import ops
+
 from keras_yoso.ops.composite.causal import causal_cumulation
 from keras_yoso.ops.composite.collision import collision_cumulation
 from keras_yoso.ops.composite.cumulation import lower_bound_gradients
 from keras_yoso.ops.composite.cumulation import lsh_cumulation
 from keras_yoso.ops.composite.cumulation import weighted_lsh_cumulation
 from keras_yoso.ops.composite.hashing import hash_codes
+from keras_yoso.ops.composite.linear_relative import chunk_rows
+from keras_yoso.ops.composite.linear_relative import total_rows
 from keras_yoso.ops.providers import base
 
 
@@ -57,6 +61,12 @@ class _CompositeProvider(base.Provider):
                                                  output_gradient, num_buckets, scale, causal)
         return lower_bound_gradients(query_mask, query_codes, query, key_mask, key_codes, key, value,
                                      output_gradient, num_buckets, scale)
+
+
+    def linear_relative_total(self, phi_q, phi_k, v, scores, horizon, causal, chunk_size):
+        """The rows [B, Lq, dv + 1] of Scaleformer's eq. 10 (numerator | denominator): kernel term plus
+        relative term (composite/linear_relative.py); LinearRelativeAttention has no native kernel."""
+        return total_rows(phi_q, phi_k, v, scores, horizon, causal, chunk_rows(chunk_size, ops.shape(phi_q)[1]))
 
 
 PROVIDER = _CompositeProvider()
