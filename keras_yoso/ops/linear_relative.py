@@ -104,7 +104,8 @@ def _check_inputs(query, key, value, query_mask, key_mask, relative_embeddings, 
 
 
 def linear_relative_attention(query, key, value, relative_embeddings=None, horizon=None, causal=False,
-                              query_mask=None, key_mask=None, epsilon=_validation.LINEAR_RELATIVE_EPSILON, chunk_size=None):
+                              query_mask=None, key_mask=None, epsilon=_validation.LINEAR_RELATIVE_EPSILON,
+                              chunk_size=None):
     """Kernelized attention with Shaw relative positions in O(L) (Scaleformer eq. 9-11).
 
     Args:
@@ -217,7 +218,8 @@ def _check_state(state, query, value, horizon):
 
 
 def linear_relative_attention_step(query, key, value, state, relative_embeddings=None, horizon=None,
-                                   query_mask=None, key_mask=None, epsilon=_validation.LINEAR_RELATIVE_EPSILON, chunk_size=None):
+                                   query_mask=None, key_mask=None, epsilon=_validation.LINEAR_RELATIVE_EPSILON,
+                                   chunk_size=None):
     """Causal Scaleformer attention of T new positions over a constant-size state (eq. 8-11).
 
     Incremental decoding: the positions seen so far (0 .. n-1) are summarized by `state` (see
