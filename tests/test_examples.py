@@ -245,7 +245,7 @@ def test_a_plot_that_cannot_be_drawn_only_warns_after_the_model_and_metrics_are_
     def no_matplotlib(*args):
         raise ImportError("No module named 'matplotlib'")
 
-    monkeypatch.setattr(sequence_classification, "_plot_history", no_matplotlib)
+    monkeypatch.setattr(sequence_classification.progress, "_plot_history", no_matplotlib)
     result = long_text_classifier.main(_tags_command(str(tmp_path / "out")))
     assert result.finished and result.metrics["model"] == str(tmp_path / "out" / "model.keras")
     assert os.path.exists(tmp_path / "out" / "metrics.json") and not os.path.exists(tmp_path / "out" / "history.png")
