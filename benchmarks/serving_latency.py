@@ -47,6 +47,7 @@ print(json.dumps({"median_ms": float(np.median(times)), "p90_ms": float(np.perce
 
 def _export(out_dir, quick):
     sys.path.insert(0, os.path.join(ROOT, "examples"))
+    import imdb_data
     import long_text_classifier
     import sequence_classification
     import text_serving
@@ -65,7 +66,7 @@ def _export(out_dir, quick):
     for kind in ("portable", "custom_op"):
         paths[kind] = os.path.join(out_dir, f"saved_model_{kind}")
         text_serving.export(classifier, {"kind": "bytes", "max_length": length},
-                            list(long_text_classifier.IMDB_CLASS_NAMES), paths[kind], portable=kind == "portable")
+                            list(imdb_data.IMDB_CLASS_NAMES), paths[kind], portable=kind == "portable")
     return paths, length
 
 

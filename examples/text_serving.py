@@ -1,5 +1,5 @@
 """SavedModels that classify raw strings: tokenization in the graph (tensorflow-text), then the
-classifier. TensorFlow backend only (imported by sequence_classification.py there).
+classifier. TensorFlow backend only (imported by sequence_classification/outputs.py there).
 
 `export(..., portable=True)` (the examples' default) traces the classifier with every keras_yoso
 op on its composite (`keras_yoso.export_portable`), so the SavedModel loads and serves in a process
@@ -18,7 +18,7 @@ import keras_yoso
 
 class StringTokenizer(keras.layers.Layer):
     """A batch of strings `[batch]` -> token ids `[batch, length]` (int32, 0 = padding, at most
-    max_length), as the NumPy tokenizers of sequence_classification.py compute them."""
+    max_length), as the NumPy tokenizers of sequence_classification/tokenizers.py compute them."""
 
     def __init__(self, kind, max_length, vocabulary=None, **kwargs):
         super().__init__(trainable=False, **kwargs)

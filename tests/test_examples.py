@@ -23,6 +23,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLES = os.path.join(ROOT, "examples")
 sys.path.insert(0, EXAMPLES)
 
+import imdb_data  # noqa: E402
 import listops  # noqa: E402
 import long_range_data  # noqa: E402
 import long_text_classifier  # noqa: E402
@@ -71,7 +72,7 @@ def aclimdb_parent_dir(tmp_path_factory):
     folder = tmp_path_factory.mktemp("imdb_folder")
     for split, rows in CORPUS.items():
         for i, (text, label) in enumerate(rows):
-            class_dir = folder / "aclImdb" / split / long_text_classifier.IMDB_CLASS_NAMES[label]
+            class_dir = folder / "aclImdb" / split / imdb_data.IMDB_CLASS_NAMES[label]
             class_dir.mkdir(parents=True, exist_ok=True)
             (class_dir / f"{i}_{8 if label else 2}.txt").write_text(text, encoding="utf-8")
     return str(folder)
@@ -245,7 +246,7 @@ def test_a_plot_that_cannot_be_drawn_only_warns_after_the_model_and_metrics_are_
     def no_matplotlib(*args):
         raise ImportError("No module named 'matplotlib'")
 
-    monkeypatch.setattr(sequence_classification, "_plot_history", no_matplotlib)
+    monkeypatch.setattr(sequence_classification.progress, "_plot_history", no_matplotlib)
     result = long_text_classifier.main(_tags_command(str(tmp_path / "out")))
     assert result.finished and result.metrics["model"] == str(tmp_path / "out" / "model.keras")
     assert os.path.exists(tmp_path / "out" / "metrics.json") and not os.path.exists(tmp_path / "out" / "history.png")
@@ -281,7 +282,7 @@ probabilities = {}
 for path, texts in requests.items():
     model = tf.saved_model.load(path)  # kept referenced while serving: serve() uses its variables
     probabilities[path] = model.serve(tf.constant(texts)).numpy().tolist()
-loaded = [m for m in ("keras_yoso", "sequence_classification", "long_text_classifier", "listops") if m in sys.modules]
+loaded = [m for m in ("keras_yoso", "sequence_classification", "long_text_classifier", "listops", "imdb_data") if m in sys.modules]
 print(json.dumps({"probabilities": probabilities, "loaded": loaded}))
 """
 
@@ -353,7 +354,7 @@ def test_predict_prints_label_and_probability_per_text(trained, tmp_path):
     expected = loaded.serve(tf.constant(texts)).numpy()
     for line, text, row in zip(lines, texts, expected):
         label, probability, shown = line.split("\t")
-        assert label == long_text_classifier.IMDB_CLASS_NAMES[row.argmax()]
+        assert label == imdb_data.IMDB_CLASS_NAMES[row.argmax()]
         assert float(probability) == pytest.approx(row.max(), abs=1e-4)
         assert text.startswith(shown.removesuffix("..."))
 
@@ -375,9 +376,9 @@ def test_wordpiece_vocabulary_is_learned_from_the_training_split_and_cached_next
 
     from tensorflow_text.tools.wordpiece_vocab import bert_vocab_from_dataset
     monkeypatch.setattr(bert_vocab_from_dataset, "bert_vocab_from_dataset", learn_again)
-    train, _ = long_text_classifier.load_imdb(result.metrics["args"]["data_dir"])
-    train, _ = sequence_classification.hold_out(long_text_classifier.take(train, None, 1), 0.1, 1)
-    assert long_text_classifier.wordpiece_vocabulary(train.texts, 150, cache) == vocabulary
+    train, _ = imdb_data.load_imdb(result.metrics["args"]["data_dir"])
+    train, _ = sequence_classification.hold_out(imdb_data.take(train, None, 1), 0.1, 1)
+    assert imdb_data.wordpiece_vocabulary(train.texts, 150, cache) == vocabulary
 
 
 # ----------------------------------------------------------------------------
@@ -403,7 +404,7 @@ def test_builtin_documents_are_long_balanced_and_labelled_by_the_tag_of_their_to
 
 def test_no_imdb_data_exits_naming_the_public_download_and_the_layouts(tmp_path):
     with pytest.raises(SystemExit) as exit_info:
-        long_text_classifier.load_imdb(str(tmp_path))
+        imdb_data.load_imdb(str(tmp_path))
     message = str(exit_info.value.code)
     assert "holds neither train.jsonl.gz nor an aclImdb/ folder" in message
     assert "aclImdb_v1.tar.gz" in message and "train.jsonl.gz and test.jsonl.gz" in message
@@ -411,9 +412,9 @@ def test_no_imdb_data_exits_naming_the_public_download_and_the_layouts(tmp_path)
 
 
 def test_aclimdb_folder_and_jsonl_files_give_the_same_reviews(imdb_jsonl_dir, aclimdb_parent_dir):
-    from_jsonl = long_text_classifier.load_imdb(imdb_jsonl_dir)
+    from_jsonl = imdb_data.load_imdb(imdb_jsonl_dir)
     for folder in (aclimdb_parent_dir, os.path.join(aclimdb_parent_dir, "aclImdb")):
-        from_folder = long_text_classifier.load_imdb(folder)
+        from_folder = imdb_data.load_imdb(folder)
         for split_jsonl, split_folder in zip(from_jsonl, from_folder):
             assert sorted(zip(split_folder.texts, split_folder.labels.tolist())) == sorted(
                 zip(split_jsonl.texts, split_jsonl.labels.tolist()))

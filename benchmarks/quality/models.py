@@ -13,7 +13,7 @@ Causal tasks (mqar, lm), after the Zoology setup (Arora et al. 2023):
   lm: MLP Dense(2d, gelu) -> Dense(d) in every block, logits at every position.
 
 Bidirectional classification (listops, imdb, tags), the LRA classifier of YOSO's appendix Table 4
-that examples/sequence_classification.py builds (its TokenAndPositionEmbedding and
+that examples/sequence_classification/ builds (its TokenAndPositionEmbedding and
 MaskedMeanPooling are reused), with `EncoderBlock` in place of keras_yoso.TransformerEncoderBlock
 so that any registered attention fits:
 
@@ -174,7 +174,7 @@ class EncoderBlock(keras.layers.Layer):
 
 def build_classifier(args, name, kwargs, vocab, num_classes, max_length):
     """token ids [B, T] (0 = padding, T <= max_length) -> class logits [B, num_classes]."""
-    from sequence_classification import MaskedMeanPooling, TokenAndPositionEmbedding
+    from sequence_classification.model import MaskedMeanPooling, TokenAndPositionEmbedding
 
     tokens = keras.Input((None,), dtype="int32", name="token_ids")
     x = TokenAndPositionEmbedding(vocab, max_length, args.width, name="embedding")(tokens)

@@ -252,7 +252,7 @@ def settings_of(name, kwargs):
 
 def compile_model(model, args, lr):
     import keras
-    from sequence_classification import DenseGradientAdam  # Adam with dense gradients on every backend
+    from sequence_classification.optimizer import DenseGradientAdam  # Adam with dense gradients on every backend
 
     warmup = min(args.steps - 1, max(1, round(args.warmup_fraction * args.steps))) if args.steps > 1 else 0
     if warmup:
@@ -303,7 +303,7 @@ def task_setup(args, name, kwargs, seed):
 
         return model, batch, evaluate, (f"IMDB bytes: random train windows, {args.test_size} test-split windows "
                                         f"({len(train):,} / {len(test):,} bytes)")
-    from sequence_classification import Batches
+    from sequence_classification.batches import Batches
 
     data = tasks.load_classification(args.task, args.length, args.train_size, args.test_size)
     model = models.build_classifier(args, name, kwargs, data.vocab_size, data.num_classes, args.length)

@@ -107,7 +107,7 @@ def _subset(texts, labels, size, seed):
 @functools.lru_cache(maxsize=4)
 def load_classification(task, length, train_size, test_size):
     """The ClassificationData of `task` ("listops", "tags", "imdb") at `length` tokens."""
-    import sequence_classification as sc  # examples/
+    from sequence_classification.tokenizers import ByteTokenizer, WhitespaceTokenizer  # examples/
 
     if task == "listops":
         import listops_data
@@ -115,7 +115,7 @@ def load_classification(task, length, train_size, test_size):
         generate = dict(min_length=max(1, length // 2), max_length=length)
         train = listops_data.generate_expressions(train_size, "quality/train", **generate)
         test = listops_data.generate_expressions(test_size, "quality/test", **generate)
-        tokenizer = sc.WhitespaceTokenizer(listops_data.VOCABULARY, length)
+        tokenizer = WhitespaceTokenizer(listops_data.VOCABULARY, length)
         classes = listops_data.NUM_CLASSES
         description = f"ListOps expressions of {length // 2}-{length} tokens (examples/listops_data.py)"
     elif task == "tags":
@@ -123,13 +123,13 @@ def load_classification(task, length, train_size, test_size):
 
         train = long_range_data.generate_documents(train_size, [0, 0], length)
         test = long_range_data.generate_documents(test_size, [0, 1], length)
-        tokenizer = sc.WhitespaceTokenizer(long_range_data.VOCABULARY, length)
+        tokenizer = WhitespaceTokenizer(long_range_data.VOCABULARY, length)
         classes = len(long_range_data.CLASS_NAMES)
         description = f"built-in tags task, {length}-word documents (examples/long_range_data.py)"
     elif task == "imdb":
         train = _subset(*imdb_split("train"), train_size, 0)
         test = _subset(*imdb_split("test"), test_size, 1)
-        tokenizer = sc.ByteTokenizer(length)
+        tokenizer = ByteTokenizer(length)
         classes = 2
         description = f"IMDB reviews, UTF-8 bytes truncated to {length} ({_imdb_dir()})"
     else:
