@@ -72,7 +72,16 @@ def _inputs():
         "key_weight": rng.standard_normal((B, LK, WDIM)).astype(f32),
         "query": unit_rows(LQ),
         "key": unit_rows(LK),
+        "tables": rng.standard_normal((B, NUM_HASHES, 2**TAU, VDIM)).astype(f32),
     }
+
+
+def _primitive_inputs(primitive, inp):
+    """The inputs of `primitive` by name; the decoding step's keys are its queries' positions (Nq == Nk)."""
+    if primitive.name != "lsh_cumulation_step":
+        return inp
+    return {**inp, "key_mask": inp["query_mask"], "key_codes": inp["key_codes"][:, :, :LQ],
+            "value": inp["value"][:, :LQ]}
 
 
 def run(library, outdir):
@@ -92,11 +101,14 @@ def run(library, outdir):
     with tf.device("/CPU:0"):
         for dt in DTYPES:
             for primitive in SPEC.PRIMITIVES.values():  # every primitive on its raw op, float rows in dtype T
-                tensors = [tf.cast(tf.constant(inp[t.name]), dt) if t.kind == "rows" else tf.constant(inp[t.name])
+                named = _primitive_inputs(primitive, inp)
+                tensors = [tf.cast(tf.constant(named[t.name]), dt) if t.kind == "rows" else tf.constant(named[t.name])
                            for t in primitive.inputs]
                 given = {a.name: attributes[a.name] for a in primitive.attributes}
-                outputs[f"{primitive.name}_{dt}"] = getattr(lib, primitive.raw_op_function)(
-                    *tensors, **given, **primitive.raw_op_attributes)
+                result = getattr(lib, primitive.raw_op_function)(*tensors, **given, **primitive.raw_op_attributes)
+                results = [result] if len(primitive.outputs) == 1 else list(result)
+                for output, value in zip(primitive.outputs, results):
+                    outputs[f"{primitive.name}_{output.name}_{dt}"] = value
 
     os.makedirs(outdir, exist_ok=True)
     for name, value in outputs.items():

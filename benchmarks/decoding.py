@@ -194,7 +194,7 @@ def build_layer(attention, args):
         layer = CachedMultiHeadAttention(heads, key_dim)
 
     def init_cache(max_length):
-        return layer.init_cache(1, max_length) if attention == "softmax" else layer.init_cache(1)
+        return layer.init_cache(1, max_length)
 
     def fn(x, cache, index):
         return layer(x, x, cache=cache, cache_update_index=index)
@@ -270,9 +270,10 @@ def profile_step(entry, args):
     """{piece: median ms} of the pieces of one YosoAttention decoding step, each compiled alone like the
     step, written in keras.ops as YosoAttention writes them: the four [256, 256] projections (as
     matmuls: without the layer's bias adds and reshapes), the hash codes of q
-    and k, and the table work, in the layer's order (gather the m rows each head's query reads, then
-    add the new key's value to its m rows: a table-sized segment_sum added to the tables) and in the
-    other order (update, then gather from the new tables: for one token the same output, since
+    and k, and the table work: the layer's op (`keras_yoso.ops.lsh_cumulation_step`, native where
+    loaded), and two keras.ops forms, gather the m rows each head's query reads then add the new
+    key's value to its m rows (a table-sized segment_sum added to the tables), and the other order
+    (update, then gather from the new tables: for one token the same output, since
     mean_h(new[qc_h]) = mean_h(old[qc_h] + [kc_h == qc_h] v)), where the old tables are dead once
     updated and a compiler can update them in place."""
     import keras
@@ -280,7 +281,7 @@ def profile_step(entry, args):
 
     from keras_yoso import ops as yoso_ops
 
-    layer, cache = entry["module"], entry["cache"]
+    layer, cache = entry["module"], entry["cache"]["tables"]
     heads, m, tau, dv = args.heads, args.num_hashes, args.hash_code_len, args.key_dim
     rows = keras.ops.convert_to_tensor((np.arange(heads * m) * 2 ** tau).astype("int32"))
     unit = keras.ops.ones((heads, 1, args.key_dim), "float32") / args.key_dim ** 0.5
@@ -305,12 +306,21 @@ def profile_step(entry, args):
         tables = update(tables)
         return gather(tables), tables
 
+    codes = keras.ops.zeros((heads, m, 1), "int32")
+
+    def step_op(x, tables, index):
+        out, flat = yoso_ops.lsh_cumulation_step(codes, codes, keras.ops.ones((heads, 1, dv)),
+                                                 keras.ops.reshape(tables, (heads, m, 2 ** tau, dv)),
+                                                 implementation=layer.implementation)
+        return out, keras.ops.reshape(flat, keras.ops.shape(tables))
+
     pieces = {
         "q/k/v/output projections (4 matmuls)": lambda x, cache, index: (
             [keras.ops.matmul(x, w) for w in weights], cache),
         "hash codes of q and k": lambda x, cache, index: (
             [yoso_ops.hash_codes(unit, m, tau, 1, implementation=layer.implementation) for _ in range(2)], cache),
-        "tables: gather, then update (layer)": gather_then_update,
+        "tables: lsh_cumulation_step (layer)": step_op,
+        "tables: gather, then update": gather_then_update,
         "tables: update, then gather": update_then_gather,
     }
     x = entry["tokens"][-1]

@@ -231,3 +231,26 @@ def exclusive_cumsum(x, axis):
     before = (slice(None),) * axis
     zeros = ops.zeros_like(x[before + (slice(0, 1),)])
     return ops.concatenate([zeros, ops.cumsum(x, axis=axis)[before + (slice(None, -1),)]], axis=axis)
+
+
+def compile_reading_variables(fn, variables):
+    """`fn(*args)` compiled once for the running backend, reading the current values of `variables`
+    (e.g. a model's weights) at every call: on JAX `jax.jit` of `fn` under a `keras.StatelessScope`
+    that maps each variable to a value passed as an argument (so a weight updated after compiling
+    is read, not a constant of the first trace); on TensorFlow `tf.function` (no XLA: the
+    TensorFlow op library has no XLA kernels; variables are read when it runs); on torch `fn`
+    itself (eager). Shapes of new arguments retrace as the backend does."""
+    if backend() == "jax":
+        import jax
+
+        def stateless(values, *args):
+            with keras.StatelessScope(state_mapping=list(zip(variables, values))):
+                return fn(*args)
+
+        compiled = jax.jit(stateless)
+        return lambda *args: compiled([v.value for v in variables], *args)
+    if backend() == "tensorflow":
+        import tensorflow as tf
+
+        return tf.function(fn)
+    return fn

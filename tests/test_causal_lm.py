@@ -79,6 +79,27 @@ def test_generate_equals_greedy_decoding_of_the_full_forward(attention):
     np.testing.assert_array_equal(generated, sequence[:, 7:])
 
 
+def test_generate_compiles_its_loop_once_and_reads_the_weights_of_each_call(monkeypatch):
+    from keras_yoso import _backend
+
+    compiled = []
+    original = _backend.compile_reading_variables
+    monkeypatch.setattr(_backend, "compile_reading_variables",
+                        lambda fn, variables: compiled.append(fn) or original(fn, variables))
+    model = CausalLM(64, 16, hidden_dim=16, num_layers=1, num_heads=2, intermediate_dim=16,
+                     attention_kwargs=ATTENTIONS["yoso"])
+    prompt = np.random.default_rng(2).integers(0, 64, (2, 4)).astype(np.int32)
+    first = to_numpy(model.generate(prompt, 3))
+    np.testing.assert_array_equal(to_numpy(model.generate(prompt + 1, 3)), to_numpy(model.generate(prompt + 1, 3)))
+    assert len(compiled) == 1  # one compiled loop for one (max_new_tokens, sampler), reused
+    # New weights after compiling (e.g. after more training): the next call decodes with them.
+    bias = model.logits_dense.bias
+    favourite = (int(first[0, 0]) + 1) % 64
+    bias.assign(np.where(np.arange(64) == favourite, 1e4, 0.0).astype(np.float32))
+    np.testing.assert_array_equal(to_numpy(model.generate(prompt, 3)), np.full((2, 3), favourite))
+    assert len(compiled) == 1
+
+
 def test_generate_random_sampler_is_reproducible_from_its_seed_and_argument_errors_are_clear():
     model = CausalLM(256, 16, hidden_dim=16, num_layers=1, num_heads=2, intermediate_dim=16,
                      attention_kwargs=ATTENTIONS["yoso"])

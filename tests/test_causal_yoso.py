@@ -166,13 +166,13 @@ def test_decoding_a_prefill_chunk_then_chunks_equals_the_full_causal_forward(imp
 def test_decoding_state_is_the_bucket_tables_whatever_the_context_length():
     layer = _layer()
     cache = layer.init_cache(3)
-    assert tuple(cache.shape) == (3, 2, 4, 2 ** 3, 8)
-    assert to_numpy(cache).sum() == 0.0
+    assert set(cache) == {"tables"} and tuple(cache["tables"].shape) == (3, 2, 4, 2 ** 3, 8)
+    assert to_numpy(cache["tables"]).sum() == 0.0
     x = _inputs(40, batch=3)
     _, cache = layer(x, x, cache=cache, cache_update_index=0)
-    assert tuple(cache.shape) == (3, 2, 4, 2 ** 3, 8)
+    assert tuple(cache["tables"].shape) == (3, 2, 4, 2 ** 3, 8)
     # Each hash's tables hold the sum of all values seen: the same total for every hash.
-    totals = to_numpy(cache).sum(axis=3)
+    totals = to_numpy(cache["tables"]).sum(axis=3)
     np.testing.assert_allclose(totals, np.broadcast_to(totals[:, :, :1], totals.shape), atol=1e-4)
 
 
@@ -199,8 +199,10 @@ def test_decoding_argument_errors_name_the_argument():
         layer(x, x, cache=cache)
     with pytest.raises(ValueError, match="use_causal_mask must be True"):
         layer(x, x, cache=cache, cache_update_index=0, use_causal_mask=False)
-    with pytest.raises(ValueError, match="cache` tables of shape"):
+    with pytest.raises(ValueError, match=r"cache\[\"tables\"\]` of shape"):
         layer(x, x, cache=_layer().init_cache(3), cache_update_index=0)
+    with pytest.raises(ValueError, match=r"a dict with the entries \['tables'\]"):
+        layer(x, x, cache=cache["tables"], cache_update_index=0)
     with pytest.raises(ValueError, match="without `cache`"):
         layer(x, x, cache_update_index=0)
     with pytest.raises(ValueError, match="batch_size"):

@@ -23,9 +23,13 @@ class CachedMultiHeadAttention(keras.layers.MultiHeadAttention):
     and LinearRelativeAttention).
     """
 
-    def init_cache(self, batch_size, max_length):
-        """Zeros of the cache shapes above (`max_length`: the longest context to decode)."""
+    def init_cache(self, batch_size, max_length=None):
+        """Zeros of the cache shapes above (`max_length`: the longest context to decode; required, the
+        key/value cache grows with the context)."""
         batch_size = _validation.integer(batch_size, "batch_size", 1)
+        if max_length is None:
+            raise ValueError("init_cache of softmax attention (CachedMultiHeadAttention) needs `max_length`: its "
+                             "key/value cache grows with the context. Received None.")
         max_length = _validation.integer(max_length, "max_length", 1)
         value_dim = self._value_dim or self._key_dim
         dtype = self.compute_dtype

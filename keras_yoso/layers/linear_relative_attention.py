@@ -228,7 +228,7 @@ class LinearRelativeAttention(MultiHeadAttentionBase):
 
     # ------------------------------------------------------------------ incremental decoding
 
-    def init_cache(self, batch_size):
+    def init_cache(self, batch_size, max_length=None):
         """The decoding state of `batch_size` sequences before any position: a dict of float32 zeros.
 
         With phi(x) = elu(x) + 1, k = `horizon` and [V_j, 1] a value row with the denominator's
@@ -248,11 +248,13 @@ class LinearRelativeAttention(MultiHeadAttentionBase):
 
         Args:
             batch_size: Python int >= 1.
+            max_length: accepted for the keras-hub contract and not used (the state does not grow).
 
         Returns:
             The dict above, to pass as `cache` with `cache_update_index=0`.
         """
         batch_size = _validation.integer(batch_size, "batch_size", 1, layer=True)
+        _validation.integer(max_length, "max_length", 1, allow_none=True, layer=True)
         return linear_relative.linear_relative_decoding_state((batch_size, self._num_heads), self._key_dim,
                                                               self._value_dim, self._horizon)
 

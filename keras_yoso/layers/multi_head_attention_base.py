@@ -332,9 +332,10 @@ class MultiHeadAttentionBase(keras.layers.Layer):
 
     # ------------------------------------------------------------------ incremental decoding
 
-    def init_cache(self, batch_size):
-        """The decoding state of `batch_size` sequences before any token: zeros of fixed shapes (see
-        the subclass). Pass it to `call(..., cache=, cache_update_index=)`."""
+    def init_cache(self, batch_size, max_length=None):
+        """The decoding state of `batch_size` sequences before any token, a dict of named tensors (see
+        the subclass; `max_length`, the longest context, is needed by a cache that grows with it).
+        Pass it to `call(..., cache=, cache_update_index=)`."""
         raise NotImplementedError(f"{type(self).__name__} does not decode incrementally")
 
     def _attend_cached(self, query_heads, key_heads, value_heads, query_mask, key_mask, cache, index,

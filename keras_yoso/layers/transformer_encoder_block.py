@@ -169,12 +169,7 @@ class TransformerEncoderBlock(keras.layers.Layer):
         if not self.causal:
             raise ValueError("TransformerEncoderBlock.init_cache needs a causal block: construct it with "
                              "causal=True.")
-        if isinstance(self._attention_layer, CachedMultiHeadAttention):
-            if max_length is None:
-                raise ValueError("init_cache of a softmax block needs `max_length` (its key/value cache grows "
-                                 "with the context). Received None.")
-            return self._attention_layer.init_cache(batch_size, max_length)
-        return self._attention_layer.init_cache(batch_size)
+        return self._attention_layer.init_cache(batch_size, max_length)
 
     def call(self, inputs, padding_mask=None, training=None, mask=None, cache=None, cache_update_index=None):
         if padding_mask is None:

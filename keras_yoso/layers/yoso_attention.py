@@ -60,15 +60,15 @@ class YosoAttention(MultiHeadAttentionBase):
     hash functions (a fixed function of `seed`, as `training=False`). The
     state does not grow with the context: per head, the m bucket tables
     T_h[b] = sum of the values of the keys hashed to b (eq. 2 read as linear
-    attention with one-hot features), `[B, num_heads, num_hashes,
+    attention with one-hot features), cache["tables"] `[B, num_heads, num_hashes,
     2**hash_code_len, value_dim]` float32, i.e.
     4 * B * num_heads * num_hashes * 2**hash_code_len * value_dim bytes
     (512 KiB per head and sequence at the default m=32, tau=6, value_dim=64), plus, with
-    `conv_window=w > 1`, the last w - 1 values `[B, w - 1, num_heads,
-    value_dim]` (then the cache is a dict {"tables", "values"}). Outputs equal
-    the matching rows of the full causal forward (float32 rounding). Each
-    decoding call costs O(T * num_hashes * head size) plus, for a prefill of
-    T > 1 positions, the causal cumulation of those T positions.
+    `conv_window=w > 1`, cache["values"], the last w - 1 values `[B, w - 1, num_heads,
+    value_dim]`. Each call is one `keras_yoso.ops.lsh_cumulation_step` (native on every backend).
+    Outputs equal the matching rows of the full causal forward (float32 rounding). Each
+    decoding call costs O(T * num_hashes * head size) plus the tables' copy where a compiled loop
+    does not update them in place.
 
     Masks. Padding masks only: Keras implicit masks of `query`/`value`/`key`,
     or `query_mask`/`value_mask`/`key_mask`. Masked keys never contribute
@@ -352,89 +352,74 @@ class YosoAttention(MultiHeadAttentionBase):
 
     # ------------------------------------------------------------------ incremental decoding
 
-    def init_cache(self, batch_size):
-        """The decoding state before any token, zeros: the bucket tables `[batch_size, num_heads,
-        num_hashes, 2**hash_code_len, value_dim]` float32 (4 * batch_size * num_heads * num_hashes *
-        2**hash_code_len * value_dim bytes, whatever the context length); with conv_window=w > 1 a dict
-        {"tables": those, "values": the last w - 1 values `[batch_size, w - 1, num_heads, value_dim]`}."""
+    def init_cache(self, batch_size, max_length=None):
+        """The decoding state before any token, a dict of zeros: "tables", the bucket tables
+        `[batch_size, num_heads, num_hashes, 2**hash_code_len, value_dim]` float32
+        (`keras_yoso.ops.yoso_decoding_state`; 4 * batch_size * num_heads * num_hashes *
+        2**hash_code_len * value_dim bytes, whatever the context length), and with conv_window=w > 1
+        "values", the last w - 1 values `[batch_size, w - 1, num_heads, value_dim]`. `max_length`
+        is accepted for the keras-hub contract and not used (the state does not grow)."""
         batch_size = _validation.integer(batch_size, "batch_size", 1)
+        _validation.integer(max_length, "max_length", 1, allow_none=True)
         if self._use_expectation:
             raise ValueError("YosoAttention(use_expectation=True) (YOSO-E, O(T S)) has no constant-size decoding "
                              "state: decode with sampled YOSO (use_expectation=False).")
-        tables = ops.zeros((batch_size, self._num_heads, self._num_hashes, 2 ** self._hash_code_len,
-                            self._value_dim), "float32")
-        if self._conv_window is None or self._conv_window == 1:
-            return tables
-        values = ops.zeros((batch_size, self._conv_window - 1, self._num_heads, self._value_dim), "float32")
-        return {"tables": tables, "values": values}
+        tables = yoso_ops.yoso_decoding_state(batch_size * self._num_heads, self._num_hashes, self._hash_code_len,
+                                              self._value_dim)
+        cache = {"tables": ops.reshape(tables, (batch_size, self._num_heads) + tuple(tables.shape[1:]))}
+        if self._conv_window is not None and self._conv_window > 1:
+            cache["values"] = ops.zeros((batch_size, self._conv_window - 1, self._num_heads, self._value_dim),
+                                        "float32")
+        return cache
 
     def _attend_cached(self, query_heads, key_heads, value_heads, query_mask, key_mask, cache, index,
                        use_causal_mask):
-        """Causal YOSO of T new positions over the bucket tables of the earlier ones (eq. 2 as linear
-        attention with one-hot features): out_i = (1/m) sum_h (T_h[qc_hi] + sum_{j in chunk, j <= i,
-        kc_hj == qc_hi} v_j), then the tables gain the new keys' values. Returns
-        (`[B, T, heads, Dv]`, the new cache)."""
+        """Causal YOSO of T new positions over the bucket tables of the earlier ones
+        (`keras_yoso.ops.lsh_cumulation_step`), N-YOSO normalized, plus the causal convolution over
+        the kept values. Returns (`[B, T, heads, Dv]`, the new cache)."""
         if use_causal_mask is not None and not use_causal_mask:
             raise ValueError("YosoAttention called with `cache` decodes causally: use_causal_mask must be True "
                              "or None with a cache, received False.")
-        tables, history = (cache["tables"], cache["values"]) if isinstance(cache, dict) else (cache, None)
-        self._check_cache_shapes(tables, history, ops.shape(query_heads)[0])
-        batch, length = ops.shape(query_heads)[0], ops.shape(query_heads)[1]
-        heads, m, buckets, dv = self._num_heads, self._num_hashes, 2 ** self._hash_code_len, self._value_dim
+        self._check_cache(cache, ops.shape(query_heads)[0])
+        batch, heads = ops.shape(query_heads)[0], self._num_heads
         q, k, q_mask, k_mask = self._normalized_heads(query_heads, key_heads, query_mask, key_mask)
-        v = flatten_heads(value_heads)  # [B * heads, T, Dv], masked keys already 0
-        query_codes = yoso_ops.hash_codes(q, m, self._hash_code_len, self.seed, method=self._hash_method,
-                                          implementation=self._implementation)
-        key_codes = yoso_ops.hash_codes(k, m, self._hash_code_len, self.seed, method=self._hash_method,
-                                        implementation=self._implementation)
-        # Table rows of (row r, hash h, bucket b): (r * m + h) * buckets + b.
-        base = ops.reshape(ops.arange(batch * heads * m, dtype="int32") * buckets, (batch * heads, m, 1))
-        kept = ops.where(k_mask[:, None, :, None], ops.broadcast_to(v[:, None], (batch * heads, m, length, dv)), 0.0)
-        kept, key_rows = ops.reshape(kept, (-1, dv)), ops.reshape(key_codes + base, (-1,))
-        flat = ops.reshape(tables, (-1, dv))
-        if _backend.static_shape(query_heads)[1] == 1:
-            # One key per (row, hash): distinct rows, updated in place (no table-sized temporary).
-            updated = ops.scatter_update(flat, key_rows[:, None], ops.take(flat, key_rows, axis=0) + kept)
-        else:
-            updated = flat + _backend.segment_sum(kept, key_rows, batch * heads * m * buckets)
-        updated = ops.reshape(updated, ops.shape(tables))
-
-        def read(state):
-            rows = ops.take(ops.reshape(state, (-1, dv)), ops.reshape(query_codes + base, (-1,)), axis=0)
-            return ops.mean(ops.reshape(rows, (batch * heads, m, length, dv)), axis=1)
-
-        if _backend.static_shape(query_heads)[1] == 1:
-            # One token: its own key is the only new one, so it reads the updated tables (then a
-            # compiled step can update the tables in place: no copy of the state is kept alive).
-            out = read(updated)
-        else:
-            within = yoso_ops.lsh_cumulation(query_codes, key_codes, v, buckets, q_mask, k_mask,
-                                             implementation=self._implementation, causal=True)
-            out = read(tables) + within
+        query_codes = yoso_ops.hash_codes(q, self._num_hashes, self._hash_code_len, self.seed,
+                                          method=self._hash_method, implementation=self._implementation)
+        key_codes = yoso_ops.hash_codes(k, self._num_hashes, self._hash_code_len, self.seed,
+                                        method=self._hash_method, implementation=self._implementation)
+        tables = cache["tables"]
+        flat_tables = ops.reshape(tables, (-1,) + tuple(tables.shape[2:]))  # [B * heads, m, buckets, Dv]
+        out, flat_tables = yoso_ops.lsh_cumulation_step(query_codes, key_codes, flatten_heads(value_heads),
+                                                        flat_tables, q_mask, k_mask,
+                                                        implementation=self._implementation)
         out = unflatten_heads(l2_normalize(out), batch, heads)
-        tables = updated
-        if history is None:
+        new_cache = {"tables": ops.reshape(flat_tables, ops.shape(tables))}
+        if "values" not in cache:
             if self._conv_window is not None:
                 out = out + self._depthwise_conv(value_heads, key_mask, causal=True)
-            return out, tables
+            return out, new_cache
+        history = cache["values"]
         out = out + self._depthwise_conv(value_heads, key_mask, causal=True, history=history)
         values = ops.concatenate([history, ops.where(key_mask[:, :, None, None], value_heads, 0.0)], axis=1)
         keep = self._conv_window - 1
-        values = ops.slice(values, (0, ops.shape(values)[1] - keep, 0, 0), (batch, keep, heads, dv))
-        return out, {"tables": tables, "values": values}
+        new_cache["values"] = ops.slice(values, (0, ops.shape(values)[1] - keep, 0, 0),
+                                        (batch, keep, heads, self._value_dim))
+        return out, new_cache
 
-    def _check_cache_shapes(self, tables, history, batch):
-        """ValueError when the cache is not this layer's (shapes from init_cache)."""
+    def _check_cache(self, cache, batch):
+        """ValueError when `cache` is not this layer's (the names and shapes of init_cache)."""
+        names = {"tables", "values"} if self._conv_window is not None and self._conv_window > 1 else {"tables"}
+        if not isinstance(cache, dict) or set(cache) != names:
+            raise ValueError(f"YosoAttention expects the `cache` of its own init_cache: a dict with the entries "
+                             f"{sorted(names)}. Received {type(cache).__name__}"
+                             + (f" with {sorted(cache)}" if isinstance(cache, dict) else "") + ".")
         want = (batch, self._num_heads, self._num_hashes, 2 ** self._hash_code_len, self._value_dim)
-        got = _backend.static_shape(tables)
+        got = _backend.static_shape(cache["tables"])
         if got is None or len(got) != 5 or any(
                 g is not None and isinstance(w, int) and g != w for g, w in zip(got, want)):
-            raise ValueError(f"YosoAttention expects `cache` tables of shape (batch, num_heads, num_hashes, "
+            raise ValueError(f"YosoAttention expects `cache[\"tables\"]` of shape (batch, num_heads, num_hashes, "
                              f"2**hash_code_len, value_dim) = {want} (from init_cache). Received shape "
                              f"{None if got is None else tuple(got)}.")
-        if (history is None) != (self._conv_window is None or self._conv_window == 1):
-            raise ValueError("YosoAttention expects the `cache` of its own init_cache: a dict {\"tables\", "
-                             "\"values\"} with conv_window > 1, else the tables tensor.")
 
     def _attention_scores(self, query_heads, key_heads, query_mask, key_mask):
         q, k, q_mask, k_mask = self._normalized_heads(query_heads, key_heads, query_mask, key_mask)

@@ -1,5 +1,7 @@
 """A decoder-only language model over causal TransformerEncoderBlocks, with compiled generation."""
 
+import functools
+
 import keras
 from keras import ops
 
@@ -51,6 +53,8 @@ class CausalLM(keras.Model):
         self.intermediate_dim = _validation.integer(intermediate_dim, "intermediate_dim", 1, layer=True)
         self.attention = attention
         self.attention_kwargs = dict(attention_kwargs or {})
+        # (max_new_tokens, sampler) -> the compiled decoding loop of `generate`, built on first use.
+        self._generate_functions = {}
         self.dropout = float(dropout)
         self.token_embedding = keras.layers.Embedding(vocabulary_size, hidden_dim, name="token_embedding")
         self.position_embedding = keras.layers.Embedding(max_length, hidden_dim, name="position_embedding")
@@ -115,13 +119,22 @@ class CausalLM(keras.Model):
                              f"{self.max_length} (the position table of the model).")
         if not callable(sampler):
             sampler = _validation.choice(sampler, "sampler", SAMPLERS)
-        batch, length = shape
         self._ensure_built()
-        noise = None
+        noise = ops.zeros((max_new_tokens, 0, 0), "float32")
         if sampler == "random":
-            uniform = keras.random.uniform((max_new_tokens, batch, self.vocabulary_size), minval=1e-7, maxval=1.0,
-                                           seed=seed)
+            uniform = keras.random.uniform((max_new_tokens, shape[0], self.vocabulary_size), minval=1e-7,
+                                           maxval=1.0, seed=seed)
             noise = -ops.log(-ops.log(uniform))
+        key = (max_new_tokens, sampler)
+        if key not in self._generate_functions:  # compiled once per setting, reused (keras-hub's pattern)
+            self._generate_functions[key] = _backend.compile_reading_variables(
+                functools.partial(self._generate_tokens, max_new_tokens=max_new_tokens, sampler=sampler),
+                self.variables)
+        return self._generate_functions[key](prompt, noise, ops.convert_to_tensor(temperature, "float32"))
+
+    def _generate_tokens(self, prompt, noise, temperature, max_new_tokens, sampler):
+        """The decoding loop of `generate`: prefill `prompt`, then one token per step."""
+        batch, length = ops.shape(prompt)[0], ops.shape(prompt)[1]
 
         def pick(logits, step):
             if callable(sampler):
@@ -130,43 +143,24 @@ class CausalLM(keras.Model):
                 logits = logits / temperature + ops.take(noise, step, axis=0)
             return ops.cast(ops.argmax(logits, axis=-1), "int32")
 
-        def run(prompt):
-            logits, cache = self.call_with_cache(prompt, self.init_cache(batch), 0)
-            first = pick(logits[:, -1], 0)
-            tokens = ops.zeros((batch, max_new_tokens), "int32")
-            tokens = ops.slice_update(tokens, (0, 0), first[:, None])
+        logits, cache = self.call_with_cache(prompt, self.init_cache(_backend.static_shape(prompt)[0]), 0)
+        tokens = ops.zeros((batch, max_new_tokens), "int32")
+        tokens = ops.slice_update(tokens, (0, 0), pick(logits[:, -1], 0)[:, None])
 
-            def cond(step, tokens, cache):
-                return ops.less(step, max_new_tokens)
+        def cond(step, tokens, cache):
+            return ops.less(step, max_new_tokens)
 
-            def body(step, tokens, cache):
-                previous = ops.slice(tokens, (0, step - 1), (batch, 1))
-                logits, cache = self.call_with_cache(previous, cache, length + step - 1)
-                token = pick(logits[:, -1], step)
-                return step + 1, ops.slice_update(tokens, (0, step), token[:, None]), cache
+        def body(step, tokens, cache):
+            previous = ops.slice(tokens, (0, step - 1), (batch, 1))
+            logits, cache = self.call_with_cache(previous, cache, length + step - 1)
+            token = pick(logits[:, -1], step)
+            return step + 1, ops.slice_update(tokens, (0, step), token[:, None]), cache
 
-            _, tokens, _ = ops.while_loop(cond, body, (ops.convert_to_tensor(1, "int32"), tokens, cache))
-            return tokens
-
-        return _compile(run)(prompt)
+        _, tokens, _ = ops.while_loop(cond, body, (ops.convert_to_tensor(1, "int32"), tokens, cache))
+        return tokens
 
     def get_config(self):
         return {**super().get_config(), "vocabulary_size": self.vocabulary_size, "max_length": self.max_length,
                 "hidden_dim": self.hidden_dim, "num_layers": self.num_layers, "num_heads": self.num_heads,
                 "intermediate_dim": self.intermediate_dim, "attention": self.attention,
                 "attention_kwargs": self.attention_kwargs, "dropout": self.dropout}
-
-
-def _compile(fn):
-    """`fn` compiled for the running backend: jax.jit, tf.function (no XLA: the TensorFlow op
-    library has no XLA kernels), or eager on torch."""
-    backend = _backend.backend()
-    if backend == "jax":
-        import jax
-
-        return jax.jit(fn)
-    if backend == "tensorflow":
-        import tensorflow as tf
-
-        return tf.function(fn)
-    return fn

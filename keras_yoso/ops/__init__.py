@@ -19,8 +19,10 @@ from keras_yoso.ops.linear_relative import linear_relative_attention_step
 from keras_yoso.ops.linear_relative import linear_relative_decoding_state
 from keras_yoso.ops.yoso import collision_cumulation
 from keras_yoso.ops.yoso import lsh_cumulation
+from keras_yoso.ops.yoso import lsh_cumulation_step
 from keras_yoso.ops.yoso import weighted_lsh_cumulation
 from keras_yoso.ops.yoso import yoso_cumulation
+from keras_yoso.ops.yoso import yoso_decoding_state
 from keras_yoso.ops.yoso import yoso_expectation
 from keras_yoso.ops.yoso import yoso_expectation_weights
 
@@ -52,9 +54,11 @@ __all__ = [
     "linear_relative_attention_step",
     "linear_relative_decoding_state",
     "lsh_cumulation",
+    "lsh_cumulation_step",
     "supports_jit",
     "weighted_lsh_cumulation",
     "yoso_cumulation",
+    "yoso_decoding_state",
     "yoso_expectation",
     "yoso_expectation_weights",
 ]

@@ -22,10 +22,14 @@ MASK_ROLES = ("batch", "seq")
 CODES_ROLES = ("batch", None, "seq")
 ROWS_ROLES = ("batch", "seq", None)
 
+TABLES_ROLES = ("batch", None, None, None)
+
 # kind -> (rank, roles, dtype): "mask" float32 [B, N]; "codes" int32 [B, m, N]; "rows" float
-# [B, N, F] (float32, float16 or bfloat16; the primitive's dtype); "float32" a float32 parameter
-# of its own rank (hash parameters, replicated over a mesh).
-_KINDS = {"mask": (2, MASK_ROLES, "float32"), "codes": (3, CODES_ROLES, "int32"), "rows": (3, ROWS_ROLES, None)}
+# [B, N, F] (float32, float16 or bfloat16; the primitive's dtype); "tables" float32 bucket tables
+# [B, m, num_buckets, D] (the decoding state); "float32" a float32 parameter of its own rank (hash
+# parameters, replicated over a mesh).
+_KINDS = {"mask": (2, MASK_ROLES, "float32"), "codes": (3, CODES_ROLES, "int32"), "rows": (3, ROWS_ROLES, None),
+          "tables": (4, TABLES_ROLES, "float32")}
 
 Input = collections.namedtuple("Input", "name kind rank roles dtype")
 # kind: "int" (int64) or "float" (float32); default: its value when a caller leaves it out (None: required).
@@ -40,11 +44,17 @@ def _input(name, kind, rank=None):
     return Input(name, kind, rank, roles, dtype)
 
 
-class Primitive(collections.namedtuple("Primitive", "name inputs attributes output raw_op raw_op_attributes")):
+# dtype: the name of the input whose dtype the output takes, or "int32" / "float32".
+Output = collections.namedtuple("Output", "name dtype")
+
+
+class Primitive(collections.namedtuple("Primitive", "name inputs attributes outputs output_shapes raw_op "
+                                                    "raw_op_attributes in_place", defaults=({}, {}))):
     """One C ABI entry `ky_<name>`: `inputs` (Input, in the ABI's order), `attributes` (Attribute,
-    after the inputs), `output` (a function of (input shapes by name, attributes by name) -> (shape,
-    dtype source: the name of the input whose dtype the output takes, or "int32")), the TensorFlow
-    raw op that runs it and the raw-op attributes that select it there."""
+    after the inputs), `outputs` (Output, after the attributes), `output_shapes` (a function of
+    (input shapes by name, attributes by name) -> one shape per output), the TensorFlow raw op that
+    runs it, the raw-op attributes that select it there, and `in_place`: input name -> output name
+    that may share its buffer (the output is that input updated)."""
 
     @property
     def entry(self):
@@ -73,6 +83,12 @@ class Primitive(collections.namedtuple("Primitive", "name inputs attributes outp
     def attribute_names(self):
         return tuple(a.name for a in self.attributes)
 
+    def float_dtype_source(self):
+        """The input whose dtype the primitive computes in (its float inputs take it), or None
+        (hashing: x keeps its own dtype)."""
+        source = self.outputs[0].dtype
+        return None if source in ("int32", "float32") else source
+
     def complete(self, arguments):
         """`arguments` (inputs, then attributes) with the defaults of the attributes left out appended."""
         given = len(arguments) - len(self.inputs)
@@ -83,17 +99,25 @@ class Primitive(collections.namedtuple("Primitive", "name inputs attributes outp
         return tuple(arguments) + tuple(a.default for a in missing)
 
 
-def _hash_output(shapes, attributes):
+def _hash_shape(shapes, attributes):
     x = shapes["x"]
-    return (x[0], attributes["num_hashes"], x[1]), "int32"
+    return ((x[0], attributes["num_hashes"], x[1]),)
 
 
-def _cumulation_output(shapes, attributes):
-    return (shapes["query_codes"][0], shapes["query_codes"][2], shapes["value"][2]), "value"
+def _cumulation_shape(shapes, attributes):
+    return ((shapes["query_codes"][0], shapes["query_codes"][2], shapes["value"][2]),)
 
 
-def _collision_output(shapes, attributes):
-    return tuple(shapes["query"]), "query"
+def _collision_shape(shapes, attributes):
+    return (tuple(shapes["query"]),)
+
+
+def _step_shapes(shapes, attributes):
+    return _cumulation_shape(shapes, attributes) + (tuple(shapes["tables"]),)
+
+
+_CODES_OUT = (Output("codes", "int32"),)
+_VALUE_OUT = (Output("output", "value"),)
 
 
 _HASH_ATTRIBUTES = (Attribute("num_hashes", "int"), Attribute("hash_code_len", "int"))
@@ -101,26 +125,31 @@ _CUMULATION_ATTRIBUTES = (Attribute("num_buckets", "int"), Attribute("causal", "
 
 PRIMITIVES = {p.name: p for p in (
     Primitive("gaussian_hash_codes", (_input("x", "rows"), _input("projection", "float32", 2)), _HASH_ATTRIBUTES,
-              _hash_output, "YosoGaussianHashCodes", {}),
+              _CODES_OUT, _hash_shape, "YosoGaussianHashCodes"),
     Primitive("hadamard_hash_codes", (_input("x", "rows"), _input("signs", "float32", 3)), _HASH_ATTRIBUTES,
-              _hash_output, "YosoHadamardHashCodes", {"interleaved": False}),
+              _CODES_OUT, _hash_shape, "YosoHadamardHashCodes", {"interleaved": False}),
     Primitive("hadamard_interleaved_hash_codes", (_input("x", "rows"), _input("signs", "float32", 3)),
-              _HASH_ATTRIBUTES, _hash_output, "YosoHadamardHashCodes", {"interleaved": True}),
+              _HASH_ATTRIBUTES, _CODES_OUT, _hash_shape, "YosoHadamardHashCodes", {"interleaved": True}),
     Primitive("lsh_cumulation",
               (_input("query_mask", "mask"), _input("query_codes", "codes"), _input("key_mask", "mask"),
                _input("key_codes", "codes"), _input("value", "rows")),
-              _CUMULATION_ATTRIBUTES, _cumulation_output, "YosoLshCumulation", {}),
+              _CUMULATION_ATTRIBUTES, _VALUE_OUT, _cumulation_shape, "YosoLshCumulation"),
+    Primitive("lsh_cumulation_step",
+              (_input("query_mask", "mask"), _input("query_codes", "codes"), _input("key_mask", "mask"),
+               _input("key_codes", "codes"), _input("value", "rows"), _input("tables", "tables")),
+              (), _VALUE_OUT + (Output("tables_out", "float32"),), _step_shapes, "YosoLshCumulationStep", {},
+              {"tables": "tables_out"}),
     Primitive("weighted_lsh_cumulation",
               (_input("query_mask", "mask"), _input("query_codes", "codes"), _input("query_weight", "rows"),
                _input("key_mask", "mask"), _input("key_codes", "codes"), _input("key_weight", "rows"),
                _input("value", "rows")),
-              _CUMULATION_ATTRIBUTES, _cumulation_output, "YosoWeightedLshCumulation", {}),
+              _CUMULATION_ATTRIBUTES, _VALUE_OUT, _cumulation_shape, "YosoWeightedLshCumulation"),
     Primitive("collision_cumulation",
               (_input("query_mask", "mask"), _input("query_codes", "codes"), _input("query", "rows"),
                _input("query_weight", "rows"), _input("key_mask", "mask"), _input("key_codes", "codes"),
                _input("key", "rows"), _input("key_weight", "rows")),
-              (Attribute("hash_code_len", "int"), Attribute("epsilon", "float")), _collision_output,
-              "YosoCollisionCumulation", {}),
+              (Attribute("hash_code_len", "int"), Attribute("epsilon", "float")), (Output("output", "query"),),
+              _collision_shape, "YosoCollisionCumulation"),
 )}
 
 

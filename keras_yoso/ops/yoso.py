@@ -432,3 +432,65 @@ def yoso_expectation_weights(query, key, hash_code_len, query_mask=None, key_mas
     weights = collision.expectation_weights(ops.cast(query, "float32"), key32, hash_code_len)[1]
     return weights * ops.cast(ops.logical_and(qm[:, :, None], km[:, None, :]), "float32")
 
+
+
+def yoso_decoding_state(batch_size, num_hashes, hash_code_len, value_dim):
+    """The decoding state of causal YOSO before any position: zero bucket tables
+    `[batch_size, num_hashes, 2**hash_code_len, value_dim]` float32 (T_h[b] = the sum of the values
+    of the earlier keys with code b in hash h: 4 B m 2^tau D bytes, whatever the context length).
+    `lsh_cumulation_step` reads and extends it."""
+    batch_size = _validation.integer(batch_size, "batch_size", 1)
+    num_hashes = _validation.integer(num_hashes, "num_hashes", 1)
+    hash_code_len = _validation.hash_code_len(hash_code_len, cumulation=True)
+    value_dim = _validation.integer(value_dim, "value_dim", 1)
+    return ops.zeros((batch_size, num_hashes, 2 ** hash_code_len, value_dim), "float32")
+
+
+def lsh_cumulation_step(query_codes, key_codes, value, tables, query_mask=None, key_mask=None,
+                        implementation="auto"):
+    """Causal YOSO of T new positions over the bucket tables of the earlier ones (decoding).
+
+    eq. 2 with fixed hash functions is linear attention with one-hot features, so the earlier
+    positions reach a query only through `tables` T_h[b] = sum of their values with code b in
+    hash h (`yoso_decoding_state`, then the previous step's output): in position order, key t's
+    value joins its bucket, then query t reads its bucket,
+
+        out[b, t] = qmask[b, t] (1/m) sum_h (T_h[qc_hbt] + sum_{j <= t, kept, kc_hbj = qc_hbt} v_j),
+
+    the rows `lsh_cumulation(..., causal=True)` gives for these positions after the earlier ones.
+    Time O(B m (T + 2^tau) D) (the tables are copied unless a compiled loop updates them in place),
+    memory the tables. Not differentiable (a decoding op).
+
+    Args:
+      query_codes, key_codes: int `[B, m, T]` of the new positions (the same positions: query t
+        is key t), in [0, num_buckets).
+      value: float `[B, T, D]`.
+      tables: float32 `[B, m, num_buckets, D]`, num_buckets = 2**hash_code_len known statically.
+      query_mask, key_mask: `[B, T]` or None; masked queries output 0, masked keys join no table.
+      implementation: "auto", "custom_op" or "composite".
+
+    Returns:
+      (`[B, T, D]` in value's dtype, the new tables `[B, m, num_buckets, D]` float32).
+    """
+    tables = _validation.float_tensor(tables, "tables", 4)
+    num_buckets = _backend.static_shape(tables)[2]
+    if num_buckets is None or num_buckets & (num_buckets - 1) or not 1 <= num_buckets <= _validation.MAX_NUM_BUCKETS:
+        raise ValueError("tables must have shape [batch, num_hashes, num_buckets, value_dim] with num_buckets a power "
+                         f"of two in [1, 2**{_validation.MAX_NUM_BUCKETS_LOG2}] known statically (axis 2), got shape "
+                         f"{_backend.static_shape(tables)}")
+    value = _validation.float_tensor(value, "value", 3)
+    provider = _dispatch.provider(implementation, (value, tables))
+    qc, kc, qm, km, _, (value,) = _prepare_sides(query_codes, key_codes, query_mask, key_mask, [],
+                                                 [("value", value)], num_buckets, provider, causal=1)
+    checks = _validation.agree([("query_codes", qc, 0), ("tables", tables, 0)], "batch sizes (axis 0) of the codes "
+                               "and tables")
+    checks += _validation.agree([("query_codes", qc, 1), ("tables", tables, 1)], "num_hashes (axis 1 of the codes "
+                                "and tables)")
+    checks += _validation.agree([("value", value, 2), ("tables", tables, 3)], "value widths (axis 2 of value, "
+                                "axis 3 of tables)")
+    tables, = _backend.after(checks, [ops.cast(tables, "float32")])
+    names = _spec.PRIMITIVES["lsh_cumulation_step"].input_names
+    out, tables = _dispatch.on_mesh(provider, lambda p, *t: p.run("lsh_cumulation_step", *t),
+                                    (qm, qc, km, kc, value, tables), _roles(*names),
+                                    [_spec.ROWS_ROLES, _spec.TABLES_ROLES], split_sequence=False)
+    return ops.cast(out, value.dtype), tables

@@ -83,17 +83,17 @@ std::string Convert(std::initializer_list<Input> inputs, int32_t float_dtype, st
   return "";
 }
 
-// The output must have exactly `dims` and the op's float dtype (or int32 for codes).
+// Output `name` must have exactly `dims` and `dtype` (the op's float dtype, int32 for codes).
 std::string CheckOutput(const KyTensor* out, int32_t dtype, std::initializer_list<int64_t> dims,
-                        const char* meaning) {
+                        const char* meaning, const char* name = "output") {
   Shape shape;
-  std::string error = ShapeOf(out, "output", &shape);
+  std::string error = ShapeOf(out, name, &shape);
   if (!error.empty()) return error;
   if (out->dtype != dtype) {
-    return std::string("output must be ") + DtypeName(dtype) + ", got " + DtypeName(out->dtype);
+    return std::string(name) + " must be " + DtypeName(dtype) + ", got " + DtypeName(out->dtype);
   }
-  error = CheckShape(shape, "output", meaning, dims);
-  if (error.empty() && out->data == nullptr && Elements(out) > 0) return "output has no data";
+  error = CheckShape(shape, name, meaning, dims);
+  if (error.empty() && out->data == nullptr && Elements(out) > 0) return std::string(name) + " has no data";
   return error;
 }
 
@@ -235,6 +235,39 @@ int32_t ky_lsh_cumulation(const KyTensor* query_mask, const KyTensor* query_code
       using T = decltype(zero);
       LshCumulationCpu<T>(d, causal, In<float>(query_mask), In<int32_t>(query_codes), In<float>(key_mask),
                           In<int32_t>(key_codes), In<T>(value), Out<T>(output), PoolParallelFor{num_threads});
+    });
+    return "";
+  });
+}
+
+int32_t ky_lsh_cumulation_step(const KyTensor* query_mask, const KyTensor* query_codes,
+                               const KyTensor* key_mask, const KyTensor* key_codes,
+                               const KyTensor* value, const KyTensor* tables, KyTensor* output,
+                               KyTensor* tables_out, int32_t num_threads, char* error,
+                               int64_t error_size) {
+  return Guarded(error, error_size, [&]() -> std::string {
+    int32_t dtype = KY_FLOAT32;
+    std::string e = FloatDtypeOf(value, "value", &dtype);
+    std::vector<Shape> s;
+    if (e.empty()) e = Convert({{query_mask, "query_mask", KY_FLOAT32}, {query_codes, "query_codes", KY_INT32},
+                             {key_mask, "key_mask", KY_FLOAT32}, {key_codes, "key_codes", KY_INT32},
+                             {value, "value", -1}, {tables, "tables", KY_FLOAT32}}, dtype, &s);
+    CumulationDims d{};
+    if (e.empty()) e = CheckLshCumulationStep(s[0], s[1], s[2], s[3], s[4], s[5], &d);
+    if (e.empty()) {
+      e = CheckOutputAndCodes(output, dtype, {d.batch, d.num_queries, d.value_dim}, "[batch, num_queries, value_dim]",
+                              query_codes, key_codes, d.num_buckets);
+    }
+    if (e.empty()) {
+      e = CheckOutput(tables_out, KY_FLOAT32, {d.batch, d.num_hashes, d.num_buckets, d.value_dim},
+                      "[batch, num_hashes, num_buckets, value_dim]", "tables_out");
+    }
+    if (!e.empty() || Elements(tables_out) == 0) return e;
+    DispatchFloat(dtype, [&](auto zero) {
+      using T = decltype(zero);
+      LshCumulationStepCpu<T>(d, In<float>(query_mask), In<int32_t>(query_codes), In<float>(key_mask),
+                              In<int32_t>(key_codes), In<T>(value), In<float>(tables), Out<T>(output),
+                              Out<float>(tables_out), PoolParallelFor{num_threads});
     });
     return "";
   });

@@ -24,7 +24,7 @@ extern "C" {
 #endif
 
 /* Bumped whenever an entry's signature or KyTensor changes; native_library.py checks it. */
-#define KY_ABI_VERSION 4
+#define KY_ABI_VERSION 5
 
 /* dtype codes; the float codes match keras_yoso::ScalarType. */
 #define KY_FLOAT32 0
@@ -90,6 +90,17 @@ KY_EXPORT int32_t ky_lsh_cumulation(const KyTensor* query_mask, const KyTensor* 
                           const KyTensor* key_mask, const KyTensor* key_codes,
                           const KyTensor* value, int64_t num_buckets, int64_t causal,
                           KyTensor* output, int32_t num_threads, char* error, int64_t error_size);
+
+/* Decoding step of causal YOSO: masks float32 [B, T], codes int32 [B, m, T] of T new positions,
+ * value [B, T, D], tables float32 [B, m, num_buckets, D] (the bucket sums of the earlier positions'
+ * values) -> output [B, T, D] (value's dtype): query t over the earlier positions and the new keys
+ * j <= t; tables_out float32 [B, m, num_buckets, D]: the tables with the new keys added. tables_out
+ * may be the tables tensor itself (updated in place). */
+KY_EXPORT int32_t ky_lsh_cumulation_step(const KyTensor* query_mask, const KyTensor* query_codes,
+                               const KyTensor* key_mask, const KyTensor* key_codes,
+                               const KyTensor* value, const KyTensor* tables, KyTensor* output,
+                               KyTensor* tables_out, int32_t num_threads, char* error,
+                               int64_t error_size);
 
 /* query_weight [B, Nq, W], key_weight [B, Nk, W], value [B, Nk, D] -> output [B, Nq, D]:
  * lsh_cumulation with each pair weighted by <query_weight_i, key_weight_j> (eq. 4's blocks);

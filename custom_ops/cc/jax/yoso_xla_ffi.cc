@@ -5,9 +5,9 @@
 // library's own thread pool) and turns a failed call into an ffi::Error with the entry's message.
 //
 // Batching: every argument has a core rank (codes 3, masks 2, per-position tensors 3, hash
-// parameters 2 or 3, output 3). The Python side calls these with vmap_method="broadcast_all", so
-// under jax.vmap every argument and the output carry the same extra leading dims; the handler
-// then calls the entry once per leading index, on offset pointers.
+// parameters 2 or 3, decoding tables 4, outputs 3 and 4). The Python side calls these with
+// vmap_method="broadcast_all", so under jax.vmap every argument and output carry the same extra
+// leading dims; the handler then calls the entry once per leading index, on offset pointers.
 //
 // Built against the header-only XLA FFI API of the jaxlib in the build environment (setup.py pins
 // an old jaxlib, FFI API 0.1, so one library serves every newer jax); compiled into the same
@@ -27,6 +27,7 @@ KY_EXPORT XLA_FFI_Error* ky_xla_gaussian_hash_codes(XLA_FFI_CallFrame* call_fram
 KY_EXPORT XLA_FFI_Error* ky_xla_hadamard_hash_codes(XLA_FFI_CallFrame* call_frame);
 KY_EXPORT XLA_FFI_Error* ky_xla_hadamard_interleaved_hash_codes(XLA_FFI_CallFrame* call_frame);
 KY_EXPORT XLA_FFI_Error* ky_xla_lsh_cumulation(XLA_FFI_CallFrame* call_frame);
+KY_EXPORT XLA_FFI_Error* ky_xla_lsh_cumulation_step(XLA_FFI_CallFrame* call_frame);
 KY_EXPORT XLA_FFI_Error* ky_xla_weighted_lsh_cumulation(XLA_FFI_CallFrame* call_frame);
 KY_EXPORT XLA_FFI_Error* ky_xla_collision_cumulation(XLA_FFI_CallFrame* call_frame);
 }
@@ -89,52 +90,57 @@ std::string CoreView(const Operand& operand, int leading, KyTensor* view, int64_
   return "";
 }
 
-// Calls `entry(inputs, output, error)` once per leading index of the output's extra leading dims
-// (those beyond its core rank 3), which every input must share (vmap_method="broadcast_all").
-// With no leading dims the buffers go to the entry as they are, so it reports bad ranks itself.
-template <size_t N, typename Entry>
-ffi::Error RunBatched(const std::array<Operand, N>& inputs, ffi::AnyBuffer output, Entry&& entry) {
-  const auto out_dims = output.dimensions();
-  const int leading = std::max(0, static_cast<int>(out_dims.size()) - kOutputCoreRank);
+// Calls `entry(inputs, outputs, error)` once per leading index of the extra leading dims of the
+// first output (those beyond its core rank), which every input and output must share
+// (vmap_method="broadcast_all"). With no leading dims the buffers go to the entry as they are,
+// so it reports bad ranks itself.
+template <size_t N, size_t M, typename Entry>
+ffi::Error RunBatched(const std::array<Operand, N>& inputs, const std::array<Operand, M>& outputs,
+                      Entry&& entry) {
+  const auto out_dims = outputs[0].buffer.dimensions();
+  const int leading = std::max(0, static_cast<int>(out_dims.size()) - outputs[0].core_rank);
   int64_t count = 1;
   for (int i = 0; i < leading; ++i) count *= out_dims[i];
-  for (const Operand& in : inputs) {
+  std::array<const Operand*, N + M> operands{};
+  for (size_t i = 0; i < N + M; ++i) operands[i] = i < N ? &inputs[i] : &outputs[i - N];
+  for (const Operand* operand : operands) {
     if (leading == 0) break;
-    const auto dims = in.buffer.dimensions();
-    const bool same = static_cast<int>(dims.size()) == in.core_rank + leading &&
+    const auto dims = operand->buffer.dimensions();
+    const bool same = static_cast<int>(dims.size()) == operand->core_rank + leading &&
                       std::equal(dims.begin(), dims.begin() + leading, out_dims.begin());
     if (!same) {
       return ffi::Error(ffi::ErrorCode::kInvalidArgument,
-                        std::string("keras_yoso XLA FFI: ") + in.name + " has shape " + ShapeText(dims) +
-                            ", expected rank " + std::to_string(in.core_rank) + " after the " +
+                        std::string("keras_yoso XLA FFI: ") + operand->name + " has shape " + ShapeText(dims) +
+                            ", expected rank " + std::to_string(operand->core_rank) + " after the " +
                             std::to_string(leading) + " leading batch dims of the output " +
                             ShapeText(out_dims) + " (the same leading dims on every input)");
     }
   }
-  std::array<KyTensor, N> views{};
-  std::array<int64_t, N> strides{};
-  for (size_t i = 0; i < N; ++i) {
-    const std::string error = CoreView(inputs[i], leading, &views[i], &strides[i]);
+  std::array<KyTensor, N + M> views{};
+  std::array<int64_t, N + M> strides{};
+  for (size_t i = 0; i < N + M; ++i) {
+    const std::string error = CoreView(*operands[i], leading, &views[i], &strides[i]);
     if (!error.empty()) return ffi::Error(ffi::ErrorCode::kInvalidArgument, error);
   }
-  KyTensor out_view{};
-  int64_t out_stride = 0;
-  const std::string error = CoreView({output, kOutputCoreRank, "output"}, leading, &out_view, &out_stride);
-  if (!error.empty()) return ffi::Error(ffi::ErrorCode::kInvalidArgument, error);
-
-  std::array<KyTensor, N> at = views;
-  KyTensor out_at = out_view;
+  std::array<KyTensor, N> in{};
+  std::array<KyTensor, M> out{};
   char message[kErrorSize] = {0};
   for (int64_t index = 0; index < count; ++index) {
-    for (size_t i = 0; i < N; ++i) at[i].data = static_cast<char*>(views[i].data) + index * strides[i];
-    out_at.data = static_cast<char*>(out_view.data) + index * out_stride;
-    const int32_t status = entry(at, &out_at, message);
+    for (size_t i = 0; i < N + M; ++i) {
+      KyTensor& at = i < N ? in[i] : out[i - N];
+      at = views[i];
+      at.data = static_cast<char*>(views[i].data) + index * strides[i];
+    }
+    const int32_t status = entry(in, out, message);
     if (status == KY_OK) continue;
     return ffi::Error(status == KY_INVALID_ARGUMENT ? ffi::ErrorCode::kInvalidArgument : ffi::ErrorCode::kInternal,
                       std::string(message));
   }
   return ffi::Error::Success();
 }
+
+// One output of core rank 3 (every entry but the decoding step).
+std::array<Operand, 1> Output(ffi::AnyBuffer output) { return {{{output, kOutputCoreRank, "output"}}}; }
 
 int32_t Threads(int64_t num_threads) {
   return static_cast<int32_t>(std::clamp<int64_t>(num_threads, 0, INT32_MAX));
@@ -151,8 +157,9 @@ ffi::Error HashCodes(ffi::AnyBuffer x, ffi::AnyBuffer params, ffi::Result<ffi::A
   constexpr bool kGaussian = kEntry == &ky_gaussian_hash_codes;
   const std::array<Operand, 2> inputs{{{x, 3, "x"},
                                        {params, kGaussian ? 2 : 3, kGaussian ? "projection" : "signs"}}};
-  return RunBatched(inputs, *codes, [&](std::array<KyTensor, 2>& in, KyTensor* out, char* error) {
-    return kEntry(&in[0], &in[1], num_hashes, hash_code_len, out, Threads(num_threads), error, kErrorSize);
+  return RunBatched(inputs, Output(*codes), [&](std::array<KyTensor, 2>& in, std::array<KyTensor, 1>& out,
+                                                 char* error) {
+    return kEntry(&in[0], &in[1], num_hashes, hash_code_len, &out[0], Threads(num_threads), error, kErrorSize);
   });
 }
 
@@ -206,8 +213,9 @@ ffi::Error LshCumulation(ffi::AnyBuffer query_mask, ffi::AnyBuffer query_codes, 
   const std::array<Operand, 5> inputs{{{query_mask, 2, "query_mask"}, {query_codes, 3, "query_codes"},
                                        {key_mask, 2, "key_mask"}, {key_codes, 3, "key_codes"},
                                        {value, 3, "value"}}};
-  return RunBatched(inputs, *output, [&](std::array<KyTensor, 5>& in, KyTensor* out, char* error) {
-    return ky_lsh_cumulation(&in[0], &in[1], &in[2], &in[3], &in[4], a.num_buckets, a.causal, out,
+  return RunBatched(inputs, Output(*output), [&](std::array<KyTensor, 5>& in, std::array<KyTensor, 1>& out,
+                                                 char* error) {
+    return ky_lsh_cumulation(&in[0], &in[1], &in[2], &in[3], &in[4], a.num_buckets, a.causal, &out[0],
                              Threads(a.num_threads), error, kErrorSize);
   });
 }
@@ -223,9 +231,10 @@ ffi::Error WeightedLshCumulation(ffi::AnyBuffer query_mask, ffi::AnyBuffer query
                                        {query_weight, 3, "query_weight"}, {key_mask, 2, "key_mask"},
                                        {key_codes, 3, "key_codes"}, {key_weight, 3, "key_weight"},
                                        {value, 3, "value"}}};
-  return RunBatched(inputs, *output, [&](std::array<KyTensor, 7>& in, KyTensor* out, char* error) {
+  return RunBatched(inputs, Output(*output), [&](std::array<KyTensor, 7>& in, std::array<KyTensor, 1>& out,
+                                                 char* error) {
     return ky_weighted_lsh_cumulation(&in[0], &in[1], &in[2], &in[3], &in[4], &in[5], &in[6], a.num_buckets,
-                                      a.causal, out, Threads(a.num_threads), error, kErrorSize);
+                                      a.causal, &out[0], Threads(a.num_threads), error, kErrorSize);
   });
 }
 
@@ -237,9 +246,26 @@ ffi::Error CollisionCumulation(ffi::AnyBuffer query_mask, ffi::AnyBuffer query_c
                                        {query, 3, "query"}, {query_weight, 3, "query_weight"},
                                        {key_mask, 2, "key_mask"}, {key_codes, 3, "key_codes"},
                                        {key, 3, "key"}, {key_weight, 3, "key_weight"}}};
-  return RunBatched(inputs, *output, [&](std::array<KyTensor, 8>& in, KyTensor* out, char* error) {
+  return RunBatched(inputs, Output(*output), [&](std::array<KyTensor, 8>& in, std::array<KyTensor, 1>& out,
+                                                 char* error) {
     return ky_collision_cumulation(&in[0], &in[1], &in[2], &in[3], &in[4], &in[5], &in[6], &in[7], hash_code_len,
-                                   epsilon, out, Threads(num_threads), error, kErrorSize);
+                                   epsilon, &out[0], Threads(num_threads), error, kErrorSize);
+  });
+}
+
+// The decoding step: two outputs, output [B, T, D] and tables_out [B, m, num_buckets, D] (which JAX
+// may alias to the tables input: the entry then updates the tables in place).
+ffi::Error LshCumulationStep(ffi::AnyBuffer query_mask, ffi::AnyBuffer query_codes, ffi::AnyBuffer key_mask,
+                             ffi::AnyBuffer key_codes, ffi::AnyBuffer value, ffi::AnyBuffer tables,
+                             ffi::Result<ffi::AnyBuffer> output, ffi::Result<ffi::AnyBuffer> tables_out,
+                             int64_t num_threads) {
+  const std::array<Operand, 6> inputs{{{query_mask, 2, "query_mask"}, {query_codes, 3, "query_codes"},
+                                       {key_mask, 2, "key_mask"}, {key_codes, 3, "key_codes"},
+                                       {value, 3, "value"}, {tables, 4, "tables"}}};
+  const std::array<Operand, 2> outputs{{{*output, kOutputCoreRank, "output"}, {*tables_out, 4, "tables_out"}}};
+  return RunBatched(inputs, outputs, [&](std::array<KyTensor, 6>& in, std::array<KyTensor, 2>& out, char* error) {
+    return ky_lsh_cumulation_step(&in[0], &in[1], &in[2], &in[3], &in[4], &in[5], &out[0], &out[1],
+                                  Threads(num_threads), error, kErrorSize);
   });
 }
 
@@ -303,4 +329,16 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(ky_xla_collision_cumulation, keras_yoso::Collision
                                   .Ret<ffi::AnyBuffer>()  // output [B, Nq, d]
                                   .Attr<int64_t>("hash_code_len")
                                   .Attr<float>("epsilon")
+                                  .Attr<int64_t>("num_threads"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(ky_xla_lsh_cumulation_step, keras_yoso::LshCumulationStep,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::AnyBuffer>()  // query_mask float32 [B, T]
+                                  .Arg<ffi::AnyBuffer>()  // query_codes int32 [B, m, T]
+                                  .Arg<ffi::AnyBuffer>()  // key_mask float32 [B, T]
+                                  .Arg<ffi::AnyBuffer>()  // key_codes int32 [B, m, T]
+                                  .Arg<ffi::AnyBuffer>()  // value [B, T, D]
+                                  .Arg<ffi::AnyBuffer>()  // tables float32 [B, m, num_buckets, D]
+                                  .Ret<ffi::AnyBuffer>()  // output [B, T, D]
+                                  .Ret<ffi::AnyBuffer>()  // tables_out float32 [B, m, num_buckets, D]
                                   .Attr<int64_t>("num_threads"));

@@ -217,6 +217,28 @@ inline std::string CheckLshCumulation(const Shape& query_mask, const Shape& quer
   return error;
 }
 
+// lsh_cumulation_step (decoding): T new positions on both sides (query_codes and key_codes
+// [B, m, T], masks [B, T]), value [B, T, D] and the bucket tables of the earlier positions
+// [B, m, num_buckets, D]; fills d (num_buckets from the tables, a power of two <= 2^20).
+inline std::string CheckLshCumulationStep(const Shape& query_mask, const Shape& query_codes,
+                                          const Shape& key_mask, const Shape& key_codes,
+                                          const Shape& value, const Shape& tables,
+                                          CumulationDims* d) {
+  *d = CumulationDims{};
+  std::string error = CheckCumulationSides(query_mask, query_codes, key_mask, key_codes, d);
+  if (error.empty()) error = CheckCausalLengths(1, d->num_queries, d->num_keys);
+  if (error.empty()) {
+    error = CheckShape(value, "value", "[batch, num_keys, value_dim]", {d->batch, d->num_keys, -1});
+  }
+  if (!error.empty()) return error;
+  d->value_dim = value.dims[2];
+  error = CheckShape(tables, "tables", "[batch, num_hashes, num_buckets, value_dim]",
+                     {d->batch, d->num_hashes, -1, d->value_dim});
+  if (!error.empty()) return error;
+  d->num_buckets = tables.dims[2];
+  return CheckNumBuckets(d->num_buckets);
+}
+
 // query_weight [B, Nq, W] and key_weight [B, Nk, W] against the sides in d; *width = W.
 inline std::string CheckWeightPair(const Shape& query_weight, const Shape& key_weight,
                                    const CumulationDims& d, int64_t* width) {

@@ -891,6 +891,55 @@ void LshCumulationCpu(const CumulationDims& d, int64_t causal, const float* quer
   });
 }
 
+// Decoding step of causal YOSO (eq. 2 as linear attention with one-hot features): T new
+// positions over the bucket tables of the earlier ones. Per (b, h), in position order t:
+// key t's value joins bucket kc[b,h,t] (when kept), then query t reads bucket qc[b,h,t], so
+// it sees the earlier positions and the new keys j <= t:
+//   out[b,t] = qmask[b,t] / m * sum_h tables_out_t[b,h,qc[b,h,t]],
+//   tables_out[b,h] = tables[b,h] + sum_{t kept} e_{kc[b,h,t]} value[b,t].
+// tables, tables_out [B, m, num_buckets, D] float32 (tables_out may be tables: updated in place);
+// value [B, T, D] -> out [B, T, D]. Codes already checked to lie in [0, num_buckets).
+// Work unit b owns its rows of out and tables_out; every element is summed in position order,
+// then over hashes in order, whatever the thread count.
+template <typename T, typename ParallelFor>
+void LshCumulationStepCpu(const CumulationDims& d, const float* query_mask, const int32_t* query_codes,
+                          const float* key_mask, const int32_t* key_codes, const T* value,
+                          const float* tables, T* out, float* tables_out, ParallelFor&& pf) {
+  const int64_t length = d.num_queries, width = d.value_dim, table = d.num_buckets * width;
+  const double unit_cost = static_cast<double>(d.num_hashes) *
+                           static_cast<double>((tables == tables_out ? 0 : table) + 2 * length * width);
+  pf(d.batch, internal::CostPerUnit(unit_cost), [&](int64_t begin, int64_t end) {
+    std::vector<float> acc(length * width), v(length * width);
+    for (int64_t b = begin; b < end; ++b) {
+      std::fill(acc.begin(), acc.end(), 0.0f);
+      for (int64_t i = 0; i < length * width; ++i) v[i] = static_cast<float>(value[b * length * width + i]);
+      for (int64_t h = 0; h < d.num_hashes; ++h) {
+        const int64_t row = b * d.num_hashes + h;
+        float* tab = tables_out + row * table;
+        if (tables != tables_out) std::copy(tables + row * table, tables + (row + 1) * table, tab);
+        const int32_t* qc = query_codes + row * length;
+        const int32_t* kc = key_codes + row * length;
+        for (int64_t t = 0; t < length; ++t) {
+          if (key_mask[b * length + t] != 0.0f) {
+            float* bucket = tab + static_cast<int64_t>(kc[t]) * width;
+            for (int64_t c = 0; c < width; ++c) bucket[c] += v[t * width + c];
+          }
+          if (query_mask[b * length + t] != 0.0f) {
+            const float* bucket = tab + static_cast<int64_t>(qc[t]) * width;
+            for (int64_t c = 0; c < width; ++c) acc[t * width + c] += bucket[c];
+          }
+        }
+      }
+      const float scale = 1.0f / static_cast<float>(d.num_hashes);
+      for (int64_t t = 0; t < length; ++t) {
+        const float s = query_mask[b * length + t] != 0.0f ? scale : 0.0f;
+        T* o = out + (b * length + t) * width;
+        for (int64_t c = 0; c < width; ++c) o[c] = static_cast<T>(acc[t * width + c] * s);
+      }
+    }
+  });
+}
+
 // LshCumulationCpu over every key (causal = 0).
 template <typename T, typename ParallelFor>
 void LshCumulationCpu(const CumulationDims& d, const float* query_mask,

@@ -400,6 +400,33 @@ class LshCumulationOp : public BucketedOpKernel {
   }
 };
 
+// The decoding step (CPU only): output [B, T, D] and tables_out, which takes over the tables
+// input's buffer when nothing else holds it (then the tables are updated in place).
+template <typename T>
+class LshCumulationStepOp : public OpKernel {
+ public:
+  using OpKernel::OpKernel;
+
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor &qm = ctx->input(0), &qc = ctx->input(1), &km = ctx->input(2),
+                 &kc = ctx->input(3), &value = ctx->input(4), &tables = ctx->input(5);
+    Shape s[6];
+    OP_REQUIRES_OK(ctx, InputShapes(ctx, {"query_mask", "query_codes", "key_mask", "key_codes",
+                                          "value", "tables"}, s));
+    CumulationDims d{};
+    OP_REQUIRES_OK(ctx, Invalid(CheckLshCumulationStep(s[0], s[1], s[2], s[3], s[4], s[5], &d)));
+    Tensor* out = nullptr;
+    bool has_work = false;
+    OP_REQUIRES_OK(ctx, CheckCodesAndAllocate<CPUDevice>(ctx, qc, kc, d, d.value_dim, &out, &has_work));
+    Tensor* tables_out = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->forward_input_or_allocate_output({5}, 1, tables.shape(), &tables_out));
+    if (tables_out->NumElements() == 0) return;
+    LshCumulationStepCpu<T>(d, Ptr<float>(qm), Ptr<int32_t>(qc), Ptr<float>(km), Ptr<int32_t>(kc),
+                            Ptr<T>(value), Ptr<float>(tables), MutablePtr<T>(out),
+                            MutablePtr<float>(tables_out), TfParallelFor{ctx});
+  }
+};
+
 template <typename Device, typename T>
 class WeightedLshCumulationOp : public BucketedOpKernel {
  public:
@@ -480,6 +507,12 @@ class CollisionCumulationOp : public OpKernel {
 KERAS_YOSO_REGISTER(DEVICE_CPU, CPUDevice, float)
 KERAS_YOSO_REGISTER(DEVICE_CPU, CPUDevice, Eigen::half)
 KERAS_YOSO_REGISTER(DEVICE_CPU, CPUDevice, Eigen::bfloat16)
+#define KERAS_YOSO_REGISTER_STEP(T)                                                         \
+  REGISTER_KERNEL_BUILDER(Name("YosoLshCumulationStep").Device(DEVICE_CPU).TypeConstraint<T>("T"), \
+                          LshCumulationStepOp<T>);
+KERAS_YOSO_REGISTER_STEP(float)
+KERAS_YOSO_REGISTER_STEP(Eigen::half)
+KERAS_YOSO_REGISTER_STEP(Eigen::bfloat16)
 #if GOOGLE_CUDA
 KERAS_YOSO_REGISTER(DEVICE_GPU, GPUDevice, float)
 KERAS_YOSO_REGISTER(DEVICE_GPU, GPUDevice, Eigen::half)

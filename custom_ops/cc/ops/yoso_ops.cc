@@ -187,6 +187,38 @@ causal: 0 sums over every key; 1 over keys j <= i; -1 over keys j >= i (causal !
 num_queries == num_keys: query i and key i are position i). The GPU kernel takes causal = 0 only.
 )doc");
 
+REGISTER_OP("YosoLshCumulationStep")
+    .Input("query_mask: float")
+    .Input("query_codes: int32")
+    .Input("key_mask: float")
+    .Input("key_codes: int32")
+    .Input("value: T")
+    .Input("tables: float")
+    .Output("output: T")
+    .Output("tables_out: float")
+    .Attr("T: {float, half, bfloat16}")
+    .SetShapeFn([](InferenceContext* c) {
+      TF_RETURN_IF_ERROR(CumulationShape(c, 1, {}, 2, 3, {4}, {}, 4));
+      ShapeHandle tables;
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(5), 4, &tables));
+      DimensionHandle merged;
+      TF_RETURN_IF_ERROR(c->Merge(c->Dim(tables, 0), c->Dim(c->input(1), 0), &merged));
+      TF_RETURN_IF_ERROR(c->Merge(c->Dim(tables, 1), c->Dim(c->input(1), 1), &merged));
+      TF_RETURN_IF_ERROR(c->Merge(c->Dim(tables, 3), c->Dim(c->input(4), 2), &merged));
+      const DimensionHandle num_buckets = c->Dim(tables, 2);
+      if (c->ValueKnown(num_buckets)) TF_RETURN_IF_ERROR(Invalid(CheckNumBuckets(c->Value(num_buckets))));
+      TF_RETURN_IF_ERROR(c->Merge(c->Dim(c->input(1), 2), c->Dim(c->input(3), 2), &merged));
+      c->set_output(1, tables);
+      return absl::OkStatus();
+    })
+    .Doc(R"doc(
+Decoding step of causal YOSO: T new positions over the bucket tables of the earlier ones.
+Per (b, h), in position order t, key t's value joins bucket kc[b,h,t] (when kept), then query t
+reads bucket qc[b,h,t]: output[b,t] = qmask[b,t]/m * sum_h tables_t[b,h,qc[b,h,t]].
+tables, tables_out: [batch, num_hashes, num_buckets, value_dim] float32 (tables_out: the tables
+with the new keys added). CPU kernel only.
+)doc");
+
 REGISTER_OP("YosoWeightedLshCumulation")
     .Input("query_mask: float")
     .Input("query_codes: int32")

@@ -9,6 +9,7 @@ from keras_yoso.ops.composite.collision import collision_cumulation
 from keras_yoso.ops.composite.cumulation import lower_bound_gradients
 from keras_yoso.ops.composite.cumulation import lsh_cumulation
 from keras_yoso.ops.composite.cumulation import weighted_lsh_cumulation
+from keras_yoso.ops.composite.decoding import lsh_cumulation_step
 from keras_yoso.ops.composite.hashing import hash_codes
 from keras_yoso.ops.composite.linear_relative import chunk_rows
 from keras_yoso.ops.composite.linear_relative import total_rows
@@ -35,6 +36,7 @@ _FUNCTIONS = {
     "hadamard_hash_codes": functools.partial(hash_codes, method="hadamard"),
     "hadamard_interleaved_hash_codes": functools.partial(hash_codes, method="hadamard_interleaved"),
     "lsh_cumulation": _lsh,
+    "lsh_cumulation_step": lsh_cumulation_step,
     "weighted_lsh_cumulation": _weighted,
     "collision_cumulation": collision_cumulation,
 }

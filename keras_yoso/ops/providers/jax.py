@@ -79,15 +79,16 @@ def _is_traced(arrays):
     return any(isinstance(a, jax.core.Tracer) for a in arrays)
 
 
-def _call(target, result, arrays, **attributes):
-    """One FFI call of `target` on `arrays`, with `result` (a jax.ShapeDtypeStruct) and `attributes`
-    typed as the handler declares them. In eager mode a kernel's InvalidArgument becomes
-    ValueError with the kernel's message."""
-    run = jax.ffi.ffi_call(target, result, vmap_method="broadcast_all")
+def _call(target, result, arrays, aliases, **attributes):
+    """One FFI call of `target` on `arrays`, with `result` (a jax.ShapeDtypeStruct, or a list of them),
+    `aliases` (input index -> output index that may reuse its buffer) and `attributes` typed as the
+    handler declares them. In eager mode a kernel's InvalidArgument becomes ValueError with the
+    kernel's message."""
+    run = jax.ffi.ffi_call(target, result, vmap_method="broadcast_all", input_output_aliases=aliases or None)
     if _is_traced(arrays):
         return run(*arrays, **attributes)
     try:
-        return run(*arrays, **attributes).block_until_ready()
+        return jax.block_until_ready(run(*arrays, **attributes))
     except _RUNTIME_ERRORS as error:
         message = str(error)
         if not message.startswith(_INVALID_ARGUMENT_PREFIX):
@@ -135,18 +136,24 @@ class JaxProvider(base.NativeLibraryProvider):
         count = len(primitive.inputs)
         tensors = dict(zip(primitive.input_names, (jnp.asarray(a) for a in arguments[:count])))
         attributes = dict(zip(primitive.attribute_names, arguments[count:]))
-        shape, source = primitive.output({n: t.shape for n, t in tensors.items()}, attributes)
-        dtype = jnp.int32 if source == "int32" else tensors[source].dtype
+        source = primitive.float_dtype_source()
         arrays = []
         for spec in primitive.inputs:
             tensor = tensors[spec.name]
             if spec.dtype is not None:
                 tensor = tensor.astype(spec.dtype)
-            elif source != "int32":
-                tensor = tensor.astype(dtype)
-            arrays.append(jax.lax.stop_gradient(tensor) if source == "int32" else tensor)
+            elif source is not None:
+                tensor = tensor.astype(tensors[source].dtype)
+            arrays.append(jax.lax.stop_gradient(tensor) if source is None else tensor)
+        shapes = primitive.output_shapes({n: t.shape for n, t in tensors.items()}, attributes)
+        results = [jax.ShapeDtypeStruct(shape, tensors[out.dtype].dtype if out.dtype in tensors else out.dtype)
+                   for out, shape in zip(primitive.outputs, shapes)]
+        aliases = {primitive.input_names.index(i): [o.name for o in primitive.outputs].index(out)
+                   for i, out in primitive.in_place.items()}
         typed = {a.name: _ATTRIBUTE_TYPES[a.kind](attributes[a.name]) for a in primitive.attributes}
-        return _call(primitive.target, jax.ShapeDtypeStruct(shape, dtype), arrays, **typed, num_threads=_threads())
+        result = _call(primitive.target, results[0] if len(results) == 1 else results, arrays, aliases, **typed,
+                       num_threads=_threads())
+        return result if len(results) == 1 else tuple(result)
 
 
 PROVIDER = JaxProvider()

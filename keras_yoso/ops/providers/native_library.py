@@ -19,7 +19,7 @@ from keras_yoso.ops import _spec
 # The folder of the keras_yoso package (keras_yoso/ops/providers/../..), where the compiled libraries lie.
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # custom_ops/cc/c_api/yoso_c_api.h: KY_ABI_VERSION, dtype codes, return codes, KY_MAX_RANK.
-ABI_VERSION = 4
+ABI_VERSION = 5
 DTYPE_CODES = {"float32": 0, "float16": 1, "bfloat16": 2, "int32": 3}
 _OK, _INVALID_ARGUMENT = 0, 1
 MAX_RANK = 8
@@ -56,9 +56,10 @@ _ATTRIBUTE_TYPES = {"int": _I64, "float": _F32}
 
 
 def _signature(primitive):
-    """The C ABI argument types of `primitive`'s entry: a KyTensor per input, its attributes, the
-    output KyTensor, then the tail."""
-    return [_T] * len(primitive.inputs) + [_ATTRIBUTE_TYPES[a.kind] for a in primitive.attributes] + [_T] + _TAIL
+    """The C ABI argument types of `primitive`'s entry: a KyTensor per input, its attributes, a
+    KyTensor per output, then the tail."""
+    attributes = [_ATTRIBUTE_TYPES[a.kind] for a in primitive.attributes]
+    return [_T] * len(primitive.inputs) + attributes + [_T] * len(primitive.outputs) + _TAIL
 
 
 class LazyLibrary:

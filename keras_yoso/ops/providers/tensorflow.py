@@ -90,10 +90,11 @@ class TensorFlowProvider(base.Provider):
         the raw op's own selectors as attrs)."""
         primitive = _spec.PRIMITIVES[name]
         count = len(primitive.inputs)
-        tensors = [tf.cast(t, tf.float32) if spec.kind == "mask" else t
+        tensors = [tf.cast(t, tf.float32) if spec.dtype == "float32" else t
                    for spec, t in zip(primitive.inputs, arguments[:count])]
         attributes = dict(zip(primitive.attribute_names, arguments[count:]))
-        return _raw_op(primitive)(*tensors, **attributes, **primitive.raw_op_attributes)
+        result = _raw_op(primitive)(*tensors, **attributes, **primitive.raw_op_attributes)
+        return result if len(primitive.outputs) == 1 else tuple(result)
 
 
 PROVIDER = TensorFlowProvider()

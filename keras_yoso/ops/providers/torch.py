@@ -46,28 +46,37 @@ def _view(tensor, name):
     return native_library.tensor_view(tensor.data_ptr(), dtype, tuple(tensor.shape))
 
 
-def _run(entry, inputs, attributes, output):
-    """Runs the C ABI `entry` on the named `inputs` [(name, tensor)], then the attributes, then `output`."""
+def _run(entry, inputs, attributes, outputs):
+    """Runs the C ABI `entry` on the named `inputs` [(name, tensor)], then the attributes, then the named
+    `outputs`; returns the output tensors."""
     inputs = [(name, tensor.contiguous()) for name, tensor in inputs]  # kept alive until the call returns
     views = [_view(tensor, name) for name, tensor in inputs]
-    native_library.call(entry, *views, *attributes, _view(output, "output"), num_threads=torch.get_num_threads())
-    return output
+    native_library.call(entry, *views, *attributes, *(_view(tensor, name) for name, tensor in outputs),
+                        num_threads=torch.get_num_threads())
+    return [tensor for _, tensor in outputs]
 
 
 # Schema types of the table's attribute kinds.
 _SCHEMA_TYPES = {"int": "int", "float": "float"}
 
 
-def _output(primitive, arguments):
-    """An empty output tensor of `primitive` for `arguments` (its inputs, then its attributes)."""
+_DTYPES = {"int32": torch.int32, "float32": torch.float32}
+
+
+def _outputs(primitive, arguments):
+    """Empty output tensors of `primitive` for `arguments` (its inputs, then its attributes)."""
     arguments = primitive.complete(arguments)
     count = len(primitive.inputs)
     tensors = dict(zip(primitive.input_names, arguments[:count]))
     attributes = dict(zip(primitive.attribute_names, arguments[count:]))
-    shape, source = primitive.output({n: tuple(t.shape) for n, t in tensors.items()}, attributes)
+    shapes = primitive.output_shapes({n: tuple(t.shape) for n, t in tensors.items()}, attributes)
     like = tensors[primitive.input_names[0]]
-    dtype = torch.int32 if source == "int32" else tensors[source].dtype
-    return torch.empty(shape, dtype=dtype, device=like.device)
+    return [torch.empty(shape, dtype=tensors[out.dtype].dtype if out.dtype in tensors else _DTYPES[out.dtype],
+                        device=like.device) for out, shape in zip(primitive.outputs, shapes)]
+
+
+def _returned(outputs):
+    return outputs[0] if len(outputs) == 1 else tuple(outputs)
 
 
 def _define(primitive):
@@ -78,14 +87,17 @@ def _define(primitive):
                        + [f"{_SCHEMA_TYPES[a.kind]} {a.name}" + ("" if a.default is None else f"={a.default}")
                           for a in primitive.attributes])
 
+    returns = "Tensor" if len(primitive.outputs) == 1 else "(" + ", ".join(["Tensor"] * len(primitive.outputs)) + ")"
+
     def implementation(*arguments):
         arguments = primitive.complete(arguments)
         inputs = list(zip(primitive.input_names, arguments[:count]))
-        return _run(primitive.entry, inputs, list(arguments[count:]), _output(primitive, arguments))
+        outputs = list(zip([o.name for o in primitive.outputs], _outputs(primitive, arguments)))
+        return _returned(_run(primitive.entry, inputs, list(arguments[count:]), outputs))
 
     op = torch.library.custom_op(f"{_NAMESPACE}::{primitive.name}", implementation, mutates_args=(),
-                                 device_types="cpu", schema=f"({schema}) -> Tensor")
-    op.register_fake(lambda *arguments: _output(primitive, arguments))
+                                 device_types="cpu", schema=f"({schema}) -> {returns}")
+    op.register_fake(lambda *arguments: _returned(_outputs(primitive, arguments)))
 
 
 def _loaded_libgomp_paths():
@@ -173,11 +185,11 @@ class TorchProvider(base.NativeLibraryProvider):
         return None
 
     def run(self, name, *arguments):
-        """`_spec.PRIMITIVES[name]` as its `torch.ops.keras_yoso` op; masks as float32, attributes as
-        Python numbers."""
+        """`_spec.PRIMITIVES[name]` as its `torch.ops.keras_yoso` op; masks (and the other float32
+        inputs) as float32, attributes as Python numbers."""
         primitive = _spec.PRIMITIVES[name]
         count = len(primitive.inputs)
-        tensors = [t.to(torch.float32) if spec.kind == "mask" else t
+        tensors = [t.to(torch.float32) if spec.dtype == "float32" else t
                    for spec, t in zip(primitive.inputs, arguments[:count])]
         attributes = [int(a) if spec.kind == "int" else float(a)
                       for spec, a in zip(primitive.attributes, arguments[count:])]
