@@ -41,6 +41,14 @@ MAX_CUMULATION_HASH_CODE_LEN = MAX_NUM_BUCKETS_LOG2
 # (kMaxBucketTableFloats: the CPU kernel's [W, D] K^T V table of one bucket, 1 GiB).
 MAX_BUCKET_TABLE_FLOATS = 2 ** 28
 
+# --- the tensor checks of the layers (keras_yoso._backend holds the backend-specific part) --------
+# Shapes as Python tuples (None where unknown); a run-time assertion for dims known only when a
+# TensorFlow graph runs; tensors made to depend on such assertions; whether they can run here.
+static_shape = _backend.static_shape
+run_time_check = _backend.check
+after_checks = _backend.after
+can_check = _backend.can_check
+
 # --- choices and defaults ------------------------------------------------------------------------
 IMPLEMENTATIONS = ("auto", "custom_op", "composite")
 HASH_METHODS = ("gaussian", "hadamard", "hadamard_interleaved")

@@ -295,3 +295,37 @@ def test_mixed_precision_outputs_are_finite_in_compute_dtype(make, policy):
         assert all(np.all(np.isfinite(g)) for g in grads.values())
     finally:
         keras.mixed_precision.set_global_policy("float32")
+
+
+def test_a_new_variant_is_one_method_and_a_registered_name_that_the_block_builds():
+    """A variant takes MultiHeadAttention's arguments through **kwargs and implements `_attend` only;
+    registered by name, TransformerEncoderBlock builds it, masks, dropout and config included."""
+    from keras import ops
+
+    from keras_yoso.layers import TransformerEncoderBlock
+    from keras_yoso.layers.attention_registry import register_attention
+    from keras_yoso.layers.multi_head_attention_base import MultiHeadAttentionBase
+
+    @register_attention("mean_of_kept_values")
+    class MeanOfKeptValues(MultiHeadAttentionBase):
+        def _attend(self, heads, masks, training, causal, cache=None, index=None):
+            _, _, value = heads
+            kept = ops.cast(masks[1], "float32")[:, :, None, None]
+            mean = ops.sum(value * kept, axis=1, keepdims=True) / ops.maximum(ops.sum(kept, axis=1, keepdims=True), 1)
+            query = heads[0]
+            return ops.broadcast_to(mean, tuple(ops.shape(query)[:2]) + tuple(mean.shape[2:])), None
+
+    rng = np.random.default_rng(0)
+    x = _inputs(rng, 2, 5, 8)
+    mask = lengths_mask([5, 3], 5)
+    layer = MeanOfKeptValues(num_heads=2, key_dim=4, dropout=0.0, use_bias=False, kernel_initializer="ones")
+    out = to_numpy(layer(x, x, query_mask=mask, value_mask=mask))
+    assert out.shape == (2, 5, 8) and np.all(out[1, 3:] == 0.0)  # masked queries output zero
+    # The padded values of row 1 never reach an output.
+    changed = x.copy()
+    changed[1, 3:] = 1e6
+    np.testing.assert_allclose(to_numpy(layer(changed, changed, query_mask=mask, value_mask=mask)), out, rtol=1e-6)
+    assert MeanOfKeptValues.from_config(layer.get_config()).get_config()["use_bias"] is False
+    block = TransformerEncoderBlock(2, 16, attention="mean_of_kept_values", dropout=0.0)
+    assert to_numpy(block(x)).shape == (2, 5, 8)
+    assert isinstance(block.attention_layer, MeanOfKeptValues)

@@ -4,9 +4,11 @@ import keras
 from keras import ops
 
 from keras_yoso import _validation
+from keras_yoso.layers.attention_registry import register_attention
 
 
 @keras.saving.register_keras_serializable(package="keras_yoso")
+@register_attention("softmax")
 class CachedMultiHeadAttention(keras.layers.MultiHeadAttention):
     """`keras.layers.MultiHeadAttention` that also decodes incrementally with a key/value cache.
 

@@ -7,17 +7,17 @@ attention with relative positional encoding", 2022.
 import keras
 from keras import ops
 
-from keras_yoso import _backend
 from keras_yoso import _validation
 from keras_yoso import ops as yoso_ops
+from keras_yoso.layers.attention_registry import register_attention
 from keras_yoso.layers.multi_head_attention_base import MultiHeadAttentionBase
 from keras_yoso.layers.multi_head_attention_base import flatten_heads
 from keras_yoso.layers.multi_head_attention_base import repeat_heads
 from keras_yoso.layers.multi_head_attention_base import unflatten_heads
-from keras_yoso.ops import linear_relative
 
 
 @keras.saving.register_keras_serializable(package="keras_yoso")
+@register_attention("linear_relative")
 class LinearRelativeAttention(MultiHeadAttentionBase):
     """Multi-head linear attention with Shaw relative positions (Scaleformer), O(L) in length.
 
@@ -126,17 +126,6 @@ class LinearRelativeAttention(MultiHeadAttentionBase):
         share_relative_embeddings=False,
         epsilon=_validation.LINEAR_RELATIVE_EPSILON,
         chunk_size=None,
-        dropout=0.0,
-        use_bias=True,
-        output_shape=None,
-        kernel_initializer="glorot_uniform",
-        bias_initializer="zeros",
-        kernel_regularizer=None,
-        bias_regularizer=None,
-        activity_regularizer=None,
-        kernel_constraint=None,
-        bias_constraint=None,
-        seed=None,
         **kwargs,
     ):
         self._horizon = _validation.integer(horizon, "horizon", 1, allow_none=True, layer=True)
@@ -145,12 +134,7 @@ class LinearRelativeAttention(MultiHeadAttentionBase):
                                                               layer=True)
         self._epsilon = _validation.positive_float(epsilon, "epsilon", layer=True)
         self._chunk_size = _validation.integer(chunk_size, "chunk_size", 1, allow_none=True, layer=True)
-        super().__init__(
-            num_heads, key_dim, value_dim=value_dim, dropout=dropout, use_bias=use_bias, output_shape=output_shape,
-            kernel_initializer=kernel_initializer, bias_initializer=bias_initializer,
-            kernel_regularizer=kernel_regularizer, bias_regularizer=bias_regularizer,
-            activity_regularizer=activity_regularizer, kernel_constraint=kernel_constraint,
-            bias_constraint=bias_constraint, seed=seed, **kwargs)
+        super().__init__(num_heads, key_dim, value_dim=value_dim, **kwargs)
         self.supports_jit = True
 
     @property
@@ -216,15 +200,21 @@ class LinearRelativeAttention(MultiHeadAttentionBase):
             return relative
         return ops.reshape(ops.tile(relative[None], (batch, 1, 1, 1)), (-1, 2 * self._horizon + 1, self._key_dim))
 
-    def _attend(self, query_heads, key_heads, value_heads, query_mask, key_mask, training, use_causal_mask):
+    def _causal_by_default(self, cache):
+        """use_causal_mask=None takes the constructor's `causal` (with or without a cache)."""
+        return self._causal
+
+    def _attend(self, heads, masks, training, causal, cache=None, index=None):
+        if cache is not None:
+            return self._decode(heads, masks, cache)
+        (query_heads, key_heads, value_heads), (query_mask, key_mask) = heads, masks
         batch = ops.shape(query_heads)[0]
-        causal = self._causal if use_causal_mask is None else bool(use_causal_mask)
         out = yoso_ops.linear_relative_attention(
             flatten_heads(query_heads), flatten_heads(key_heads), flatten_heads(value_heads),
             relative_embeddings=self._flat_relative_embeddings(batch), horizon=self._horizon, causal=causal,
             query_mask=repeat_heads(query_mask, self._num_heads), key_mask=repeat_heads(key_mask, self._num_heads),
             epsilon=self._epsilon, chunk_size=self._chunk_size)
-        return unflatten_heads(out, batch, self._num_heads)
+        return unflatten_heads(out, batch, self._num_heads), None
 
     # ------------------------------------------------------------------ incremental decoding
 
@@ -255,20 +245,21 @@ class LinearRelativeAttention(MultiHeadAttentionBase):
         """
         batch_size = _validation.integer(batch_size, "batch_size", 1, layer=True)
         _validation.integer(max_length, "max_length", 1, allow_none=True, layer=True)
-        return linear_relative.linear_relative_decoding_state((batch_size, self._num_heads), self._key_dim,
+        return yoso_ops.linear_relative_decoding_state((batch_size, self._num_heads), self._key_dim,
                                                               self._value_dim, self._horizon)
 
     def _check_cache(self, cache, batch_size):
         """The per-sequence shapes of the cache entries by name (`[heads, ...]` left out); ValueError naming
         `cache` unless it has the names and shapes of `init_cache(batch_size)`."""
-        shapes = linear_relative.linear_relative_decoding_state_shapes(self._key_dim, self._value_dim, self._horizon)
+        shapes = {name: tuple(state.shape[1:]) for name, state in yoso_ops.linear_relative_decoding_state(
+            (1,), self._key_dim, self._value_dim, self._horizon).items()}
         if not isinstance(cache, dict) or set(cache) != set(shapes):
             got = sorted(cache) if isinstance(cache, dict) else type(cache).__name__
             raise ValueError(f"`cache` must be the dict of `init_cache(batch_size)`, with the entries "
                              f"{sorted(shapes)}; received {got}")
         for name, shape in shapes.items():
             want = (batch_size, self._num_heads) + shape
-            got = _backend.static_shape(cache[name])
+            got = _validation.static_shape(cache[name])
             if got is None or len(got) != len(want) or any(
                     w is not None and g is not None and w != g for w, g in zip(want, got)):
                 raise ValueError(f"`cache[{name!r}]` must have shape {want} (the shape `init_cache(batch_size)` "
@@ -277,21 +268,16 @@ class LinearRelativeAttention(MultiHeadAttentionBase):
                                  f"{None if got is None else tuple(got)}")
         return shapes
 
-    def _attend_cached(self, query_heads, key_heads, value_heads, query_mask, key_mask, cache, index,
-                       use_causal_mask):
-        """One decoding call: `linear_relative_attention_step` per head on the flattened cache.
-
-        `index` (the position of the first new row) is not needed: relative positions depend
-        only on distances, and the cache's window always holds the latest positions."""
-        if not (self._causal if use_causal_mask is None else bool(use_causal_mask)):
-            raise ValueError("LinearRelativeAttention decoding with `cache` needs causal attention: build the "
-                             "layer with causal=True or pass use_causal_mask=True. Received causal="
-                             f"{self._causal}, use_causal_mask={use_causal_mask}")
+    def _decode(self, heads, masks, cache):
+        """One decoding call: `linear_relative_attention_step` per head on the flattened cache. The
+        position of the first new row is not needed: relative positions depend only on distances,
+        and the cache's window always holds the latest positions."""
+        (query_heads, key_heads, value_heads), (query_mask, key_mask) = heads, masks
         batch = ops.shape(query_heads)[0]
-        shapes = self._check_cache(cache, _backend.static_shape(query_heads)[0])
+        shapes = self._check_cache(cache, _validation.static_shape(query_heads)[0])
         # [B, heads, ...] -> [B * heads, ...], row b * heads + h like flatten_heads.
         state = {name: ops.reshape(tensor, (-1,) + shapes[name]) for name, tensor in cache.items()}
-        out, state = linear_relative.linear_relative_attention_step(
+        out, state = yoso_ops.linear_relative_attention_step(
             flatten_heads(query_heads), flatten_heads(key_heads), flatten_heads(value_heads), state,
             relative_embeddings=self._flat_relative_embeddings(batch), horizon=self._horizon,
             query_mask=repeat_heads(query_mask, self._num_heads), key_mask=repeat_heads(key_mask, self._num_heads),

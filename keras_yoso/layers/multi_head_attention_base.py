@@ -12,7 +12,6 @@ from keras import initializers
 from keras import ops
 from keras import regularizers
 
-from keras_yoso import _backend
 from keras_yoso import _validation
 
 _OUTPUT_LETTERS = "opqrsuvwxyz"
@@ -68,16 +67,20 @@ def l2_normalize(x):
 class MultiHeadAttentionBase(keras.layers.Layer):
     """Base of keras_yoso's attention layers: MultiHeadAttention's projections, masks and config.
 
-    Subclasses implement `_attend(query_heads, key_heads, value_heads, query_mask, key_mask,
-    training, use_causal_mask)` on float32 `[B, N, heads, dim]` heads (padded keys and values
-    already zeroed) and return `[B, T, heads, value_dim]`. `_padding_only_reason` is the sentence
-    that explains why an arbitrary `attention_mask` cannot be honoured.
+    A variant takes MultiHeadAttention's constructor arguments through `**kwargs` (they are
+    declared once, here) and implements one method:
 
-    Incremental decoding (keras-hub style): subclasses that decode implement `init_cache(batch_size)`
-    (a fixed-shape state of zeros) and `_attend_cached(query_heads, key_heads, value_heads,
-    query_mask, key_mask, cache, index, use_causal_mask)` -> (`[B, T, heads, value_dim]`, new cache
-    of the same shapes); `call(query, value, cache=, cache_update_index=)` then returns
-    `(output, cache)`.
+        _attend(heads, masks, training, causal, cache=None, index=None) -> (out, cache)
+
+    heads = (query, key, value) float32 `[B, N, num_heads, dim]` (padded keys and values already
+    zeroed), masks = (query_mask `[B, T]`, key_mask `[B, S]`) bool, causal a Python bool (query i
+    attends to keys j <= i), and for incremental decoding (keras-hub style) `cache`, the layer's
+    state (a dict of named tensors from `init_cache(batch_size, max_length=None)`), with `index`,
+    the int32 position of the first new row; out is `[B, T, num_heads, value_dim]` and cache the
+    new state (None without one). `call(query, value, cache=, cache_update_index=)` then returns
+    `(output, cache)`. Optional: `_build_attention` (the variant's weights), `_check_call_options`,
+    `_attention_scores`, `_causal_by_default` and `_padding_only_reason`, the sentence that explains
+    why an arbitrary `attention_mask` cannot be honoured.
     """
 
     _padding_only_reason = "This attention never forms the [target_length, source_length] attention matrix"
@@ -230,7 +233,7 @@ class MultiHeadAttentionBase(keras.layers.Layer):
         shape and the received one, before anything is computed when the shapes are known; a run-time
         assertion with the same message for dims unknown in a TensorFlow graph. Returns the
         assertions. (An `attention_mask` dim of 1 broadcasts.)"""
-        shape = _backend.static_shape
+        shape = _validation.static_shape
         self._check_shapes(shape(query), shape(value), shape(key))
         sources = {"batch": (query, 0), "target": (query, 1), "source": (value, 1)}
         tensors = {"value": value, "key": key, **{k: v for k, v in masks.items() if v is not None}}
@@ -256,11 +259,11 @@ class MultiHeadAttentionBase(keras.layers.Layer):
                 ok = ops.equal(actual, wanted)
                 if arg == "attention_mask":
                     ok = ops.logical_or(ok, ops.equal(actual, 1))
-                checks += _backend.check(ok, message, error=ValueError(message))
+                checks += _validation.run_time_check(ok, message, error=ValueError(message))
         return checks
 
     def _shape_message(self, arg, layout, dims, got, query, value):
-        shape = _backend.static_shape
+        shape = _validation.static_shape
         sizes = {"batch": shape(query)[0], "target": shape(query)[1], "source": shape(value)[1]}
         names = layout.strip("()").split(", ")
         want = "(" + ", ".join(name if dim is None or sizes[dim] is None else str(sizes[dim])
@@ -310,20 +313,25 @@ class MultiHeadAttentionBase(keras.layers.Layer):
                    f"{self._padding_only_reason}, so it can only express masks of the form "
                    "query_mask[:, :, None] & key_mask[:, None, :]. Pass `query_mask`, `value_mask` and/or "
                    "`key_mask` ([batch, length] padding masks) instead.")
-        if not _backend.can_check(is_padding):
+        if not _validation.can_check(is_padding):
             # XLA drops run-time assertions and traced JAX code cannot raise: a causal or banded mask
             # would then be silently read as padding. Refuse at trace time instead.
             raise ValueError(f"{name} cannot check under XLA (jit_compile=True, or the JAX backend's compiled "
                              "train/predict steps) that `attention_mask` is a padding mask. Pass `query_mask`, "
                              "`value_mask` and/or `key_mask` ([batch, length] padding masks) instead, or compile "
                              "without XLA.")
-        checks = _backend.check(is_padding, message, error=ValueError(message))
-        return _backend.after(checks, [query_pad, key_pad])
+        checks = _validation.run_time_check(is_padding, message, error=ValueError(message))
+        return _validation.after_checks(checks, [query_pad, key_pad])
 
     def _check_call_options(self, return_attention_scores, use_causal_mask):
         """Raises for call options the subclass cannot honour."""
 
-    def _attend(self, query_heads, key_heads, value_heads, query_mask, key_mask, training, use_causal_mask):
+    def _causal_by_default(self, cache):
+        """Whether a call with use_causal_mask=None is causal: when it decodes (a `cache` is given)."""
+        return cache is not None
+
+    def _attend(self, heads, masks, training, causal, cache=None, index=None):
+        """(out `[B, T, num_heads, value_dim]`, new cache or None): the attention core (class docstring)."""
         raise NotImplementedError
 
     def _attention_scores(self, query_heads, key_heads, query_mask, key_mask):
@@ -338,9 +346,14 @@ class MultiHeadAttentionBase(keras.layers.Layer):
         Pass it to `call(..., cache=, cache_update_index=)`."""
         raise NotImplementedError(f"{type(self).__name__} does not decode incrementally")
 
-    def _attend_cached(self, query_heads, key_heads, value_heads, query_mask, key_mask, cache, index,
-                       use_causal_mask):
-        raise NotImplementedError(f"{type(self).__name__} does not decode incrementally")
+    def _call_is_causal(self, use_causal_mask, cache):
+        """The call's causality as a Python bool; a call with `cache` must be causal (ValueError)."""
+        causal = self._causal_by_default(cache) if use_causal_mask is None else bool(use_causal_mask)
+        if cache is not None and not causal:
+            raise ValueError(f"{type(self).__name__} called with `cache` decodes causally: use_causal_mask must be "
+                             "True or None with a cache (on a layer built with causal=True where it takes that "
+                             f"argument). Received use_causal_mask={use_causal_mask!r}.")
+        return causal
 
     def _check_cache_call(self, query, value, key, attention_mask, return_attention_scores, cache_update_index):
         """The argument checks of a call with `cache`: ValueError naming the argument."""
@@ -354,7 +367,7 @@ class MultiHeadAttentionBase(keras.layers.Layer):
                              "padding of the new positions).")
         if return_attention_scores:
             raise ValueError(f"{name} called with `cache` cannot return attention scores.")
-        shape = _backend.static_shape
+        shape = _validation.static_shape
         if key is not None and key is not value:
             raise ValueError(f"{name} called with `cache` is self-attention over the new positions: pass "
                              "`layer(query, query, cache=..., cache_update_index=...)` (no separate `key`).")
@@ -397,7 +410,7 @@ class MultiHeadAttentionBase(keras.layers.Layer):
         masks = {name: _bool_mask(mask) for name, mask in
                  (("query_mask", query_mask), ("value_mask", value_mask), ("key_mask", key_mask))}
         checks = self._check_call_shapes(query, value, key_tensor, masks, attention_mask)
-        query, value, key_tensor = _backend.after(checks, [query, value, key_tensor])
+        query, value, key_tensor = _validation.after_checks(checks, [query, value, key_tensor])
         query_mask, key_mask = masks["query_mask"], masks["key_mask"]
         batch = ops.shape(query)[0]
         query_length, key_length = ops.shape(query)[1], ops.shape(value)[1]
@@ -451,12 +464,8 @@ class MultiHeadAttentionBase(keras.layers.Layer):
         query, value, key, query_mask, key_mask = self._inputs_and_masks(
             query, value, key, query_mask, value_mask, key_mask, attention_mask)
         query_heads, key_heads, value_heads = self._projected_heads(query, value, key, query_mask, key_mask)
-        if cache is not None:
-            out, cache = self._attend_cached(query_heads, key_heads, value_heads, query_mask, key_mask, cache,
-                                             index, use_causal_mask)
-        else:
-            out = self._attend(query_heads, key_heads, value_heads, query_mask, key_mask, training,
-                               use_causal_mask)
+        out, cache = self._attend((query_heads, key_heads, value_heads), (query_mask, key_mask), training,
+                                  self._call_is_causal(use_causal_mask, cache), cache=cache, index=index)
         out = ops.where(query_mask[:, :, None, None], out, 0.0)
         out = ops.cast(out, self.compute_dtype)
         if self._dropout_layer is not None:

@@ -3,20 +3,7 @@
 import keras
 
 from keras_yoso import _validation
-
-from keras_yoso.layers.cached_multi_head_attention import CachedMultiHeadAttention
-from keras_yoso.layers.linear_relative_attention import LinearRelativeAttention
-from keras_yoso.layers.yoso_attention import YosoAttention
-
-_ATTENTION_CLASSES = {
-    "yoso": YosoAttention,
-    "softmax": CachedMultiHeadAttention,
-    "linear_relative": LinearRelativeAttention,
-}
-
-
-def _attention_class(attention):
-    return _ATTENTION_CLASSES[_validation.choice(attention, "attention", tuple(_ATTENTION_CLASSES), layer=True)]
+from keras_yoso.layers.attention_registry import attention_class
 
 
 @keras.saving.register_keras_serializable(package="keras_yoso")
@@ -98,7 +85,7 @@ class TransformerEncoderBlock(keras.layers.Layer):
         if attention_kwargs is not None and not isinstance(attention_kwargs, dict):
             raise ValueError("Received an invalid value for argument `attention_kwargs`: expected a dict or "
                              f"None. Received: attention_kwargs={attention_kwargs!r}")
-        self._attention_class = _attention_class(attention)
+        self._attention_class = attention_class(attention)
         super().__init__(**kwargs)
         self.supports_masking = True
         self.num_heads = num_heads

@@ -7,9 +7,9 @@ Sampling", ICML 2021.
 import keras
 from keras import ops
 
-from keras_yoso import _backend
 from keras_yoso import _validation
 from keras_yoso import ops as yoso_ops
+from keras_yoso.layers.attention_registry import register_attention
 from keras_yoso.layers.multi_head_attention_base import MultiHeadAttentionBase
 from keras_yoso.layers.multi_head_attention_base import flatten_heads
 from keras_yoso.layers.multi_head_attention_base import l2_normalize
@@ -21,6 +21,7 @@ _EXPECTATION_BACKWARD = {"lower_bound": "lower_bound", "collision": "exact"}
 
 
 @keras.saving.register_keras_serializable(package="keras_yoso")
+@register_attention("yoso")
 class YosoAttention(MultiHeadAttentionBase):
     """Multi-head YOSO attention: LSH Bernoulli-sampled attention in linear time.
 
@@ -195,17 +196,6 @@ class YosoAttention(MultiHeadAttentionBase):
         conv_window=None,
         backward="lower_bound",
         hash_method=_validation.DEFAULT_HASH_METHOD,
-        dropout=0.0,
-        use_bias=True,
-        output_shape=None,
-        kernel_initializer="glorot_uniform",
-        bias_initializer="zeros",
-        kernel_regularizer=None,
-        bias_regularizer=None,
-        activity_regularizer=None,
-        kernel_constraint=None,
-        bias_constraint=None,
-        seed=None,
         implementation="auto",
         **kwargs,
     ):
@@ -217,13 +207,9 @@ class YosoAttention(MultiHeadAttentionBase):
         self._hash_method = _validation.choice(hash_method, "hash_method", _validation.HASH_METHODS, layer=True)
         self._implementation = _validation.choice(implementation, "implementation", _validation.IMPLEMENTATIONS,
                                                   layer=True)
-        seed = _validation.resolve_seed(seed)
-        super().__init__(
-            num_heads, key_dim, value_dim=value_dim, dropout=dropout, use_bias=use_bias, output_shape=output_shape,
-            kernel_initializer=kernel_initializer, bias_initializer=bias_initializer,
-            kernel_regularizer=kernel_regularizer, bias_regularizer=bias_regularizer,
-            activity_regularizer=activity_regularizer, kernel_constraint=kernel_constraint,
-            bias_constraint=bias_constraint, seed=seed, **kwargs)
+        # The inference hash functions are a function of the seed: drawn now when None, kept in the config.
+        kwargs["seed"] = _validation.resolve_seed(kwargs.get("seed"))
+        super().__init__(num_heads, key_dim, value_dim=value_dim, **kwargs)
         self.supports_jit = self._use_expectation or yoso_ops.supports_jit(self._implementation)
         self._training_seeds = keras.random.SeedGenerator(self.seed)
 
@@ -321,10 +307,13 @@ class YosoAttention(MultiHeadAttentionBase):
         k = l2_normalize(flatten_heads(key_heads))
         return q, k, repeat_heads(query_mask, self._num_heads), repeat_heads(key_mask, self._num_heads)
 
-    def _attend(self, query_heads, key_heads, value_heads, query_mask, key_mask, training, use_causal_mask):
-        causal = bool(use_causal_mask)
+    def _attend(self, heads, masks, training, causal, cache=None, index=None):
+        query_heads, key_heads, value_heads = heads
+        query_mask, key_mask = masks
+        if cache is not None:
+            return self._decode(heads, masks, cache)
         if causal:
-            lengths = (_backend.static_shape(query_heads)[1], _backend.static_shape(key_heads)[1])
+            lengths = (_validation.static_shape(query_heads)[1], _validation.static_shape(key_heads)[1])
             if None not in lengths and lengths[0] != lengths[1]:
                 raise ValueError("YosoAttention with use_causal_mask=True is causal self-attention: `query` and "
                                  "`value` must have the same length (query i attends to keys j <= i). Received "
@@ -348,7 +337,7 @@ class YosoAttention(MultiHeadAttentionBase):
         out = unflatten_heads(out, ops.shape(query_heads)[0], self._num_heads)  # [B, T, heads, value_dim]
         if self._conv_window is not None:
             out = out + self._depthwise_conv(value_heads, key_mask, causal=causal)
-        return out
+        return out, None
 
     # ------------------------------------------------------------------ incremental decoding
 
@@ -372,14 +361,11 @@ class YosoAttention(MultiHeadAttentionBase):
                                         "float32")
         return cache
 
-    def _attend_cached(self, query_heads, key_heads, value_heads, query_mask, key_mask, cache, index,
-                       use_causal_mask):
+    def _decode(self, heads, masks, cache):
         """Causal YOSO of T new positions over the bucket tables of the earlier ones
         (`keras_yoso.ops.lsh_cumulation_step`), N-YOSO normalized, plus the causal convolution over
         the kept values. Returns (`[B, T, heads, Dv]`, the new cache)."""
-        if use_causal_mask is not None and not use_causal_mask:
-            raise ValueError("YosoAttention called with `cache` decodes causally: use_causal_mask must be True "
-                             "or None with a cache, received False.")
+        (query_heads, key_heads, value_heads), (query_mask, key_mask) = heads, masks
         self._check_cache(cache, ops.shape(query_heads)[0])
         batch, heads = ops.shape(query_heads)[0], self._num_heads
         q, k, q_mask, k_mask = self._normalized_heads(query_heads, key_heads, query_mask, key_mask)
@@ -414,7 +400,7 @@ class YosoAttention(MultiHeadAttentionBase):
                              f"{sorted(names)}. Received {type(cache).__name__}"
                              + (f" with {sorted(cache)}" if isinstance(cache, dict) else "") + ".")
         want = (batch, self._num_heads, self._num_hashes, 2 ** self._hash_code_len, self._value_dim)
-        got = _backend.static_shape(cache["tables"])
+        got = _validation.static_shape(cache["tables"])
         if got is None or len(got) != 5 or any(
                 g is not None and isinstance(w, int) and g != w for g, w in zip(got, want)):
             raise ValueError(f"YosoAttention expects `cache[\"tables\"]` of shape (batch, num_heads, num_hashes, "
