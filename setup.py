@@ -51,7 +51,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 KERNELS = os.path.join("custom_ops", "cc", "kernels")
 NATIVE_SOURCES = [os.path.join("custom_ops", "cc", "c_api", "yoso_c_api.cc")]
 XLA_FFI_SOURCES = [os.path.join("custom_ops", "cc", "jax", "yoso_xla_ffi.cc")]
-CC_SOURCES = [os.path.join(KERNELS, "yoso_kernels.cc"), os.path.join("custom_ops", "cc", "ops", "yoso_ops.cc")]
+TF_GLUE = os.path.join("custom_ops", "cc", "tf")
+CC_SOURCES = [os.path.join(TF_GLUE, "yoso_kernels.cc"), os.path.join(TF_GLUE, "yoso_ops.cc")]
 CUDA_SOURCES = [os.path.join(KERNELS, "yoso_gpu.cu")]
 DEFAULT_ARCHS = "75;80;86;89;90"
 # Seconds between the "still compiling" lines: each line also turns pip's spinner.

@@ -33,7 +33,7 @@ def _c_entries():
 
 def _registered_ops():
     """op name -> ([(input, type)], {attr: "type[ = default]"}, [(output, type)]) of every REGISTER_OP."""
-    source = _read("ops", "yoso_ops.cc")
+    source = _read("tf", "yoso_ops.cc")
     ops = {}
     for name, body in re.findall(r'REGISTER_OP\("(\w+)"\)(.*?);', source, flags=re.S):
         inputs = re.findall(r'\.Input\("(\w+): (\w+)"\)', body)

@@ -91,7 +91,7 @@ static void LshCumulationPastTwo31(float* value) {
   key_mask[kNk - 1] = 1.0f;
   key_codes[kNk - 1] = 0;
   std::vector<float> out(kD, -1.0f);
-  LshCumulationCpu<float>(d, query_mask.data(), query_codes.data(), key_mask.data(), key_codes.data(),
+  LshCumulationCpu<float>(d, 0, query_mask.data(), query_codes.data(), key_mask.data(), key_codes.data(),
                           value, out.data(), SerialFor{});
   for (int64_t c = 0; c < kD; ++c) CHECK(out[c] == static_cast<float>(c + 1));
 }
@@ -104,8 +104,9 @@ static void WeightedLshCumulationPastTwo31(float* value) {
   key_codes[kNk - 1] = 0;
   key_weight[kNk - 1] = 3.0f;
   std::vector<float> out(kD, -1.0f);
-  WeightedLshCumulationCpu<float>(d, query_mask.data(), query_codes.data(), query_weight.data(), key_mask.data(),
-                                  key_codes.data(), key_weight.data(), value, out.data(), SerialFor{});
+  WeightedLshCumulationCpu<float>(d, 0, query_mask.data(), query_codes.data(), query_weight.data(),
+                                  key_mask.data(), key_codes.data(), key_weight.data(), value, out.data(),
+                                  SerialFor{});
   for (int64_t c = 0; c < kD; ++c) CHECK(out[c] == 6.0f * static_cast<float>(c + 1));
 }
 

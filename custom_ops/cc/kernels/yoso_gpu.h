@@ -1,6 +1,6 @@
 // CUDA launchers of the keras-yoso kernels: raw device pointers, sizes and a
 // cudaStream_t. No TensorFlow include: the TF op wrappers
-// (yoso_kernels.cc) and the standalone GPU harness (tests/gpu/) both call these.
+// (custom_ops/cc/tf/yoso_kernels.cc) and the standalone GPU harness (tests/gpu/) both call these.
 //
 // Conventions shared by every launcher:
 // - Tensors are dense, row-major, on the device. Floating-point tensors whose

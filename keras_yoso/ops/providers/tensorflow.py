@@ -1,6 +1,6 @@
 """The TensorFlow provider: the C++/CUDA kernels of the TensorFlow op library.
 
-A thin layer: each primitive calls one raw op (`custom_ops/cc/ops/yoso_ops.cc`), whose kernels
+A thin layer: each primitive calls one raw op (`custom_ops/cc/tf/yoso_ops.cc`), whose kernels
 check their own inputs (custom_ops/cc/kernels/yoso_checks.h). The raw ops' gradients are
 registered here too, so graphs and SavedModels that call them directly (and `tf.GradientTape`
 over them) differentiate; the public functions of `keras_yoso.ops` bring their own gradients
