@@ -200,8 +200,9 @@ def main():
         print(f"FAIL: Bazel-built and pip-built op libraries differ ({len(failures)} problems); "
               f"outputs in {workdir}")
         return 1
-    print(f"PASS: Bazel-built op library matches the pip-built one on all 5 ops x {len(DTYPES)} "
-          f"dtypes ({total} outputs, {bitwise} bitwise equal; codes bitwise, floats rtol {RTOL})")
+    print(f"PASS: Bazel-built op library matches the pip-built one on all {len(SPEC.PRIMITIVES)} primitives "
+          f"({len(OPS)} raw ops) x {len(DTYPES)} dtypes ({total} outputs, {bitwise} bitwise equal; codes bitwise, "
+          f"floats rtol {RTOL})")
     return 0
 
 

@@ -1,17 +1,17 @@
 """The PyTorch provider (keras_yoso/ops/providers/torch.py): the native library's CPU kernels as
 `torch.library` ops of the `keras_yoso::` namespace, traced by torch.compile through their fake
-kernels, with gradients from keras_yoso.ops (torch autograd)."""
+kernels, with gradients from keras_yoso.ops (torch autograd): what only it has (opcheck, fakes,
+devices, threads, libgomp, torch.compile); the contract every native provider keeps is
+tests/test_native_provider_contract.py."""
 
 import importlib
 import os
 import threading
 
-import keras
 import numpy as np
 import pytest
 
-import numpy_reference as ref
-from conftest import BACKEND, cast, random_mask, rounded, run_python, to_numpy, trainable_gradients, unit_rows, vjp
+from conftest import BACKEND, random_mask, run_python, to_numpy, trainable_gradients, unit_rows
 from keras_yoso import YosoAttention
 from keras_yoso import _validation
 from keras_yoso import ops
@@ -98,101 +98,6 @@ def test_reimporting_the_provider_keeps_the_registered_ops():
     qc = np.zeros((1, 2, 3), np.int32)
     out = ops.lsh_cumulation(qc, qc, np.ones((1, 3, 2), np.float32), 4, implementation="custom_op")
     np.testing.assert_allclose(to_numpy(out), 3.0)
-
-
-@pytest.mark.parametrize("method", _validation.HASH_METHODS)
-@pytest.mark.parametrize("dtype", [d for d, _ in DTYPES])
-def test_hash_codes_match_reference_and_composite(method, dtype):
-    x = np.random.default_rng(1).normal(size=(2, 200, 24)).astype(np.float32)
-    codes = ops.hash_codes(cast(x, dtype), 8, 6, seed=3, method=method, implementation="custom_op")
-    assert codes.dtype == torch.int32 and tuple(codes.shape) == (2, 8, 200)
-    params = to_numpy(ops.hash_parameters(24, 8, 6, 3, method))
-    expected = ref.hash_codes(
-        rounded(x, dtype), params, 8, 6, method)
-    composite = ops.hash_codes(cast(x, dtype), 8, 6, seed=3, method=method, implementation="composite")
-    # A sign can only differ where a projection is ~0 (half precision rounds the projections).
-    agree = 0.995 if dtype == "float32" else 0.95
-    assert (to_numpy(codes) == expected).mean() >= agree
-    assert (to_numpy(codes) == to_numpy(composite)).mean() >= agree
-
-
-@pytest.mark.parametrize("dtype,tol", DTYPES)
-def test_cumulations_match_reference_and_composite(dtype, tol):
-    rng = np.random.default_rng(2)
-    qc, kc = _codes(rng, 2, 6, 40, 4), _codes(rng, 2, 6, 30, 4)
-    qm, km = random_mask(rng, "random", 2, 40), random_mask(rng, "random", 2, 30)
-    qw, kw = rng.normal(size=(2, 40, 3)), rng.normal(size=(2, 30, 3))
-    v = rng.normal(size=(2, 30, 5))
-    for implementation in ("custom_op", "composite"):
-        out = ops.lsh_cumulation(qc, kc, cast(v, dtype), 16, qm, km, implementation=implementation)
-        assert keras.backend.standardize_dtype(out.dtype) == dtype
-        _assert_close(out, ref.lsh_cumulation(qc, kc, rounded(v, dtype), qm, km), tol)
-        out = ops.weighted_lsh_cumulation(qc, cast(qw, dtype), kc, cast(kw, dtype), cast(v, dtype), 16, qm, km,
-                                          implementation=implementation)
-        assert keras.backend.standardize_dtype(out.dtype) == dtype
-        expected = ref.weighted_lsh_cumulation(qc, rounded(qw, dtype), kc, rounded(kw, dtype), rounded(v, dtype),
-                                               qm, km)
-        _assert_close(out, expected, tol)
-
-
-@pytest.mark.parametrize("dtype,tol", DTYPES)
-def test_collision_cumulation_matches_reference_and_composite(dtype, tol):
-    rng = np.random.default_rng(3)
-    q, k = unit_rows(rng, (2, 20, 8)), unit_rows(rng, (2, 25, 8))
-    qw, kw = rng.normal(size=(2, 20, 3)), rng.normal(size=(2, 25, 3))
-    qc, kc = _codes(rng, 2, 4, 20, 3), _codes(rng, 2, 4, 25, 3)
-    qm, km = random_mask(rng, "random", 2, 20), random_mask(rng, "random", 2, 25)
-    args = [cast(a, dtype) for a in (q, qw, k, kw)]
-    custom = ops.collision_cumulation(qc, args[0], args[1], kc, args[2], args[3], 3, qm, km,
-                                      implementation="custom_op")
-    composite = ops.collision_cumulation(qc, args[0], args[1], kc, args[2], args[3], 3, qm, km,
-                                         implementation="composite")
-    expected = ref.collision_cumulation(qc, rounded(q, dtype), rounded(qw, dtype), kc, rounded(k, dtype),
-                                        rounded(kw, dtype), 3, EPSILON, qm, km)
-    assert custom.dtype == getattr(torch, dtype)
-    _assert_close(custom, expected, 10 * tol)  # the derivative's 1/sqrt(1 - x^2) amplifies rounding
-    _assert_close(custom, to_numpy(composite), 10 * tol)
-
-
-@pytest.mark.parametrize("backward", ["lower_bound", "collision"])
-@pytest.mark.parametrize("dtype,tol", DTYPES)
-def test_yoso_cumulation_gradients_through_torch_autograd_match_reference_and_composite(backward, dtype, tol):
-    rng = np.random.default_rng(4)
-    q, k = unit_rows(rng, (2, 16, 8)), unit_rows(rng, (2, 12, 8))
-    v = rng.normal(size=(2, 12, 4)).astype(np.float32)
-    qc, kc = _codes(rng, 2, 8, 16, 3), _codes(rng, 2, 8, 12, 3)
-    qm, km = random_mask(rng, "random", 2, 16), random_mask(rng, "random", 2, 12)
-    cotangent = rng.normal(size=(2, 16, 4)).astype(np.float32)
-    results = {}
-    for implementation in ("custom_op", "composite"):
-        def attention(a, b, c, implementation=implementation):
-            a, b, c = (keras.ops.cast(t, dtype) for t in (a, b, c))
-            return ops.yoso_cumulation(a, b, c, qc, kc, 3, qm, km, backward=backward, implementation=implementation)
-
-        results[implementation] = vjp(attention, [q, k, v], cotangent)
-    args = [rounded(a, dtype) for a in (q, k, v)] + [qc, kc, 3, rounded(cotangent, dtype)]
-    if backward == "lower_bound":
-        expected = ref.yoso_lower_bound_gradients(*args, qm, km)
-    else:
-        expected = ref.yoso_collision_gradients(*args, EPSILON, qm, km)
-    out, grads = results["custom_op"]
-    _assert_close(out, ref.lsh_cumulation(qc, kc, rounded(v, dtype), qm, km), tol)
-    for name, grad, want, composite in zip("qkv", grads, expected, results["composite"][1]):
-        gradient_tol = tol if name == "v" or backward == "lower_bound" else 10 * tol
-        _assert_close(grad, want, gradient_tol)
-        _assert_close(grad, composite, gradient_tol)
-
-
-@pytest.mark.parametrize("side", ["query", "key"])
-def test_out_of_range_codes_raise_value_error_naming_the_codes(side):
-    good = np.zeros((1, 2, 3), np.int32)
-    bad = np.array([[[0, 1, 2], [3, 16, 0]]], np.int32)
-    qc, kc = (bad, good) if side == "query" else (good, bad)
-    value = np.ones((1, 3, 2), np.float32)
-    with pytest.raises(ValueError, match=f"{side}_codes"):
-        ops.lsh_cumulation(qc, kc, value, 16, implementation="custom_op")
-    with pytest.raises(ValueError, match=f"{side}_codes"):
-        ops.yoso_cumulation(value, value, value, qc, kc, 4, implementation="custom_op")
 
 
 def test_tensors_off_the_cpu_are_refused_naming_their_device():

@@ -83,6 +83,14 @@ class Primitive(collections.namedtuple("Primitive", "name inputs attributes outp
     def attribute_names(self):
         return tuple(a.name for a in self.attributes)
 
+    def check_ranks(self, shapes):
+        """ValueError naming the first input whose rank is not the table's (shapes: name -> tuple), so
+        that a provider never indexes a malformed shape."""
+        for spec in self.inputs:
+            if len(shapes[spec.name]) != spec.rank:
+                raise ValueError(f"{spec.name} of {self.name} must have rank {spec.rank}, got shape "
+                                 f"{tuple(shapes[spec.name])}")
+
     def float_dtype_source(self):
         """The input whose dtype the primitive computes in (its float inputs take it), or None
         (hashing: x keeps its own dtype)."""
@@ -100,8 +108,14 @@ class Primitive(collections.namedtuple("Primitive", "name inputs attributes outp
 
 
 def _hash_shape(shapes, attributes):
-    x = shapes["x"]
-    return ((x[0], attributes["num_hashes"], x[1]),)
+    x, num_hashes, bits = shapes["x"], attributes["num_hashes"], attributes["num_hashes"] * attributes["hash_code_len"]
+    # The output's axis 1, checked before it is allocated: num_hashes >= 1 and the parameters hold
+    # its num_hashes * hash_code_len bits (the kernels check the rest).
+    params = shapes["projection"][1] if "projection" in shapes else shapes["signs"][0] * shapes["signs"][2]
+    if num_hashes < 1 or bits > params:
+        raise ValueError(f"num_hashes must be >= 1 and num_hashes * hash_code_len ({bits}) at most the bits of the "
+                         f"hash parameters ({params}), got num_hashes={num_hashes}")
+    return ((x[0], num_hashes, x[1]),)
 
 
 def _cumulation_shape(shapes, attributes):

@@ -145,6 +145,7 @@ class JaxProvider(base.NativeLibraryProvider):
             elif source is not None:
                 tensor = tensor.astype(tensors[source].dtype)
             arrays.append(jax.lax.stop_gradient(tensor) if source is None else tensor)
+        primitive.check_ranks({n: t.shape for n, t in tensors.items()})
         shapes = primitive.output_shapes({n: t.shape for n, t in tensors.items()}, attributes)
         results = [jax.ShapeDtypeStruct(shape, tensors[out.dtype].dtype if out.dtype in tensors else out.dtype)
                    for out, shape in zip(primitive.outputs, shapes)]

@@ -86,12 +86,18 @@ class TensorFlowProvider(base.Provider):
         return None
 
     def run(self, name, *arguments):
-        """`_spec.PRIMITIVES[name]` as one call of its raw op (masks as float32, the attributes and
-        the raw op's own selectors as attrs)."""
+        """`_spec.PRIMITIVES[name]` as one call of its raw op: masks, codes and parameters in the
+        table's dtypes, the float rows in the primitive's (its source input's, which must be a float:
+        else ValueError naming it), the attributes and the raw op's own selectors as attrs."""
         primitive = _spec.PRIMITIVES[name]
         count = len(primitive.inputs)
-        tensors = [tf.cast(t, tf.float32) if spec.dtype == "float32" else t
-                   for spec, t in zip(primitive.inputs, arguments[:count])]
+        named = dict(zip(primitive.input_names, (tf.convert_to_tensor(t) for t in arguments[:count])))
+        source = primitive.float_dtype_source() or primitive.input_names[0]
+        dtype = named[source].dtype
+        if dtype not in (tf.float32, tf.float16, tf.bfloat16):
+            raise ValueError(f"{source} must be float32, float16 or bfloat16 for the keras_yoso op library, got "
+                             f"{dtype.name}")
+        tensors = [tf.cast(t, spec.dtype or dtype) for spec, t in zip(primitive.inputs, named.values())]
         attributes = dict(zip(primitive.attribute_names, arguments[count:]))
         result = _raw_op(primitive)(*tensors, **attributes, **primitive.raw_op_attributes)
         return result if len(primitive.outputs) == 1 else tuple(result)

@@ -69,6 +69,7 @@ def _outputs(primitive, arguments):
     count = len(primitive.inputs)
     tensors = dict(zip(primitive.input_names, arguments[:count]))
     attributes = dict(zip(primitive.attribute_names, arguments[count:]))
+    primitive.check_ranks({n: tuple(t.shape) for n, t in tensors.items()})
     shapes = primitive.output_shapes({n: tuple(t.shape) for n, t in tensors.items()}, attributes)
     like = tensors[primitive.input_names[0]]
     return [torch.empty(shape, dtype=tensors[out.dtype].dtype if out.dtype in tensors else _DTYPES[out.dtype],
