@@ -175,21 +175,21 @@ def output_shape(value):
     return tuple(int(d) for d in shape)
 
 
-def bucket_table_message(weight_dim, value_dim):
-    """The error text of a per-bucket table over MAX_BUCKET_TABLE_FLOATS (CheckBucketTable of
-    yoso_checks.h)."""
-    gib = MAX_BUCKET_TABLE_FLOATS * 4 >> 30  # float32 entries
+def bucket_table_message(weight_dim, value_dim, limit=MAX_BUCKET_TABLE_FLOATS):
+    """The error text of a per-bucket table over `limit` floats (MAX_BUCKET_TABLE_FLOATS: CheckBucketTable
+    of yoso_checks.h)."""
+    gib = limit * 4 / 2 ** 30  # float32 entries
     return (f"the per-bucket table of the weighted LSH cumulation, weight_dim * value_dim = {weight_dim} * "
             f"{value_dim} floats (weight_dim: axis 2 of query_weight and key_weight; value_dim: axis 2 of value), "
-            f"exceeds the limit of {_power_text(MAX_BUCKET_TABLE_FLOATS)} floats ({gib} GiB); split weight_dim "
+            f"exceeds the limit of {_power_text(limit)} floats ({gib:g} GiB); split weight_dim "
             f"or value_dim into chunks")
 
 
-def check_bucket_table(weight_dim, value_dim):
-    """ValueError when the known widths make the custom op's per-bucket table W * D exceed
-    MAX_BUCKET_TABLE_FLOATS."""
-    if weight_dim is not None and value_dim is not None and weight_dim * value_dim > MAX_BUCKET_TABLE_FLOATS:
-        raise ValueError(bucket_table_message(weight_dim, value_dim))
+def check_bucket_table(weight_dim, value_dim, limit=MAX_BUCKET_TABLE_FLOATS):
+    """ValueError when the known widths make a provider's per-bucket table W * D exceed `limit` floats
+    (the native kernels': MAX_BUCKET_TABLE_FLOATS)."""
+    if weight_dim is not None and value_dim is not None and weight_dim * value_dim > limit:
+        raise ValueError(bucket_table_message(weight_dim, value_dim, limit))
 
 
 def dims_agree(dims, what):

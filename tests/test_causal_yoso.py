@@ -166,14 +166,15 @@ def test_decoding_a_prefill_chunk_then_chunks_equals_the_full_causal_forward(imp
 def test_decoding_state_is_the_bucket_tables_whatever_the_context_length():
     layer = _layer()
     cache = layer.init_cache(3)
-    assert set(cache) == {"tables"} and tuple(cache["tables"].shape) == (3, 2, 4, 2 ** 3, 8)
+    # [batch * heads, m, 2**tau, value_dim], row b * heads + h: the layout of ops.lsh_cumulation_step.
+    assert set(cache) == {"tables"} and tuple(cache["tables"].shape) == (3 * 2, 4, 2 ** 3, 8)
     assert to_numpy(cache["tables"]).sum() == 0.0
     x = _inputs(40, batch=3)
     _, cache = layer(x, x, cache=cache, cache_update_index=0)
-    assert tuple(cache["tables"].shape) == (3, 2, 4, 2 ** 3, 8)
+    assert tuple(cache["tables"].shape) == (3 * 2, 4, 2 ** 3, 8)
     # Each hash's tables hold the sum of all values seen: the same total for every hash.
-    totals = to_numpy(cache["tables"]).sum(axis=3)
-    np.testing.assert_allclose(totals, np.broadcast_to(totals[:, :, :1], totals.shape), atol=1e-4)
+    totals = to_numpy(cache["tables"]).sum(axis=2)
+    np.testing.assert_allclose(totals, np.broadcast_to(totals[:, :1], totals.shape), atol=1e-4)
 
 
 def test_decoding_skips_padded_keys_like_the_full_forward(implementation):

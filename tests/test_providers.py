@@ -100,3 +100,12 @@ def test_the_native_provider_of_each_backend_declares_what_it_does():
     assert ops.supports_jit("composite")
     assert native.checks_codes and not native.needs_static_num_hashes
     assert native.max_bucket_table_floats == 2 ** 28
+
+
+def test_weighted_cumulation_is_held_to_the_table_limit_the_provider_declares(install):
+    install(_Recording(max_bucket_table_floats=4 * 4))
+    codes = np.zeros((1, 1, 3), np.int32)
+    weight, value = np.ones((1, 3, 4), np.float32), np.ones((1, 3, 5), np.float32)
+    with pytest.raises(ValueError, match=r"weight_dim \* value_dim = 4 \* 5 floats .* limit of 16 floats"):
+        ops.weighted_lsh_cumulation(codes, weight, codes, weight, value, 2, implementation="custom_op")
+    to_numpy(ops.weighted_lsh_cumulation(codes, weight, codes, weight, value[:, :, :4], 2, implementation="custom_op"))

@@ -61,8 +61,8 @@ class YosoAttention(MultiHeadAttentionBase):
     hash functions (a fixed function of `seed`, as `training=False`). The
     state does not grow with the context: per head, the m bucket tables
     T_h[b] = sum of the values of the keys hashed to b (eq. 2 read as linear
-    attention with one-hot features), cache["tables"] `[B, num_heads, num_hashes,
-    2**hash_code_len, value_dim]` float32, i.e.
+    attention with one-hot features), cache["tables"] `[B * num_heads, num_hashes,
+    2**hash_code_len, value_dim]` float32 (row b * num_heads + h), i.e.
     4 * B * num_heads * num_hashes * 2**hash_code_len * value_dim bytes
     (512 KiB per head and sequence at the default m=32, tau=6, value_dim=64), plus, with
     `conv_window=w > 1`, cache["values"], the last w - 1 values `[B, w - 1, num_heads,
@@ -343,8 +343,8 @@ class YosoAttention(MultiHeadAttentionBase):
 
     def init_cache(self, batch_size, max_length=None):
         """The decoding state before any token, a dict of zeros: "tables", the bucket tables
-        `[batch_size, num_heads, num_hashes, 2**hash_code_len, value_dim]` float32
-        (`keras_yoso.ops.yoso_decoding_state`; 4 * batch_size * num_heads * num_hashes *
+        `[batch_size * num_heads, num_hashes, 2**hash_code_len, value_dim]` float32, row
+        b * num_heads + h (`keras_yoso.ops.yoso_decoding_state`; 4 * batch_size * num_heads * num_hashes *
         2**hash_code_len * value_dim bytes, whatever the context length), and with conv_window=w > 1
         "values", the last w - 1 values `[batch_size, w - 1, num_heads, value_dim]`. `max_length`
         is accepted for the keras-hub contract and not used (the state does not grow)."""
@@ -353,9 +353,8 @@ class YosoAttention(MultiHeadAttentionBase):
         if self._use_expectation:
             raise ValueError("YosoAttention(use_expectation=True) (YOSO-E, O(T S)) has no constant-size decoding "
                              "state: decode with sampled YOSO (use_expectation=False).")
-        tables = yoso_ops.yoso_decoding_state(batch_size * self._num_heads, self._num_hashes, self._hash_code_len,
-                                              self._value_dim)
-        cache = {"tables": ops.reshape(tables, (batch_size, self._num_heads) + tuple(tables.shape[1:]))}
+        cache = {"tables": yoso_ops.yoso_decoding_state(batch_size * self._num_heads, self._num_hashes,
+                                                        self._hash_code_len, self._value_dim)}
         if self._conv_window is not None and self._conv_window > 1:
             cache["values"] = ops.zeros((batch_size, self._conv_window - 1, self._num_heads, self._value_dim),
                                         "float32")
@@ -373,13 +372,13 @@ class YosoAttention(MultiHeadAttentionBase):
                                           method=self._hash_method, implementation=self._implementation)
         key_codes = yoso_ops.hash_codes(k, self._num_hashes, self._hash_code_len, self.seed,
                                         method=self._hash_method, implementation=self._implementation)
-        tables = cache["tables"]
-        flat_tables = ops.reshape(tables, (-1,) + tuple(tables.shape[2:]))  # [B * heads, m, buckets, Dv]
-        out, flat_tables = yoso_ops.lsh_cumulation_step(query_codes, key_codes, flatten_heads(value_heads),
-                                                        flat_tables, q_mask, k_mask,
+        # The tables in the op's layout (row b * heads + h): no reshape, so a compiled decoding loop
+        # updates them in place (a reshaped state is copied in and out of the native call on JAX).
+        out, tables = yoso_ops.lsh_cumulation_step(query_codes, key_codes, flatten_heads(value_heads),
+                                                   cache["tables"], q_mask, k_mask,
                                                         implementation=self._implementation)
         out = unflatten_heads(l2_normalize(out), batch, heads)
-        new_cache = {"tables": ops.reshape(flat_tables, ops.shape(tables))}
+        new_cache = {"tables": tables}
         if "values" not in cache:
             if self._conv_window is not None:
                 out = out + self._depthwise_conv(value_heads, key_mask, causal=True)
@@ -399,11 +398,12 @@ class YosoAttention(MultiHeadAttentionBase):
             raise ValueError(f"YosoAttention expects the `cache` of its own init_cache: a dict with the entries "
                              f"{sorted(names)}. Received {type(cache).__name__}"
                              + (f" with {sorted(cache)}" if isinstance(cache, dict) else "") + ".")
-        want = (batch, self._num_heads, self._num_hashes, 2 ** self._hash_code_len, self._value_dim)
+        rows = batch * self._num_heads if isinstance(batch, int) else None
+        want = (rows, self._num_hashes, 2 ** self._hash_code_len, self._value_dim)
         got = _validation.static_shape(cache["tables"])
-        if got is None or len(got) != 5 or any(
+        if got is None or len(got) != 4 or any(
                 g is not None and isinstance(w, int) and g != w for g, w in zip(got, want)):
-            raise ValueError(f"YosoAttention expects `cache[\"tables\"]` of shape (batch, num_heads, num_hashes, "
+            raise ValueError(f"YosoAttention expects `cache[\"tables\"]` of shape (batch * num_heads, num_hashes, "
                              f"2**hash_code_len, value_dim) = {want} (from init_cache). Received shape "
                              f"{None if got is None else tuple(got)}.")
 

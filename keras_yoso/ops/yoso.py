@@ -30,6 +30,7 @@ from keras_yoso import _validation
 from keras_yoso.ops import _dispatch
 from keras_yoso.ops import _spec
 from keras_yoso.ops.composite import collision
+from keras_yoso.ops.composite.masking import keep_rows
 
 
 def _upstream(args, upstream):
@@ -155,9 +156,10 @@ def lsh_cumulation(query_codes, key_codes, value, num_buckets, query_mask=None, 
 
 
 def _check_pair_table(provider, weight, value):
-    """The provider's per-bucket [W, D] table limit (kMaxBucketTableFloats), checked before the call."""
+    """The provider's per-bucket [W, D] table limit (`max_bucket_table_floats`), checked before the call."""
     if provider.max_bucket_table_floats is not None:
-        _validation.check_bucket_table(_backend.static_shape(weight)[2], _backend.static_shape(value)[2])
+        _validation.check_bucket_table(_backend.static_shape(weight)[2], _backend.static_shape(value)[2],
+                                       provider.max_bucket_table_floats)
 
 
 def _weighted(provider, qm, qc, query_weight, km, kc, key_weight, value, num_buckets):
@@ -366,10 +368,6 @@ def _dense_inputs(query, key, value, query_mask, key_mask):
     return query, key, named.get("value"), qm, km
 
 
-def _keep(mask, x):
-    return ops.where(mask[:, :, None], x, ops.zeros((), x.dtype))
-
-
 def yoso_expectation(query, key, value, hash_code_len, query_mask=None, key_mask=None,
                      backward="lower_bound", implementation="auto"):
     """YOSO-E: the expectation of YOSO over hash functions, E V (§3.1), in O(N^2).
@@ -396,13 +394,13 @@ def yoso_expectation(query, key, value, hash_code_len, query_mask=None, key_mask
 
     @ops.custom_gradient
     def expectation(q, k, v):
-        q32, k32 = ops.cast(q, compute), _keep(km, ops.cast(k, compute))
-        v32 = _keep(km, ops.cast(v, compute))
+        q32, k32 = ops.cast(q, compute), keep_rows(km, ops.cast(k, compute))
+        v32 = keep_rows(km, ops.cast(v, compute))
         x, e = collision.expectation_weights(q32, k32, tau)
         e = e * ops.cast(pair_mask, compute)
 
         def grad(*args, upstream=None):
-            dy32 = _keep(qm, ops.cast(_upstream(args, upstream), compute))
+            dy32 = keep_rows(qm, ops.cast(_upstream(args, upstream), compute))
             dyv = ops.einsum("bid,bjd->bij", dy32, v32)
             if backward == "lower_bound":
                 w = dyv * e * (tau / 2.0)
@@ -428,7 +426,7 @@ def yoso_expectation_weights(query, key, hash_code_len, query_mask=None, key_mas
     """
     hash_code_len = _validation.hash_code_len(hash_code_len, cumulation=False)
     query, key, _, qm, km = _dense_inputs(query, key, None, query_mask, key_mask)
-    key32 = _keep(km, ops.cast(key, "float32"))
+    key32 = keep_rows(km, ops.cast(key, "float32"))
     weights = collision.expectation_weights(ops.cast(query, "float32"), key32, hash_code_len)[1]
     return weights * ops.cast(ops.logical_and(qm[:, :, None], km[:, None, :]), "float32")
 
