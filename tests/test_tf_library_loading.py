@@ -10,9 +10,7 @@ from tensorflow.python.framework import kernels
 
 from conftest import CUSTOM_OPS_EXPECTED
 from keras_yoso import ops
-
-OP_NAMES = ["YosoGaussianHashCodes", "YosoHadamardHashCodes", "YosoLshCumulation",
-            "YosoWeightedLshCumulation", "YosoCollisionCumulation"]
+from keras_yoso.ops import _spec
 
 
 def _devices(op_name):
@@ -30,15 +28,17 @@ def test_custom_ops_load_whenever_they_are_expected():
 def test_import_registers_cpu_kernels_for_every_op():
     if not CUSTOM_OPS_EXPECTED:
         pytest.skip("KERAS_YOSO_DISABLE_CUSTOM_OPS=1: the custom ops are disabled on purpose")
-    for name in OP_NAMES:
+    for name in _spec.raw_ops():
         assert "CPU" in _devices(name), name
 
 
 @pytest.mark.skipif(os.environ.get("KERAS_YOSO_EXPECT_GPU_KERNELS") != "1",
                     reason="set KERAS_YOSO_EXPECT_GPU_KERNELS=1 when the build had nvcc (CI does)")
 def test_gpu_kernels_are_registered_when_built_with_nvcc():
-    for name in OP_NAMES:
+    for name in _spec.raw_ops(gpu_kernel=True):
         assert "GPU" in _devices(name), name
+    for name in _spec.raw_ops(gpu_kernel=False):  # CPU only: TensorFlow places them on the CPU itself
+        assert "GPU" not in _devices(name), name
 
 
 def test_missing_library_warns_once_and_falls_back_to_composite():

@@ -49,12 +49,14 @@ Output = collections.namedtuple("Output", "name dtype")
 
 
 class Primitive(collections.namedtuple("Primitive", "name inputs attributes outputs output_shapes raw_op "
-                                                    "raw_op_attributes in_place", defaults=({}, {}))):
+                                                    "raw_op_attributes in_place gpu_kernel",
+                                        defaults=({}, {}, True))):
     """One C ABI entry `ky_<name>`: `inputs` (Input, in the ABI's order), `attributes` (Attribute,
     after the inputs), `outputs` (Output, after the attributes), `output_shapes` (a function of
     (input shapes by name, attributes by name) -> one shape per output), the TensorFlow raw op that
-    runs it, the raw-op attributes that select it there, and `in_place`: input name -> output name
-    that may share its buffer (the output is that input updated)."""
+    runs it, the raw-op attributes that select it there, `in_place`: input name -> output name
+    that may share its buffer (the output is that input updated), and `gpu_kernel`: whether the
+    TensorFlow op library registers a CUDA kernel for it (when built with nvcc)."""
 
     @property
     def entry(self):
@@ -152,7 +154,7 @@ PRIMITIVES = {p.name: p for p in (
               (_input("query_mask", "mask"), _input("query_codes", "codes"), _input("key_mask", "mask"),
                _input("key_codes", "codes"), _input("value", "rows"), _input("tables", "tables")),
               (), _VALUE_OUT + (Output("tables_out", "float32"),), _step_shapes, "YosoLshCumulationStep", {},
-              {"tables": "tables_out"}),
+              {"tables": "tables_out"}, gpu_kernel=False),
     Primitive("weighted_lsh_cumulation",
               (_input("query_mask", "mask"), _input("query_codes", "codes"), _input("query_weight", "rows"),
                _input("key_mask", "mask"), _input("key_codes", "codes"), _input("key_weight", "rows"),
@@ -172,9 +174,11 @@ def hash_primitive(method):
     return PRIMITIVES[f"{method}_hash_codes"]
 
 
-def raw_ops():
-    """The TensorFlow raw ops of the op library, each once, in table order."""
-    return list(dict.fromkeys(p.raw_op for p in PRIMITIVES.values()))
+def raw_ops(gpu_kernel=None):
+    """The TensorFlow raw ops of the op library, each once, in table order (gpu_kernel=True: those
+    with a CUDA kernel; False: those with a CPU kernel only)."""
+    return list(dict.fromkeys(p.raw_op for p in PRIMITIVES.values()
+                              if gpu_kernel is None or p.gpu_kernel == gpu_kernel))
 
 
 def roles(name):
