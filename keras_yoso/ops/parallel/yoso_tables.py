@@ -16,8 +16,9 @@ with the tables of dY (by query code), dQ_i = (tau/2)(1/m) sum_h <dY_i, TVK_h[qc
 the sums of V_j (x) K_j per bucket, dK_j = (tau/2)(1/m) sum_h <V_j, TYQ_h[kc_hj]> with TYQ the
 sums of dY_i (x) Q_i: three collectives of B m 2^tau Dv (1 + 2 dk) floats in all, independent of
 the sequence length (the outer-product tables go in groups of hashes of at most
-TABLE_FLOATS_PER_COLLECTIVE floats, one collective each). Positions are scattered into the tables and read back in chunks (CHUNK_FLOATS), so a device's
-memory is its block's activations plus the tables: nothing of size n x m x D or n x Dv x dk.
+TABLE_FLOATS_PER_COLLECTIVE floats, one collective each). Positions are scattered into the tables
+and read back in chunks (CHUNK_FLOATS), so a device's memory is its block's activations plus the
+tables: nothing of size n x m x D or n x Dv x dk.
 """
 
 from keras import ops
