@@ -120,7 +120,7 @@ def on_mesh(provider, fn, args, roles, out_roles, split_sequence=True, pointwise
     (`mesh.run`; `roles` and `out_roles` name each axis "batch", "seq" or None) when the
     provider's kernels cannot be partitioned by XLA (native custom calls: data parallel, per
     block of the batch) or when the mesh splits the sequence and `split_sequence` is True: then
-    `fn` gets a `yoso_tables.SequenceShardedProvider`, which adds the other blocks'
+    `fn` gets a `parallel/sequence_sharded.SequenceShardedProvider`, which adds the other blocks'
     contributions through bucket tables (ValueError when a sequence length does not divide
     over the sequence axis). With `split_sequence=False` the sequence stays whole on each device.
     `pointwise=True` (a per-position op, e.g. hashing) splits the sequence only where it divides

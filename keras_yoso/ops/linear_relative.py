@@ -31,7 +31,7 @@ custom op for it: `benchmarks/linear_relative_op.py` shows these ops are fast en
 
 Under `keras_yoso.distribution.SequenceParallel` (JAX), `linear_relative_attention` splits the
 sequence over the mesh: a psum (or exclusive scan) of the kernel state and a `horizon` halo from
-each neighbour (`sequence_parallel_total`).
+each neighbour (`parallel/linear_relative_halo.block_total`).
 """
 
 from keras import ops

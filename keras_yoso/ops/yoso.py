@@ -471,11 +471,12 @@ def lsh_cumulation_step(query_codes, key_codes, value, tables, query_mask=None, 
       (`[B, T, D]` in value's dtype, the new tables `[B, m, num_buckets, D]` float32).
     """
     tables = _validation.float_tensor(tables, "tables", 4)
-    num_buckets = _backend.static_shape(tables)[2]
-    if num_buckets is None or num_buckets & (num_buckets - 1) or not 1 <= num_buckets <= _validation.MAX_NUM_BUCKETS:
+    try:
+        num_buckets = _validation.num_buckets(_backend.static_shape(tables)[2])
+    except ValueError:  # the one rule for num_buckets, said of the tensor it is read from
         raise ValueError("tables must have shape [batch, num_hashes, num_buckets, value_dim] with num_buckets a power "
                          f"of two in [1, 2**{_validation.MAX_NUM_BUCKETS_LOG2}] known statically (axis 2), got shape "
-                         f"{_backend.static_shape(tables)}")
+                         f"{_backend.static_shape(tables)}") from None
     value = _validation.float_tensor(value, "value", 3)
     provider = _dispatch.provider(implementation, (value, tables))
     qc, kc, qm, km, _, (value,) = _prepare_sides(query_codes, key_codes, query_mask, key_mask, [],

@@ -64,7 +64,6 @@ class _CompositeProvider(base.Provider):
         return lower_bound_gradients(query_mask, query_codes, query, key_mask, key_codes, key, value,
                                      output_gradient, num_buckets, scale)
 
-
     def linear_relative_total(self, phi_q, phi_k, v, scores, horizon, causal, chunk_size):
         """The rows [B, Lq, dv + 1] of Scaleformer's eq. 10 (numerator | denominator): kernel term plus
         relative term (composite/linear_relative.py); LinearRelativeAttention has no native kernel."""

@@ -145,8 +145,9 @@ class JaxProvider(base.NativeLibraryProvider):
             elif source is not None:
                 tensor = tensor.astype(tensors[source].dtype)
             arrays.append(jax.lax.stop_gradient(tensor) if source is None else tensor)
-        primitive.check_ranks({n: t.shape for n, t in tensors.items()})
-        shapes = primitive.output_shapes({n: t.shape for n, t in tensors.items()}, attributes)
+        input_shapes = {n: t.shape for n, t in tensors.items()}
+        primitive.check_ranks(input_shapes)
+        shapes = primitive.output_shapes(input_shapes, attributes)
         results = [jax.ShapeDtypeStruct(shape, tensors[out.dtype].dtype if out.dtype in tensors else out.dtype)
                    for out, shape in zip(primitive.outputs, shapes)]
         aliases = {primitive.input_names.index(i): [o.name for o in primitive.outputs].index(out)
