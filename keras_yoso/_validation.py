@@ -58,7 +58,10 @@ HASH_METHODS = ("gaussian", "hadamard", "hadamard_interleaved")
 # (tests/test_hash_statistics.py). "hadamard" (the default before 2026-11) falls short of it at
 # wide angles and small d; it stays for the layers saved with it.
 DEFAULT_HASH_METHOD = "hadamard_interleaved"
-BACKWARDS = ("lower_bound", "collision")
+# The backward estimators of sampled YOSO (yoso_cumulation: the lower bound of eq. 4, or the
+# *YOSO collision estimator of appendix eq. 2) and of YOSO-E (yoso_expectation: eq. 4's lower
+# bound on the expectation, or the exact derivative of the expectation).
+SAMPLED_BACKWARDS = ("lower_bound", "collision")
 EXPECTATION_BACKWARDS = ("lower_bound", "exact")
 # epsilon of the *YOSO pair weight tau p^(tau-1) / (pi sqrt(1 - x^2 + epsilon)) (appendix eq. 2).
 COLLISION_EPSILON = 1e-6

@@ -265,7 +265,7 @@ def test_collision_estimator_ignores_masked_keys_whatever_their_codes_and_conten
         assert (dirty[d["qm"] == 0] == 0).all(), f"collision {implementation}: a masked query is not 0"
 
 
-@given(case=cumulations(max_width=4), dim=st.integers(4, 8), backward=st.sampled_from(_validation.BACKWARDS))
+@given(case=cumulations(max_width=4), dim=st.integers(4, 8), backward=st.sampled_from(_validation.SAMPLED_BACKWARDS))
 def test_yoso_cumulation_gradients_custom_op_composite_and_numpy_agree(case, dim, backward):
     rng = np.random.default_rng(case["seed"])
     data = _data(dict(case, dtype="float32"))

@@ -1,6 +1,7 @@
-"""The primitive table (keras_yoso/ops/_spec.py) against the native code it describes: the C ABI
-header, the TensorFlow REGISTER_OPs and the XLA FFI handler bindings. Read as text, so this runs
-without building anything; a primitive added or changed on one side only fails here."""
+"""The primitive table (keras_yoso/ops/_spec.py) against the native code it describes: the C++
+primitives (custom_ops/cc/kernels/yoso_primitives.h, which the C ABI, the XLA FFI handlers and the
+TensorFlow op kernels run) and the TensorFlow REGISTER_OPs. Read as text, so this runs without
+building anything; a primitive added or changed on one side only fails here."""
 
 import os
 import re
@@ -10,8 +11,9 @@ import pytest
 from keras_yoso.ops import _spec
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "custom_ops", "cc")
-# The C type of each argument kind of an entry.
-C_TYPES = {"int": "int64_t", "float": "float"}
+# The C++ Kind of each input kind, and AttributeKind of each attribute kind.
+CC_KINDS = {"mask": "kMask", "codes": "kCodes", "rows": "kRows", "float32": "kFloat32", "tables": "kTables"}
+CC_ATTRIBUTE_KINDS = {"int": "kInt", "float": "kFloat"}
 # The REGISTER_OP type of each input kind ("rows" take the op's dtype attr T).
 TF_TYPES = {"mask": "float", "codes": "int32", "rows": "T", "float32": "float", "tables": "float"}
 
@@ -21,14 +23,59 @@ def _read(*path):
         return f.read()
 
 
-def _c_entries():
-    """entry name -> [(C type, argument name)] of every `KY_EXPORT int32_t ky_...(...)` declaration."""
-    header = re.sub(r"/\*.*?\*/", "", _read("c_api", "yoso_c_api.h"), flags=re.S)
-    entries = {}
-    for name, arguments in re.findall(r"KY_EXPORT int32_t (ky_\w+)\(([^)]*)\);", header):
-        parsed = [re.match(r"(.*?)\s*(\w+)$", a.strip()).groups() for a in arguments.split(",") if a.strip()]
-        entries[name] = [(" ".join(t.split()), n) for t, n in parsed]
-    return entries
+def _cc_primitives():
+    """name -> {"inputs": [(name, kind, rank)], "attributes": [(name, kind, required)], "outputs":
+    [(name, kind)]} of every primitive struct of yoso_primitives.h (shared arrays resolved by name)."""
+    source = re.sub(r"//[^\n]*", "", _read("kernels", "yoso_primitives.h"))
+    shared = dict(re.findall(r"constexpr std::array<\w+, \d+> (k\w+)\{\{(.*?)\}\};", source, flags=re.S))
+    shared.update(re.findall(r"constexpr OutputSpec (k\w+)\{(.*?)\};", source, flags=re.S))
+
+    def field(body, member):
+        match = re.search(r"static constexpr (?:std::array<\w+, \d+>|auto) " + member + r"(?:\{\{?(.*?)\}?\};| = (k\w+);)",
+                          body, flags=re.S)
+        text = match.group(1) if match.group(1) is not None else shared[match.group(2)]
+        for name in re.findall(r"\b(k[A-Z]\w+)\b", text):  # a shared entry used inside the list
+            if name in shared and name not in ("kMask", "kCodes", "kRows", "kFloat32", "kTables"):
+                text = text.replace(name, "{" + shared[name] + "}")
+        return text
+
+    primitives = {}
+    for struct, body in re.findall(r"\nstruct (\w+) \{(.*?)\n\};", source, flags=re.S):
+        names = re.findall(r'kName = (?:kInterleaved \? "(\w+)" : "(\w+)"|"(\w+)")', body)
+        if not names:
+            continue
+        inputs = re.findall(r'\{"(\w+)", Kind::(\w+), (\d+)\}', field(body, "kInputs"))
+        attributes = re.findall(r'\{"(\w+)", AttributeKind::(\w+), (true|false), -?\d+\}', field(body, "kAttributes"))
+        outputs = re.findall(r'\{"(\w+)", Kind::(\w+), \d+, "[^"]*"', field(body, "kOutputs"))
+        interleaved, plain, single = names[0]
+        for name in ([interleaved, plain] if interleaved else [single]):
+            primitives[name] = {"inputs": [(n, k, int(r)) for n, k, r in inputs],
+                                "attributes": [(n, k, req == "true") for n, k, req in attributes],
+                                "outputs": outputs}
+    return primitives
+
+
+def _listed_primitives():
+    """The names of KY_PRIMITIVES, the list the C ABI and the XLA FFI handlers are generated from."""
+    macro = re.search(r"#define KY_PRIMITIVES\(X\)(.*?)\n\n", _read("kernels", "yoso_primitives.h"), flags=re.S)
+    return re.findall(r"X\((\w+), \w+\)", macro.group(1))
+
+
+@pytest.mark.parametrize("name", sorted(_spec.PRIMITIVES))
+def test_each_primitive_is_the_cc_primitive_of_the_same_name_inputs_attributes_and_outputs(name):
+    primitive = _spec.PRIMITIVES[name]
+    declared = _cc_primitives()
+    assert name in declared, f"yoso_primitives.h declares no primitive {name}"
+    cc = declared[name]
+    assert cc["inputs"] == [(t.name, CC_KINDS[t.kind], t.rank) for t in primitive.inputs], cc["inputs"]
+    assert cc["attributes"] == [(a.name, CC_ATTRIBUTE_KINDS[a.kind], a.default is None)
+                                for a in primitive.attributes], cc["attributes"]
+    assert [n for n, _ in cc["outputs"]] == [o.name for o in primitive.outputs], cc["outputs"]
+
+
+def test_the_cc_primitive_list_is_the_table():
+    assert sorted(_listed_primitives()) == sorted(_spec.PRIMITIVES)
+    assert set(_cc_primitives()) == set(_spec.PRIMITIVES)
 
 
 def _registered_ops():
@@ -40,42 +87,6 @@ def _registered_ops():
         attrs = dict(re.findall(r'\.Attr\("(\w+): ([^"]+)"\)', body))
         ops[name] = (inputs, attrs, re.findall(r'\.Output\("(\w+): (\w+)"\)', body))
     return ops
-
-
-def _ffi_handlers():
-    """handler symbol -> (buffer arguments, results), read from XLA_FFI_DEFINE_HANDLER_SYMBOL (the
-    Hadamard handlers are defined through one macro: they take its counts)."""
-    source = _read("jax", "yoso_xla_ffi.cc")
-    counts = {}
-    for symbol, binding in re.findall(r"XLA_FFI_DEFINE_HANDLER_SYMBOL\((\w+),.*?Bind\(\)(.*?)\);", source, flags=re.S):
-        counts[symbol] = (binding.count(".Arg<"), binding.count(".Ret<"))
-    macro = re.search(r"#define (\w+)\(symbol, entry\)(.*?)\n\n", source, flags=re.S)
-    for symbol in re.findall(macro.group(1) + r"\((\w+), \w+\)", source) if macro else []:
-        counts[symbol] = (macro.group(2).count(".Arg<"), macro.group(2).count(".Ret<"))
-    return counts
-
-
-@pytest.mark.parametrize("name", sorted(_spec.PRIMITIVES))
-def test_each_primitive_is_the_c_abi_entry_of_the_same_name_arguments_and_order(name):
-    primitive = _spec.PRIMITIVES[name]
-    entries = _c_entries()
-    assert primitive.entry in entries, f"yoso_c_api.h declares no {primitive.entry}"
-    expected = ([("const KyTensor*", t.name) for t in primitive.inputs]
-                + [(C_TYPES[a.kind], a.name) for a in primitive.attributes]
-                + [("KyTensor*", out.name) for out in primitive.outputs]
-                + [("int32_t", "num_threads"), ("char*", "error"), ("int64_t", "error_size")])
-    declared = entries[primitive.entry]
-    assert len(declared) == len(expected), (declared, expected)
-    for (want_type, want_name), (got_type, got_name) in zip(expected, declared):
-        assert got_type == want_type, (primitive.entry, got_name, got_type, want_type)
-        # An entry's single output may be named for what it holds (codes) or "output".
-        assert got_name == want_name or len(primitive.outputs) == 1 and got_name in ("output", "codes"), (
-            primitive.entry, got_name, want_name)
-
-
-def test_every_c_abi_entry_that_takes_tensors_is_a_primitive_of_the_table():
-    with_tensors = {n for n, arguments in _c_entries().items() if any("KyTensor" in t for t, _ in arguments)}
-    assert with_tensors == {p.entry for p in _spec.PRIMITIVES.values()}
 
 
 @pytest.mark.parametrize("name", sorted(_spec.PRIMITIVES))
@@ -104,16 +115,19 @@ def test_every_registered_tensorflow_op_runs_a_primitive_of_the_table():
     assert set(_registered_ops()) == set(_spec.raw_ops())
 
 
-@pytest.mark.parametrize("name", sorted(_spec.PRIMITIVES))
-def test_each_primitive_has_an_xla_ffi_handler_with_one_buffer_per_input_and_output(name):
-    primitive = _spec.PRIMITIVES[name]
-    handlers = _ffi_handlers()
-    assert handlers.get(primitive.handler) == (len(primitive.inputs), len(primitive.outputs)), (primitive.handler,
-                                                                                                handlers)
-
-
 def test_a_tensor_name_has_one_mesh_role_across_the_primitives():
     names = {t.name for p in _spec.PRIMITIVES.values() for t in p.inputs}
     for name in names:
         assert _spec.roles(name)
     assert _spec.roles("query_codes") == _spec.CODES_ROLES and _spec.roles("value") == _spec.ROWS_ROLES
+
+
+@pytest.mark.parametrize("name", sorted(_spec.PRIMITIVES))
+def test_each_primitive_names_a_composite_function_of_its_inputs_and_attributes_in_order(name):
+    import importlib
+    import inspect
+
+    primitive = _spec.PRIMITIVES[name]
+    module, function = primitive.composite.rsplit(".", 1)
+    reference = getattr(importlib.import_module(f"keras_yoso.ops.composite.{module}"), function)
+    assert list(inspect.signature(reference).parameters) == list(primitive.input_names + primitive.attribute_names)

@@ -113,7 +113,7 @@ static void WeightedLshCumulationPastTwo31(float* value) {
 // The collision estimator with key vectors [1, Nk, D]: the query (e_0) collides only with the
 // last key, whose vector is the row (1, ..., D) past element 2^31.
 static void CollisionCumulationPastTwo31(float* key) {
-  CumulationDims d{1, 1, 1, kNk, 0, 1, kD, 2};
+  CumulationDims d{1, 1, 1, kNk, 1, 0, kD, 2};
   std::vector<float> query_mask(1, 1.0f), key_mask(kNk, 1.0f), query(kD, 0.0f), query_weight(1, 1.0f),
       key_weight(kNk, 1.0f);
   std::vector<int32_t> query_codes(1, 0), key_codes(kNk, 1), sorted_codes(kNk), sorted_index(kNk);

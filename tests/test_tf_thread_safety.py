@@ -46,7 +46,7 @@ def _all_ops(x, implementation):
             ops.lsh_cumulation(qc, kc, x["v"], 2 ** tau, x["qm"], x["km"], **impl),
             ops.weighted_lsh_cumulation(qc, x["dy"], kc, x["v"], x["k"], 2 ** tau, x["qm"], x["km"], **impl),
             ops.collision_cumulation(qc, x["q"], x["dy"], kc, x["k"], x["v"], tau, x["qm"], x["km"], **impl)]
-    for backward in _validation.BACKWARDS:
+    for backward in _validation.SAMPLED_BACKWARDS:
         tensors = [tf.constant(x[name]) for name in "qkv"]
         with tf.GradientTape() as tape:
             tape.watch(tensors)

@@ -133,7 +133,7 @@ def _c_abi_message(op, inputs, num_buckets):
     views = [native_library.tensor_view(None, dtype, shape) for shape, dtype in inputs]
     output = native_library.tensor_view(None, "float32", (0, 1, inputs[-1][0][2]))
     with pytest.raises(ValueError) as info:
-        native_library.call("ky_" + op, *views, num_buckets, 0, output)  # causal = 0
+        native_library.call(op, views, [num_buckets, 0], [output])  # causal = 0
     return str(info.value)
 
 

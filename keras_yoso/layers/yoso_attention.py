@@ -203,7 +203,7 @@ class YosoAttention(MultiHeadAttentionBase):
         self._hash_code_len = _validation.hash_code_len(hash_code_len, cumulation=True, layer=True)
         self._use_expectation = _validation.boolean(use_expectation, "use_expectation", layer=True)
         self._conv_window = _validation.integer(conv_window, "conv_window", 1, allow_none=True, layer=True)
-        self._backward = _validation.choice(backward, "backward", _validation.BACKWARDS, layer=True)
+        self._backward = _validation.choice(backward, "backward", _validation.SAMPLED_BACKWARDS, layer=True)
         self._hash_method = _validation.choice(hash_method, "hash_method", _validation.HASH_METHODS, layer=True)
         self._implementation = _validation.choice(implementation, "implementation", _validation.IMPLEMENTATIONS,
                                                   layer=True)

@@ -1,12 +1,14 @@
 """The native primitives, declared once: inputs in the C ABI's order, attributes, output shape.
 
-One row per entry of the C ABI (custom_ops/cc/c_api/yoso_c_api.h). Everything that restates a
-primitive is derived from this table: the ctypes signatures of the native library
-(providers/native_library.py), the `torch.library` schemas and fakes (providers/torch.py), the
+One row per primitive of the native library, as custom_ops/cc/kernels/yoso_primitives.h declares it
+for the C ABI (`ky_run` of custom_ops/cc/c_api/yoso_c_api.h runs it by name), the XLA FFI handlers
+and the TensorFlow op kernels. Everything on the Python side that restates a primitive is derived
+from this table: the attribute values of the ctypes calls (providers/native_library.py), the
+`torch.library` schemas and fakes (providers/torch.py), the
 XLA FFI targets, attribute types and result shapes (providers/jax.py), the raw-op calls of the
 TensorFlow op library (providers/tensorflow.py), the axis roles of the tensors on a device mesh
 (`_dispatch.on_mesh`) and the op lists of CI (.ci/run, .ci/bazel_compare.py).
-`tests/test_spec.py` reads yoso_c_api.h and the REGISTER_OPs of the TensorFlow op library and
+`tests/test_spec.py` reads yoso_primitives.h and the REGISTER_OPs of the TensorFlow op library and
 holds them to this table.
 
 Every provider primitive (`providers/base.py`) takes its tensors and attributes in this order:
@@ -48,23 +50,20 @@ def _input(name, kind, rank=None):
 Output = collections.namedtuple("Output", "name dtype")
 
 
-class Primitive(collections.namedtuple("Primitive", "name inputs attributes outputs output_shapes raw_op "
+class Primitive(collections.namedtuple("Primitive", "name inputs attributes outputs output_shapes raw_op composite "
                                                     "raw_op_attributes in_place gpu_kernel",
                                         defaults=({}, {}, True))):
-    """One C ABI entry `ky_<name>`: `inputs` (Input, in the ABI's order), `attributes` (Attribute,
+    """One native primitive `name` (`ky_run(name, ...)` of the C ABI): `inputs` (Input, in the ABI's order), `attributes` (Attribute,
     after the inputs), `outputs` (Output, after the attributes), `output_shapes` (a function of
     (input shapes by name, attributes by name) -> one shape per output), the TensorFlow raw op that
-    runs it, the raw-op attributes that select it there, `in_place`: input name -> output name
+    runs it, `composite`: its keras.ops reference, "family.function" in keras_yoso.ops.composite
+    (the composite provider runs it; same arguments), the raw-op attributes that select it there, `in_place`: input name -> output name
     that may share its buffer (the output is that input updated), and `gpu_kernel`: whether the
     TensorFlow op library registers a CUDA kernel for it (when built with nvcc)."""
 
     @property
-    def entry(self):
-        """The C ABI entry (and XLA FFI handler `ky_xla_<name>`)."""
-        return f"ky_{self.name}"
-
-    @property
     def handler(self):
+        """The XLA FFI handler's symbol in the native library."""
         return f"ky_xla_{self.name}"
 
     @property
@@ -141,31 +140,37 @@ _CUMULATION_ATTRIBUTES = (Attribute("num_buckets", "int"), Attribute("causal", "
 
 PRIMITIVES = {p.name: p for p in (
     Primitive("gaussian_hash_codes", (_input("x", "rows"), _input("projection", "float32", 2)), _HASH_ATTRIBUTES,
-              _CODES_OUT, _hash_shape, "YosoGaussianHashCodes"),
+              _CODES_OUT, _hash_shape, "YosoGaussianHashCodes", "hashing.gaussian_hash_codes"),
     Primitive("hadamard_hash_codes", (_input("x", "rows"), _input("signs", "float32", 3)), _HASH_ATTRIBUTES,
-              _CODES_OUT, _hash_shape, "YosoHadamardHashCodes", {"interleaved": False}),
+              _CODES_OUT, _hash_shape, "YosoHadamardHashCodes", "hashing.hadamard_hash_codes",
+              {"interleaved": False}),
     Primitive("hadamard_interleaved_hash_codes", (_input("x", "rows"), _input("signs", "float32", 3)),
-              _HASH_ATTRIBUTES, _CODES_OUT, _hash_shape, "YosoHadamardHashCodes", {"interleaved": True}),
+              _HASH_ATTRIBUTES, _CODES_OUT, _hash_shape, "YosoHadamardHashCodes",
+              "hashing.hadamard_interleaved_hash_codes",
+              {"interleaved": True}),
     Primitive("lsh_cumulation",
               (_input("query_mask", "mask"), _input("query_codes", "codes"), _input("key_mask", "mask"),
                _input("key_codes", "codes"), _input("value", "rows")),
-              _CUMULATION_ATTRIBUTES, _VALUE_OUT, _cumulation_shape, "YosoLshCumulation"),
+              _CUMULATION_ATTRIBUTES, _VALUE_OUT, _cumulation_shape, "YosoLshCumulation",
+              "causal.directed_lsh_cumulation"),
     Primitive("lsh_cumulation_step",
               (_input("query_mask", "mask"), _input("query_codes", "codes"), _input("key_mask", "mask"),
                _input("key_codes", "codes"), _input("value", "rows"), _input("tables", "tables")),
-              (), _VALUE_OUT + (Output("tables_out", "float32"),), _step_shapes, "YosoLshCumulationStep", {},
+              (), _VALUE_OUT + (Output("tables_out", "float32"),), _step_shapes, "YosoLshCumulationStep",
+              "decoding.lsh_cumulation_step", {},
               {"tables": "tables_out"}, gpu_kernel=False),
     Primitive("weighted_lsh_cumulation",
               (_input("query_mask", "mask"), _input("query_codes", "codes"), _input("query_weight", "rows"),
                _input("key_mask", "mask"), _input("key_codes", "codes"), _input("key_weight", "rows"),
                _input("value", "rows")),
-              _CUMULATION_ATTRIBUTES, _VALUE_OUT, _cumulation_shape, "YosoWeightedLshCumulation"),
+              _CUMULATION_ATTRIBUTES, _VALUE_OUT, _cumulation_shape, "YosoWeightedLshCumulation",
+              "causal.directed_weighted_lsh_cumulation"),
     Primitive("collision_cumulation",
               (_input("query_mask", "mask"), _input("query_codes", "codes"), _input("query", "rows"),
                _input("query_weight", "rows"), _input("key_mask", "mask"), _input("key_codes", "codes"),
                _input("key", "rows"), _input("key_weight", "rows")),
               (Attribute("hash_code_len", "int"), Attribute("epsilon", "float")), (Output("output", "query"),),
-              _collision_shape, "YosoCollisionCumulation"),
+              _collision_shape, "YosoCollisionCumulation", "collision.collision_cumulation"),
 )}
 
 

@@ -101,7 +101,7 @@ def _lsh(provider, qm, qc, km, kc, value, num_buckets, causal):
     def cumulation(v):
         def grad(*args, upstream=None):
             dy = ops.cast(_upstream(args, upstream), v.dtype)
-            return ops.cast(provider.run("lsh_cumulation", km, kc, qm, qc, dy, num_buckets, -causal), v.dtype)
+            return ops.cast(provider.lsh_cumulation_gradient(qm, qc, km, kc, dy, num_buckets, causal), v.dtype)
 
         return ops.cast(provider.run("lsh_cumulation", qm, qc, km, kc, v, num_buckets, causal), v.dtype), grad
 
@@ -171,9 +171,7 @@ def _weighted(provider, qm, qc, query_weight, km, kc, key_weight, value, num_buc
     def cumulation(qw, kw, v):
         def grad(*args, upstream=None):
             dy = ops.cast(_upstream(args, upstream), v.dtype)
-            d_qw = run(qm, qc, dy, km, kc, v, kw, num_buckets, 0)
-            d_kw = run(km, kc, v, qm, qc, dy, qw, num_buckets, 0)
-            d_v = run(km, kc, kw, qm, qc, qw, dy, num_buckets, 0)
+            d_qw, d_kw, d_v = provider.weighted_lsh_cumulation_gradients(qm, qc, qw, km, kc, kw, v, dy, num_buckets)
             return ops.cast(d_qw, qw.dtype), ops.cast(d_kw, kw.dtype), ops.cast(d_v, v.dtype)
 
         return ops.cast(run(qm, qc, qw, km, kc, kw, v, num_buckets, 0), v.dtype), grad
@@ -269,7 +267,7 @@ def yoso_cumulation(query, key, value, query_codes, key_codes, hash_code_len, qu
       `[B, Nq, D]` in value's dtype.
     """
     hash_code_len = _validation.hash_code_len(hash_code_len, cumulation=True)
-    backward = _validation.choice(backward, "backward", _validation.BACKWARDS)
+    backward = _validation.choice(backward, "backward", _validation.SAMPLED_BACKWARDS)
     causal = _direction(causal)
     if causal and backward != "lower_bound":
         raise ValueError(f"backward={backward!r} is not implemented for causal=True: use backward=\"lower_bound\" "

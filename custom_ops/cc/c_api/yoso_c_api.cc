@@ -1,7 +1,10 @@
-// The C ABI of yoso_c_api.h: converts KyTensor views, runs the framework-neutral checks of
-// yoso_checks.h, then the algorithms of yoso_cpu.h on the library's thread pool. No math here.
+// The C ABI of yoso_c_api.h: ky_run converts KyTensor views, runs the framework-neutral Check of
+// the primitive (yoso_primitives.h), checks codes and outputs, then its Run on the library's
+// thread pool. Generic over the primitives: no per-primitive code and no math here.
 #include "yoso_c_api.h"
 
+#include <array>
+#include <cstddef>
 #include <cstdio>
 #include <cstring>
 #include <exception>
@@ -11,8 +14,7 @@
 #include "half_types.h"
 #include "openmp_spinning.h"
 #include "thread_pool.h"
-#include "yoso_checks.h"
-#include "yoso_cpu.h"
+#include "yoso_primitives.h"
 
 namespace keras_yoso {
 namespace {
@@ -59,40 +61,16 @@ int64_t Elements(const KyTensor* t) {
   return n;
 }
 
-struct Input {
-  const KyTensor* tensor;
-  const char* name;
-  int32_t dtype;  // required dtype; -1: any float dtype equal to the op's float dtype
-};
-
-// Shapes of `inputs`, their dtypes (float inputs all of `float_dtype`) and non-null data.
-std::string Convert(std::initializer_list<Input> inputs, int32_t float_dtype, std::vector<Shape>* shapes) {
-  for (const Input& in : inputs) {
-    Shape shape;
-    std::string error = ShapeOf(in.tensor, in.name, &shape);
-    if (!error.empty()) return error;
-    const int32_t want = in.dtype < 0 ? float_dtype : in.dtype;
-    if (in.tensor->dtype != want) {
-      return std::string(in.name) + " must be " + DtypeName(want) + ", got " + DtypeName(in.tensor->dtype);
-    }
-    if (in.tensor->data == nullptr && Elements(in.tensor) > 0) {
-      return std::string(in.name) + " has no data (null pointer)";
-    }
-    shapes->push_back(shape);
-  }
-  return "";
-}
-
-// Output `name` must have exactly `dims` and `dtype` (the op's float dtype, int32 for codes).
-std::string CheckOutput(const KyTensor* out, int32_t dtype, std::initializer_list<int64_t> dims,
-                        const char* meaning, const char* name = "output") {
+// Output `name` must have exactly the shape `want` and `dtype` (meaning: the shape in words).
+std::string CheckOutput(const KyTensor* out, int32_t dtype, const Shape& want, const char* meaning,
+                        const char* name) {
   Shape shape;
   std::string error = ShapeOf(out, name, &shape);
   if (!error.empty()) return error;
   if (out->dtype != dtype) {
     return std::string(name) + " must be " + DtypeName(dtype) + ", got " + DtypeName(out->dtype);
   }
-  error = CheckShape(shape, name, meaning, dims);
+  error = CheckShape(shape, name, meaning, want);
   if (error.empty() && out->data == nullptr && Elements(out) > 0) return std::string(name) + " has no data";
   return error;
 }
@@ -101,17 +79,6 @@ std::string CheckCodes(const KyTensor* codes, const char* name, int64_t num_buck
   return InvalidCodesMessage(
       name, CountInvalidCodes(static_cast<const int32_t*>(codes->data), Elements(codes), num_buckets),
       num_buckets);
-}
-
-// The shared tail of the cumulations' checks: the output's shape and dtype, then both sides'
-// codes in [0, num_buckets).
-std::string CheckOutputAndCodes(const KyTensor* output, int32_t dtype, std::initializer_list<int64_t> dims,
-                                const char* meaning, const KyTensor* query_codes, const KyTensor* key_codes,
-                                int64_t num_buckets) {
-  std::string e = CheckOutput(output, dtype, dims, meaning);
-  if (e.empty()) e = CheckCodes(query_codes, "query_codes", num_buckets);
-  if (e.empty()) e = CheckCodes(key_codes, "key_codes", num_buckets);
-  return e;
 }
 
 // The float dtype of input `name` (which sets the dtype of the op's other float inputs and its
@@ -143,40 +110,79 @@ int32_t Guarded(char* error, int64_t error_size, Run&& run) {
   }
 }
 
-template <typename T>
-const T* In(const KyTensor* t) { return static_cast<const T*>(t->data); }
-template <typename T>
-T* Out(KyTensor* t) { return static_cast<T*>(t->data); }
+static_assert(KY_FLOAT32 == static_cast<int32_t>(ScalarType::kFloat32) &&
+                  KY_FLOAT16 == static_cast<int32_t>(ScalarType::kFloat16) &&
+                  KY_BFLOAT16 == static_cast<int32_t>(ScalarType::kBFloat16),
+              "the C ABI's float codes are ScalarType's");
+static_assert(sizeof(KyAttribute) == sizeof(AttributeValue) &&
+                  offsetof(KyAttribute, int_value) == offsetof(AttributeValue, int_value) &&
+                  offsetof(KyAttribute, float_value) == offsetof(AttributeValue, float_value),
+              "KyAttribute is AttributeValue");
 
-enum class HashMethod { kGaussian, kHadamard, kHadamardInterleaved };
+// The dtype an input or output of `kind` must have, for a primitive computing in `float_dtype`.
+int32_t DtypeOf(Kind kind, int32_t float_dtype) {
+  switch (kind) {
+    case Kind::kCodes: return KY_INT32;
+    case Kind::kRows: return float_dtype;
+    default: return KY_FLOAT32;
+  }
+}
 
-template <HashMethod kMethod>
-int32_t HashCodes(const KyTensor* x, const KyTensor* params, int64_t num_hashes, int64_t hash_code_len,
-                  KyTensor* codes, int32_t num_threads, char* error, int64_t error_size) {
-  constexpr bool kGaussian = kMethod == HashMethod::kGaussian;
-  return Guarded(error, error_size, [&]() -> std::string {
-    if (x == nullptr) return "x is missing (null tensor)";
-    int32_t dtype = KY_FLOAT32;
-    std::string e = FloatDtypeOf(x, "x", &dtype);
-    std::vector<Shape> s;
-    if (e.empty()) e = Convert({{x, "x", -1}, {params, kGaussian ? "projection" : "signs", KY_FLOAT32}}, dtype, &s);
+std::string CountMessage(const char* primitive, const char* what, size_t want, int32_t got) {
+  return std::string(primitive) + " takes " + std::to_string(want) + " " + what + ", got " + std::to_string(got);
+}
+
+// Checks and runs primitive P: the counts, the float dtype (of P::kFloatInput), every input's dtype
+// and shape, P::Check, the codes, the outputs; then P::Run on the pool unless every output is empty.
+template <typename P>
+std::string RunPrimitive(const KyTensor* inputs, int32_t num_inputs, const KyAttribute* attributes,
+                         int32_t num_attributes, KyTensor* outputs, int32_t num_outputs, int32_t num_threads) {
+  constexpr size_t N = P::kInputs.size(), A = P::kAttributes.size(), M = P::kOutputs.size();
+  if (num_inputs != static_cast<int32_t>(N)) return CountMessage(P::kName, "inputs", N, num_inputs);
+  if (num_attributes != static_cast<int32_t>(A)) return CountMessage(P::kName, "attributes", A, num_attributes);
+  if (num_outputs != static_cast<int32_t>(M)) return CountMessage(P::kName, "outputs", M, num_outputs);
+  if ((N > 0 && inputs == nullptr) || (M > 0 && outputs == nullptr) || (A > 0 && attributes == nullptr)) {
+    return std::string(P::kName) + ": inputs, attributes and outputs must not be null";
+  }
+  int32_t dtype = KY_FLOAT32;
+  std::string e = FloatDtypeOf(&inputs[P::kFloatInput], P::kInputs[P::kFloatInput].name, &dtype);
+  if (!e.empty()) return e;
+  std::array<Shape, N> in_shapes{};
+  std::array<TensorRef, N> in{};
+  for (size_t i = 0; i < N; ++i) {
+    const KyTensor* t = &inputs[i];
+    const char* name = P::kInputs[i].name;
+    e = ShapeOf(t, name, &in_shapes[i]);
     if (!e.empty()) return e;
-    HashDims d{};
-    e = kGaussian ? CheckGaussianHash(s[0], s[1], num_hashes, hash_code_len, &d)
-                  : CheckHadamardHash(s[0], s[1], num_hashes, hash_code_len,
-                                      kMethod == HashMethod::kHadamardInterleaved, &d);
-    if (e.empty()) e = CheckOutput(codes, KY_INT32, {d.batch, d.num_hashes, d.length}, "[batch, num_hashes, length]");
-    if (!e.empty() || Elements(codes) == 0) return e;
-    DispatchFloat(dtype, [&](auto zero) {
-      using T = decltype(zero);
-      if constexpr (kGaussian) {
-        GaussianHashCodesCpu<T>(d, In<T>(x), In<float>(params), Out<int32_t>(codes), PoolParallelFor{num_threads});
-      } else {
-        HadamardHashCodesCpu<T>(d, In<T>(x), In<float>(params), Out<int32_t>(codes), PoolParallelFor{num_threads});
-      }
-    });
-    return "";
+    const int32_t want = DtypeOf(P::kInputs[i].kind, dtype);
+    if (t->dtype != want) return std::string(name) + " must be " + DtypeName(want) + ", got " + DtypeName(t->dtype);
+    if (t->data == nullptr && Elements(t) > 0) return std::string(name) + " has no data (null pointer)";
+    in[i] = TensorRef{t->data, in_shapes[i]};
+  }
+  std::array<AttributeValue, A> values{};
+  for (size_t i = 0; i < A; ++i) values[i] = AttributeValue{attributes[i].int_value, attributes[i].float_value};
+  typename P::Dims d{};
+  std::array<Shape, M> out_shapes{};
+  e = P::Check(in_shapes.data(), values.data(), &d, out_shapes.data());
+  if (!e.empty()) return e;
+  for (size_t i = 0; i < N && e.empty(); ++i) {
+    if (P::kInputs[i].kind == Kind::kCodes) e = CheckCodes(&inputs[i], P::kInputs[i].name, CodeBound(d));
+  }
+  std::array<TensorRef, M> out{};
+  bool work = false;
+  for (size_t i = 0; i < M && e.empty(); ++i) {
+    const Shape& s = out_shapes[i];
+    e = CheckOutput(&outputs[i], DtypeOf(P::kOutputs[i].kind, dtype), s, P::kOutputs[i].meaning,
+                    P::kOutputs[i].name);
+    out[i] = TensorRef{outputs[i].data, s};
+    work = work || ElementCount(s) > 0;
+  }
+  if (!e.empty() || !work) return e;
+  DispatchFloat(dtype, [&](auto zero) {
+    using T = decltype(zero);
+    P::template Run<T>(d, values.data(), in.data(), out.data(), PoolParallelFor{num_threads});
   });
+  return "";
 }
 
 }  // namespace
@@ -192,154 +198,18 @@ int32_t ky_throttle_openmp_spinning(KyParallelRegion parallel_region, int32_t nu
   return ThrottleOpenMPSpinning(parallel_region, num_threads) ? 1 : 0;
 }
 
-int32_t ky_gaussian_hash_codes(const KyTensor* x, const KyTensor* projection, int64_t num_hashes,
-                               int64_t hash_code_len, KyTensor* codes, int32_t num_threads,
-                               char* error, int64_t error_size) {
-  return HashCodes<HashMethod::kGaussian>(x, projection, num_hashes, hash_code_len, codes, num_threads, error,
-                                          error_size);
-}
-
-int32_t ky_hadamard_hash_codes(const KyTensor* x, const KyTensor* signs, int64_t num_hashes,
-                               int64_t hash_code_len, KyTensor* codes, int32_t num_threads,
-                               char* error, int64_t error_size) {
-  return HashCodes<HashMethod::kHadamard>(x, signs, num_hashes, hash_code_len, codes, num_threads, error,
-                                          error_size);
-}
-
-int32_t ky_hadamard_interleaved_hash_codes(const KyTensor* x, const KyTensor* signs, int64_t num_hashes,
-                                           int64_t hash_code_len, KyTensor* codes, int32_t num_threads,
-                                           char* error, int64_t error_size) {
-  return HashCodes<HashMethod::kHadamardInterleaved>(x, signs, num_hashes, hash_code_len, codes, num_threads,
-                                                     error, error_size);
-}
-
-int32_t ky_lsh_cumulation(const KyTensor* query_mask, const KyTensor* query_codes,
-                          const KyTensor* key_mask, const KyTensor* key_codes,
-                          const KyTensor* value, int64_t num_buckets, int64_t causal,
-                          KyTensor* output, int32_t num_threads, char* error, int64_t error_size) {
+int32_t ky_run(const char* primitive, const KyTensor* inputs, int32_t num_inputs, const KyAttribute* attributes,
+               int32_t num_attributes, KyTensor* outputs, int32_t num_outputs, int32_t num_threads, char* error,
+               int64_t error_size) {
   return Guarded(error, error_size, [&]() -> std::string {
-    int32_t dtype = KY_FLOAT32;
-    std::string e = FloatDtypeOf(value, "value", &dtype);
-    std::vector<Shape> s;
-    if (e.empty()) e = Convert({{query_mask, "query_mask", KY_FLOAT32}, {query_codes, "query_codes", KY_INT32},
-                             {key_mask, "key_mask", KY_FLOAT32}, {key_codes, "key_codes", KY_INT32},
-                             {value, "value", -1}}, dtype, &s);
-    CumulationDims d{};
-    if (e.empty()) e = CheckLshCumulation(s[0], s[1], s[2], s[3], s[4], num_buckets, &d, causal);
-    if (e.empty()) {
-      e = CheckOutputAndCodes(output, dtype, {d.batch, d.num_queries, d.value_dim}, "[batch, num_queries, value_dim]",
-                              query_codes, key_codes, num_buckets);
-    }
-    if (!e.empty() || Elements(output) == 0) return e;
-    DispatchFloat(dtype, [&](auto zero) {
-      using T = decltype(zero);
-      LshCumulationCpu<T>(d, causal, In<float>(query_mask), In<int32_t>(query_codes), In<float>(key_mask),
-                          In<int32_t>(key_codes), In<T>(value), Out<T>(output), PoolParallelFor{num_threads});
-    });
-    return "";
-  });
-}
-
-int32_t ky_lsh_cumulation_step(const KyTensor* query_mask, const KyTensor* query_codes,
-                               const KyTensor* key_mask, const KyTensor* key_codes,
-                               const KyTensor* value, const KyTensor* tables, KyTensor* output,
-                               KyTensor* tables_out, int32_t num_threads, char* error,
-                               int64_t error_size) {
-  return Guarded(error, error_size, [&]() -> std::string {
-    int32_t dtype = KY_FLOAT32;
-    std::string e = FloatDtypeOf(value, "value", &dtype);
-    std::vector<Shape> s;
-    if (e.empty()) e = Convert({{query_mask, "query_mask", KY_FLOAT32}, {query_codes, "query_codes", KY_INT32},
-                             {key_mask, "key_mask", KY_FLOAT32}, {key_codes, "key_codes", KY_INT32},
-                             {value, "value", -1}, {tables, "tables", KY_FLOAT32}}, dtype, &s);
-    CumulationDims d{};
-    if (e.empty()) e = CheckLshCumulationStep(s[0], s[1], s[2], s[3], s[4], s[5], &d);
-    if (e.empty()) {
-      e = CheckOutputAndCodes(output, dtype, {d.batch, d.num_queries, d.value_dim}, "[batch, num_queries, value_dim]",
-                              query_codes, key_codes, d.num_buckets);
-    }
-    if (e.empty()) {
-      e = CheckOutput(tables_out, KY_FLOAT32, {d.batch, d.num_hashes, d.num_buckets, d.value_dim},
-                      "[batch, num_hashes, num_buckets, value_dim]", "tables_out");
-    }
-    if (!e.empty() || Elements(tables_out) == 0) return e;
-    DispatchFloat(dtype, [&](auto zero) {
-      using T = decltype(zero);
-      LshCumulationStepCpu<T>(d, In<float>(query_mask), In<int32_t>(query_codes), In<float>(key_mask),
-                              In<int32_t>(key_codes), In<T>(value), In<float>(tables), Out<T>(output),
-                              Out<float>(tables_out), PoolParallelFor{num_threads});
-    });
-    return "";
-  });
-}
-
-int32_t ky_weighted_lsh_cumulation(const KyTensor* query_mask, const KyTensor* query_codes,
-                                   const KyTensor* query_weight, const KyTensor* key_mask,
-                                   const KyTensor* key_codes, const KyTensor* key_weight,
-                                   const KyTensor* value, int64_t num_buckets, int64_t causal,
-                                   KyTensor* output, int32_t num_threads, char* error,
-                                   int64_t error_size) {
-  return Guarded(error, error_size, [&]() -> std::string {
-    int32_t dtype = KY_FLOAT32;
-    std::string e = FloatDtypeOf(value, "value", &dtype);
-    std::vector<Shape> s;
-    if (e.empty()) e = Convert({{query_mask, "query_mask", KY_FLOAT32}, {query_codes, "query_codes", KY_INT32},
-                             {query_weight, "query_weight", -1}, {key_mask, "key_mask", KY_FLOAT32},
-                             {key_codes, "key_codes", KY_INT32}, {key_weight, "key_weight", -1},
-                             {value, "value", -1}}, dtype, &s);
-    CumulationDims d{};
-    if (e.empty()) {
-      e = CheckWeightedLshCumulation(s[0], s[1], s[2], s[3], s[4], s[5], s[6], num_buckets, &d, causal);
-    }
-    if (e.empty()) {
-      e = CheckOutputAndCodes(output, dtype, {d.batch, d.num_queries, d.value_dim}, "[batch, num_queries, value_dim]",
-                              query_codes, key_codes, num_buckets);
-    }
-    if (!e.empty() || Elements(output) == 0) return e;
-    DispatchFloat(dtype, [&](auto zero) {
-      using T = decltype(zero);
-      WeightedLshCumulationCpu<T>(d, causal, In<float>(query_mask), In<int32_t>(query_codes), In<T>(query_weight),
-                                  In<float>(key_mask), In<int32_t>(key_codes), In<T>(key_weight), In<T>(value),
-                                  Out<T>(output), PoolParallelFor{num_threads});
-    });
-    return "";
-  });
-}
-
-int32_t ky_collision_cumulation(const KyTensor* query_mask, const KyTensor* query_codes,
-                                const KyTensor* query, const KyTensor* query_weight,
-                                const KyTensor* key_mask, const KyTensor* key_codes,
-                                const KyTensor* key, const KyTensor* key_weight,
-                                int64_t hash_code_len, float epsilon, KyTensor* output,
-                                int32_t num_threads, char* error, int64_t error_size) {
-  return Guarded(error, error_size, [&]() -> std::string {
-    int32_t dtype = KY_FLOAT32;
-    std::string e = FloatDtypeOf(query, "query", &dtype);
-    std::vector<Shape> s;
-    if (e.empty()) e = Convert({{query_mask, "query_mask", KY_FLOAT32}, {query_codes, "query_codes", KY_INT32},
-                             {query, "query", -1}, {query_weight, "query_weight", -1},
-                             {key_mask, "key_mask", KY_FLOAT32}, {key_codes, "key_codes", KY_INT32},
-                             {key, "key", -1}, {key_weight, "key_weight", -1}}, dtype, &s);
-    CumulationDims d{};
-    if (e.empty()) {
-      e = CheckCollisionCumulation(s[0], s[1], s[2], s[3], s[4], s[5], s[6], s[7], hash_code_len, epsilon, &d);
-    }
-    if (e.empty()) {
-      e = CheckOutputAndCodes(output, dtype, {d.batch, d.num_queries, d.vector_dim}, "[batch, num_queries, dim]",
-                              query_codes, key_codes, d.num_buckets);
-    }
-    if (!e.empty() || Elements(output) == 0) return e;
-    std::vector<int32_t> sorted_codes(Elements(key_codes)), sorted_index(Elements(key_codes));
-    PoolParallelFor pf{num_threads};
-    SortKeysByCodeCpu(d, In<int32_t>(key_codes), sorted_codes.data(), sorted_index.data(), pf);
-    DispatchFloat(dtype, [&](auto zero) {
-      using T = decltype(zero);
-      CollisionCumulationCpu<T>(d, static_cast<int>(hash_code_len), epsilon, In<float>(query_mask),
-                                In<int32_t>(query_codes), In<T>(query), In<T>(query_weight), In<float>(key_mask),
-                                In<int32_t>(key_codes), In<T>(key), In<T>(key_weight), sorted_codes.data(),
-                                sorted_index.data(), Out<T>(output), pf);
-    });
-    return "";
+    const std::string name = primitive == nullptr ? "" : primitive;
+#define KY_RUN_IF_NAMED(primitive_name, P)                                                                  \
+  if (name == P::kName) {                                                                                   \
+    return RunPrimitive<P>(inputs, num_inputs, attributes, num_attributes, outputs, num_outputs, num_threads); \
+  }
+    KY_PRIMITIVES(KY_RUN_IF_NAMED)
+#undef KY_RUN_IF_NAMED
+    return "no keras_yoso primitive named \"" + name + "\"";
   });
 }
 

@@ -1,18 +1,19 @@
-/* The C ABI of the keras-yoso CPU kernels: one entry per op, no framework type.
+/* The C ABI of the keras-yoso CPU kernels: one entry that runs any primitive by name, no framework type.
  *
- * Every entry takes its tensors as KyTensor views (data pointer, dtype code, shape; row-major,
- * contiguous), checks them (ranks, sizes against each other, dtypes, attributes, codes in
- * [0, num_buckets), the per-bucket table limit) with the checks of
- * custom_ops/cc/kernels/yoso_checks.h, then runs the algorithm of yoso_cpu.h on the library's
- * own thread pool with `num_threads` threads (<= 0: every core). The caller allocates the
- * output with the shape the op documents; it is checked too.
+ * One entry, ky_run, runs every primitive of custom_ops/cc/kernels/yoso_primitives.h by name. It
+ * takes tensors as KyTensor views (data pointer, dtype code, shape; row-major, contiguous), checks
+ * them (ranks, sizes against each other, dtypes, attributes, codes in [0, num_buckets), the
+ * per-bucket table limit) with the checks of custom_ops/cc/kernels/yoso_checks.h, then runs the
+ * primitive's CPU kernel on the library's own thread pool with `num_threads` threads (<= 0: every
+ * core). The caller allocates the outputs with the shapes the primitive documents; they are
+ * checked too.
  *
  * Returns KY_OK, or KY_INVALID_ARGUMENT / KY_INTERNAL with the error text (NUL-terminated,
  * truncated to error_size bytes) in `error`. Thread-safe: any number of callers at once.
  *
  * Callers: keras_yoso/ops/providers/native_library.py (ctypes: the PyTorch provider), the XLA FFI
- * handlers of custom_ops/cc/jax/yoso_xla_ffi.cc (the JAX provider). The TensorFlow op kernels call the same
- * checks and algorithms on TensorFlow's own thread pool.
+ * handlers of custom_ops/cc/jax/yoso_xla_ffi.cc (the JAX provider). The TensorFlow op kernels run
+ * the same primitives (Check, then Run) on TensorFlow's own thread pool.
  */
 #ifndef KERAS_YOSO_C_API_YOSO_C_API_H_
 #define KERAS_YOSO_C_API_YOSO_C_API_H_
@@ -24,7 +25,7 @@ extern "C" {
 #endif
 
 /* Bumped whenever an entry's signature or KyTensor changes; native_library.py checks it. */
-#define KY_ABI_VERSION 5
+#define KY_ABI_VERSION 6
 
 /* dtype codes; the float codes match keras_yoso::ScalarType. */
 #define KY_FLOAT32 0
@@ -64,62 +65,23 @@ typedef void (*KyParallelRegion)(void (*fn)(void*), void* data, unsigned num_thr
  * (keras_yoso/ops/providers/torch.py). Returns 1 when this call opened the region, else 0. */
 KY_EXPORT int32_t ky_throttle_openmp_spinning(KyParallelRegion parallel_region, int32_t num_threads);
 
-/* x [B, N, d] (float), projection float32 [d, m * tau] -> codes int32 [B, m, N]. */
-KY_EXPORT int32_t ky_gaussian_hash_codes(const KyTensor* x, const KyTensor* projection, int64_t num_hashes,
-                               int64_t hash_code_len, KyTensor* codes, int32_t num_threads,
-                               char* error, int64_t error_size);
+/* One attribute of a primitive: int attributes read int_value, float attributes float_value. */
+typedef struct KyAttribute {
+  int64_t int_value;
+  double float_value;
+} KyAttribute;
 
-/* x [B, N, d] (float), signs float32 [num_blocks, 3, padded_dim] -> codes int32 [B, m, N].
- * Bit i of hash h is the sign of row h * tau + i of the concatenated block projections
- * (contiguous: a hash's bits are neighbouring rows of one block; the "hadamard" method). */
-KY_EXPORT int32_t ky_hadamard_hash_codes(const KyTensor* x, const KyTensor* signs, int64_t num_hashes,
-                               int64_t hash_code_len, KyTensor* codes, int32_t num_threads,
-                               char* error, int64_t error_size);
-
-/* As ky_hadamard_hash_codes, with bit k = h * tau + i the sign of row k / num_blocks of block
- * k % num_blocks (interleaved: with num_blocks >= tau a hash's bits come from independent
- * blocks; the "hadamard_interleaved" method, yoso_common.h HadamardProjectionRow). */
-KY_EXPORT int32_t ky_hadamard_interleaved_hash_codes(const KyTensor* x, const KyTensor* signs,
-                               int64_t num_hashes, int64_t hash_code_len, KyTensor* codes,
-                               int32_t num_threads, char* error, int64_t error_size);
-
-/* masks float32 [B, N], codes int32 [B, m, N], value [B, Nk, D] -> output [B, Nq, D]
- * (value's dtype). YOSO eq. 2 averaged over the m hashes. causal: 0 every key; 1 keys j <= i;
- * -1 keys j >= i (causal != 0 needs Nq == Nk: query i and key i are position i). */
-KY_EXPORT int32_t ky_lsh_cumulation(const KyTensor* query_mask, const KyTensor* query_codes,
-                          const KyTensor* key_mask, const KyTensor* key_codes,
-                          const KyTensor* value, int64_t num_buckets, int64_t causal,
-                          KyTensor* output, int32_t num_threads, char* error, int64_t error_size);
-
-/* Decoding step of causal YOSO: masks float32 [B, T], codes int32 [B, m, T] of T new positions,
- * value [B, T, D], tables float32 [B, m, num_buckets, D] (the bucket sums of the earlier positions'
- * values) -> output [B, T, D] (value's dtype): query t over the earlier positions and the new keys
- * j <= t; tables_out float32 [B, m, num_buckets, D]: the tables with the new keys added. tables_out
- * may be the tables tensor itself (updated in place). */
-KY_EXPORT int32_t ky_lsh_cumulation_step(const KyTensor* query_mask, const KyTensor* query_codes,
-                               const KyTensor* key_mask, const KyTensor* key_codes,
-                               const KyTensor* value, const KyTensor* tables, KyTensor* output,
-                               KyTensor* tables_out, int32_t num_threads, char* error,
-                               int64_t error_size);
-
-/* query_weight [B, Nq, W], key_weight [B, Nk, W], value [B, Nk, D] -> output [B, Nq, D]:
- * lsh_cumulation with each pair weighted by <query_weight_i, key_weight_j> (eq. 4's blocks);
- * causal as in ky_lsh_cumulation. */
-KY_EXPORT int32_t ky_weighted_lsh_cumulation(const KyTensor* query_mask, const KyTensor* query_codes,
-                                   const KyTensor* query_weight, const KyTensor* key_mask,
-                                   const KyTensor* key_codes, const KyTensor* key_weight,
-                                   const KyTensor* value, int64_t num_buckets, int64_t causal,
-                                   KyTensor* output, int32_t num_threads, char* error,
-                                   int64_t error_size);
-
-/* query [B, Nq, d], query_weight [B, Nq, W], key [B, Nk, d], key_weight [B, Nk, W]
- * -> output [B, Nq, d]: the *YOSO collision estimator (appendix eq. 2 on colliding pairs). */
-KY_EXPORT int32_t ky_collision_cumulation(const KyTensor* query_mask, const KyTensor* query_codes,
-                                const KyTensor* query, const KyTensor* query_weight,
-                                const KyTensor* key_mask, const KyTensor* key_codes,
-                                const KyTensor* key, const KyTensor* key_weight,
-                                int64_t hash_code_len, float epsilon, KyTensor* output,
-                                int32_t num_threads, char* error, int64_t error_size);
+/* Runs the primitive named `primitive` (custom_ops/cc/kernels/yoso_primitives.h lists them: their
+ * inputs, attributes and outputs in order, shapes and equations; keras_yoso/ops/_spec.py is the
+ * same table): `inputs` [num_inputs], `attributes` [num_attributes] and the caller-allocated
+ * `outputs` [num_outputs], each in the primitive's order. Checks the counts, dtypes (masks,
+ * tables and hash parameters float32; codes int32; the primitive's float inputs and outputs all
+ * of one float dtype), shapes, attributes, codes in [0, num_buckets) and the outputs' shapes, then
+ * runs the CPU kernel on `num_threads` threads of the library's pool. An output that the
+ * primitive updates in place (the decoding step's tables_out) may be its input's tensor. */
+KY_EXPORT int32_t ky_run(const char* primitive, const KyTensor* inputs, int32_t num_inputs,
+                         const KyAttribute* attributes, int32_t num_attributes, KyTensor* outputs,
+                         int32_t num_outputs, int32_t num_threads, char* error, int64_t error_size);
 
 #ifdef __cplusplus
 }  /* extern "C" */

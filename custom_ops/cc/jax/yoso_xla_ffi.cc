@@ -1,11 +1,13 @@
 // XLA FFI handlers of the keras-yoso CPU kernels, for JAX (keras_yoso/ops/providers/jax.py).
 //
-// Glue only: each handler turns its ffi::AnyBuffer arguments into KyTensor views, calls the C ABI
-// entry of custom_ops/cc/c_api/yoso_c_api.h (which checks everything and runs the kernel on the
-// library's own thread pool) and turns a failed call into an ffi::Error with the entry's message.
+// Glue only, generic over the primitives: one handler ky_xla_<name> per primitive of KY_PRIMITIVES
+// (custom_ops/cc/kernels/yoso_primitives.h), which reads its buffers in the primitive's order and
+// its attributes by name, turns them into KyTensor views, calls ky_run of
+// custom_ops/cc/c_api/yoso_c_api.h (which checks everything and runs the kernel on the library's
+// own thread pool) and turns a failed call into an ffi::Error with ky_run's message.
 //
-// Batching: every argument has a core rank (codes 3, masks 2, per-position tensors 3, hash
-// parameters 2 or 3, decoding tables 4, outputs 3 and 4). The Python side calls these with
+// Batching: every argument has a core rank, the rank the primitive declares for it (codes 3,
+// masks 2, per-position tensors 3, hash parameters 2 or 3, decoding tables 4). The Python side calls these with
 // vmap_method="broadcast_all", so under jax.vmap every argument and output carry the same extra
 // leading dims; the handler then calls the entry once per leading index, on offset pointers.
 //
@@ -15,32 +17,30 @@
 #include <algorithm>
 #include <array>
 #include <cstdint>
+#include <optional>
 #include <string>
+#include <string_view>
 
 #include "xla/ffi/api/ffi.h"
 #include "yoso_c_api.h"
+#include "yoso_primitives.h"
 
 namespace ffi = xla::ffi;
 
+#define KY_XLA_DECLARE(name, P) KY_EXPORT XLA_FFI_Error* ky_xla_##name(XLA_FFI_CallFrame* call_frame);
 extern "C" {
-KY_EXPORT XLA_FFI_Error* ky_xla_gaussian_hash_codes(XLA_FFI_CallFrame* call_frame);
-KY_EXPORT XLA_FFI_Error* ky_xla_hadamard_hash_codes(XLA_FFI_CallFrame* call_frame);
-KY_EXPORT XLA_FFI_Error* ky_xla_hadamard_interleaved_hash_codes(XLA_FFI_CallFrame* call_frame);
-KY_EXPORT XLA_FFI_Error* ky_xla_lsh_cumulation(XLA_FFI_CallFrame* call_frame);
-KY_EXPORT XLA_FFI_Error* ky_xla_lsh_cumulation_step(XLA_FFI_CallFrame* call_frame);
-KY_EXPORT XLA_FFI_Error* ky_xla_weighted_lsh_cumulation(XLA_FFI_CallFrame* call_frame);
-KY_EXPORT XLA_FFI_Error* ky_xla_collision_cumulation(XLA_FFI_CallFrame* call_frame);
+KY_PRIMITIVES(KY_XLA_DECLARE)
 }
+#undef KY_XLA_DECLARE
 
 namespace keras_yoso {
 namespace {
 
 constexpr int64_t kErrorSize = 4096;
-constexpr int kOutputCoreRank = 3;
 
 // One argument of a handler: its buffer, the rank the C ABI entry takes, its name in messages.
 struct Operand {
-  ffi::AnyBuffer buffer;
+  std::optional<ffi::AnyBuffer> buffer;  // always set (AnyBuffer has no default constructor)
   int core_rank;
   const char* name;
 };
@@ -67,18 +67,18 @@ std::string ShapeText(ffi::AnyBuffer::Dimensions dims) {
 // A KyTensor over the core dims of `operand` (everything after its `leading` leading dims); its
 // data pointer is that of leading index 0. Sets *stride_bytes to the bytes of one core tensor.
 std::string CoreView(const Operand& operand, int leading, KyTensor* view, int64_t* stride_bytes) {
-  const int32_t dtype = KyDtype(operand.buffer.element_type());
+  const int32_t dtype = KyDtype(operand.buffer->element_type());
   if (dtype < 0) {
     return std::string(operand.name) + " has an element type the keras_yoso kernels do not take (XLA type " +
-           std::to_string(static_cast<int>(operand.buffer.element_type())) +
+           std::to_string(static_cast<int>(operand.buffer->element_type())) +
            "); they take float32, float16, bfloat16 and int32";
   }
-  const auto dims = operand.buffer.dimensions();
+  const auto dims = operand.buffer->dimensions();
   const int rank = static_cast<int>(dims.size()) - leading;
   if (rank < 0 || rank > KY_MAX_RANK) {
     return std::string(operand.name) + " has shape " + ShapeText(dims) + ", rank out of range";
   }
-  view->data = operand.buffer.untyped_data();
+  view->data = operand.buffer->untyped_data();
   view->dtype = dtype;
   view->rank = rank;
   int64_t elements = 1;
@@ -97,7 +97,7 @@ std::string CoreView(const Operand& operand, int leading, KyTensor* view, int64_
 template <size_t N, size_t M, typename Entry>
 ffi::Error RunBatched(const std::array<Operand, N>& inputs, const std::array<Operand, M>& outputs,
                       Entry&& entry) {
-  const auto out_dims = outputs[0].buffer.dimensions();
+  const auto out_dims = outputs[0].buffer->dimensions();
   const int leading = std::max(0, static_cast<int>(out_dims.size()) - outputs[0].core_rank);
   int64_t count = 1;
   for (int i = 0; i < leading; ++i) count *= out_dims[i];
@@ -105,7 +105,7 @@ ffi::Error RunBatched(const std::array<Operand, N>& inputs, const std::array<Ope
   for (size_t i = 0; i < N + M; ++i) operands[i] = i < N ? &inputs[i] : &outputs[i - N];
   for (const Operand* operand : operands) {
     if (leading == 0) break;
-    const auto dims = operand->buffer.dimensions();
+    const auto dims = operand->buffer->dimensions();
     const bool same = static_cast<int>(dims.size()) == operand->core_rank + leading &&
                       std::equal(dims.begin(), dims.begin() + leading, out_dims.begin());
     if (!same) {
@@ -139,206 +139,88 @@ ffi::Error RunBatched(const std::array<Operand, N>& inputs, const std::array<Ope
   return ffi::Error::Success();
 }
 
-// One output of core rank 3 (every entry but the decoding step).
-std::array<Operand, 1> Output(ffi::AnyBuffer output) { return {{{output, kOutputCoreRank, "output"}}}; }
-
 int32_t Threads(int64_t num_threads) {
   return static_cast<int32_t>(std::clamp<int64_t>(num_threads, 0, INT32_MAX));
 }
 
-using HashEntry = int32_t (*)(const KyTensor*, const KyTensor*, int64_t, int64_t, KyTensor*, int32_t, char*,
-                              int64_t);
-
-// kEntry: the C ABI entry of the hash method (ky_gaussian_hash_codes takes a projection [d, m tau],
-// the Hadamard entries signs [num_blocks, 3, padded_dim]).
-template <HashEntry kEntry>
-ffi::Error HashCodes(ffi::AnyBuffer x, ffi::AnyBuffer params, ffi::Result<ffi::AnyBuffer> codes,
-                     int64_t num_hashes, int64_t hash_code_len, int64_t num_threads) {
-  constexpr bool kGaussian = kEntry == &ky_gaussian_hash_codes;
-  const std::array<Operand, 2> inputs{{{x, 3, "x"},
-                                       {params, kGaussian ? 2 : 3, kGaussian ? "projection" : "signs"}}};
-  return RunBatched(inputs, Output(*codes), [&](std::array<KyTensor, 2>& in, std::array<KyTensor, 1>& out,
-                                                 char* error) {
-    return kEntry(&in[0], &in[1], num_hashes, hash_code_len, &out[0], Threads(num_threads), error, kErrorSize);
-  });
+ffi::Error Invalid(const std::string& message) {
+  return ffi::Error(ffi::ErrorCode::kInvalidArgument, "keras_yoso XLA FFI: " + message);
 }
 
-// The int64 attributes of the two LSH cumulations. They arrive as a dictionary so that `causal`
-// may be absent (0): custom calls traced before it existed (e.g. jax.export artifacts) keep
-// running. Every other attribute must be one of these, with an int64 value.
-struct CumulationAttrs {
-  int64_t num_buckets = 0;
-  int64_t num_threads = 0;
-  int64_t causal = 0;
-};
-
-ffi::Error ReadCumulationAttrs(const ffi::Dictionary& attrs, CumulationAttrs* out) {
-  struct Field {
-    const char* name;
-    int64_t* value;
-    bool required;
-  };
-  const Field fields[] = {{"num_buckets", &out->num_buckets, true},
-                          {"num_threads", &out->num_threads, true},
-                          {"causal", &out->causal, false}};
+// The attributes of P by name into values (in P's order; one left out takes its default when it
+// is not required: `causal` was added after the first releases, so custom calls traced before it
+// keep running), and `num_threads`. Any other attribute is an error.
+template <typename P>
+ffi::Error ReadAttributes(const ffi::Dictionary& attributes, AttributeValue* values, int64_t* num_threads) {
   size_t found = 0;
-  for (const Field& field : fields) {
-    if (!attrs.contains(field.name)) {
-      if (!field.required) continue;
-      return ffi::Error(ffi::ErrorCode::kInvalidArgument,
-                        std::string("keras_yoso XLA FFI: missing attribute ") + field.name);
+  for (size_t i = 0; i < P::kAttributes.size(); ++i) {
+    const AttributeSpec& spec = P::kAttributes[i];
+    if (!attributes.contains(spec.name)) {
+      if (spec.required) return Invalid(std::string("missing attribute ") + spec.name);
+      values[i].int_value = spec.default_value;
+      continue;
     }
-    ffi::ErrorOr<int64_t> value = attrs.get<int64_t>(field.name);
-    if (value.has_error()) {
-      return ffi::Error(ffi::ErrorCode::kInvalidArgument,
-                        std::string("keras_yoso XLA FFI: attribute ") + field.name + " must be an int64 scalar");
+    if (spec.kind == AttributeKind::kInt) {
+      ffi::ErrorOr<int64_t> value = attributes.get<int64_t>(spec.name);
+      if (value.has_error()) return Invalid(std::string("attribute ") + spec.name + " must be an int64 scalar");
+      values[i].int_value = value.value();
+    } else {
+      ffi::ErrorOr<float> value = attributes.get<float>(spec.name);
+      if (value.has_error()) return Invalid(std::string("attribute ") + spec.name + " must be a float32 scalar");
+      values[i].float_value = value.value();
     }
-    *field.value = value.value();
     ++found;
   }
-  if (found != attrs.size()) {
-    return ffi::Error(ffi::ErrorCode::kInvalidArgument,
-                      "keras_yoso XLA FFI: unexpected attribute (the LSH cumulations take num_buckets, "
-                      "num_threads and causal)");
+  if (!attributes.contains("num_threads")) return Invalid("missing attribute num_threads");
+  ffi::ErrorOr<int64_t> threads = attributes.get<int64_t>("num_threads");
+  if (threads.has_error()) return Invalid("attribute num_threads must be an int64 scalar");
+  *num_threads = threads.value();
+  if (found + 1 != attributes.size()) {
+    std::string names;
+    for (const AttributeSpec& spec : P::kAttributes) names += std::string(spec.name) + ", ";
+    return Invalid(std::string("unexpected attribute (") + P::kName + " takes " + names + "num_threads)");
   }
   return ffi::Error::Success();
 }
 
-ffi::Error LshCumulation(ffi::AnyBuffer query_mask, ffi::AnyBuffer query_codes, ffi::AnyBuffer key_mask,
-                         ffi::AnyBuffer key_codes, ffi::AnyBuffer value, ffi::Result<ffi::AnyBuffer> output,
-                         ffi::Dictionary attributes) {
-  CumulationAttrs a;
-  ffi::Error status = ReadCumulationAttrs(attributes, &a);
+// The handler of primitive P: its P::kInputs.size() buffers, P::kOutputs.size() results and
+// attributes, batched over the leading dims of vmap (RunBatched), each batch index one ky_run.
+template <typename P>
+ffi::Error Handler(ffi::RemainingArgs args, ffi::RemainingRets rets, ffi::Dictionary attributes) {
+  constexpr size_t N = P::kInputs.size(), A = P::kAttributes.size(), M = P::kOutputs.size();
+  if (args.size() != N || rets.size() != M) {
+    return Invalid(std::string(P::kName) + " takes " + std::to_string(N) + " buffers and " + std::to_string(M) +
+                   " results, got " + std::to_string(args.size()) + " and " + std::to_string(rets.size()));
+  }
+  std::array<Operand, N> inputs{};
+  for (size_t i = 0; i < N; ++i) {
+    ffi::ErrorOr<ffi::AnyBuffer> buffer = args.get<ffi::AnyBuffer>(i);
+    if (buffer.has_error()) return buffer.error();
+    inputs[i] = Operand{buffer.value(), P::kInputs[i].rank, P::kInputs[i].name};
+  }
+  std::array<Operand, M> outputs{};
+  for (size_t i = 0; i < M; ++i) {
+    ffi::ErrorOr<ffi::Result<ffi::AnyBuffer>> buffer = rets.get<ffi::AnyBuffer>(i);
+    if (buffer.has_error()) return buffer.error();
+    outputs[i] = Operand{*buffer.value(), P::kOutputs[i].rank, P::kOutputs[i].name};
+  }
+  std::array<AttributeValue, A> values{};
+  int64_t num_threads = 0;
+  ffi::Error status = ReadAttributes<P>(attributes, values.data(), &num_threads);
   if (status.failure()) return status;
-  const std::array<Operand, 5> inputs{{{query_mask, 2, "query_mask"}, {query_codes, 3, "query_codes"},
-                                       {key_mask, 2, "key_mask"}, {key_codes, 3, "key_codes"},
-                                       {value, 3, "value"}}};
-  return RunBatched(inputs, Output(*output), [&](std::array<KyTensor, 5>& in, std::array<KyTensor, 1>& out,
-                                                 char* error) {
-    return ky_lsh_cumulation(&in[0], &in[1], &in[2], &in[3], &in[4], a.num_buckets, a.causal, &out[0],
-                             Threads(a.num_threads), error, kErrorSize);
-  });
-}
-
-ffi::Error WeightedLshCumulation(ffi::AnyBuffer query_mask, ffi::AnyBuffer query_codes, ffi::AnyBuffer query_weight,
-                                 ffi::AnyBuffer key_mask, ffi::AnyBuffer key_codes, ffi::AnyBuffer key_weight,
-                                 ffi::AnyBuffer value, ffi::Result<ffi::AnyBuffer> output,
-                                 ffi::Dictionary attributes) {
-  CumulationAttrs a;
-  ffi::Error status = ReadCumulationAttrs(attributes, &a);
-  if (status.failure()) return status;
-  const std::array<Operand, 7> inputs{{{query_mask, 2, "query_mask"}, {query_codes, 3, "query_codes"},
-                                       {query_weight, 3, "query_weight"}, {key_mask, 2, "key_mask"},
-                                       {key_codes, 3, "key_codes"}, {key_weight, 3, "key_weight"},
-                                       {value, 3, "value"}}};
-  return RunBatched(inputs, Output(*output), [&](std::array<KyTensor, 7>& in, std::array<KyTensor, 1>& out,
-                                                 char* error) {
-    return ky_weighted_lsh_cumulation(&in[0], &in[1], &in[2], &in[3], &in[4], &in[5], &in[6], a.num_buckets,
-                                      a.causal, &out[0], Threads(a.num_threads), error, kErrorSize);
-  });
-}
-
-ffi::Error CollisionCumulation(ffi::AnyBuffer query_mask, ffi::AnyBuffer query_codes, ffi::AnyBuffer query,
-                               ffi::AnyBuffer query_weight, ffi::AnyBuffer key_mask, ffi::AnyBuffer key_codes,
-                               ffi::AnyBuffer key, ffi::AnyBuffer key_weight, ffi::Result<ffi::AnyBuffer> output,
-                               int64_t hash_code_len, float epsilon, int64_t num_threads) {
-  const std::array<Operand, 8> inputs{{{query_mask, 2, "query_mask"}, {query_codes, 3, "query_codes"},
-                                       {query, 3, "query"}, {query_weight, 3, "query_weight"},
-                                       {key_mask, 2, "key_mask"}, {key_codes, 3, "key_codes"},
-                                       {key, 3, "key"}, {key_weight, 3, "key_weight"}}};
-  return RunBatched(inputs, Output(*output), [&](std::array<KyTensor, 8>& in, std::array<KyTensor, 1>& out,
-                                                 char* error) {
-    return ky_collision_cumulation(&in[0], &in[1], &in[2], &in[3], &in[4], &in[5], &in[6], &in[7], hash_code_len,
-                                   epsilon, &out[0], Threads(num_threads), error, kErrorSize);
-  });
-}
-
-// The decoding step: two outputs, output [B, T, D] and tables_out [B, m, num_buckets, D] (which JAX
-// may alias to the tables input: the entry then updates the tables in place).
-ffi::Error LshCumulationStep(ffi::AnyBuffer query_mask, ffi::AnyBuffer query_codes, ffi::AnyBuffer key_mask,
-                             ffi::AnyBuffer key_codes, ffi::AnyBuffer value, ffi::AnyBuffer tables,
-                             ffi::Result<ffi::AnyBuffer> output, ffi::Result<ffi::AnyBuffer> tables_out,
-                             int64_t num_threads) {
-  const std::array<Operand, 6> inputs{{{query_mask, 2, "query_mask"}, {query_codes, 3, "query_codes"},
-                                       {key_mask, 2, "key_mask"}, {key_codes, 3, "key_codes"},
-                                       {value, 3, "value"}, {tables, 4, "tables"}}};
-  const std::array<Operand, 2> outputs{{{*output, kOutputCoreRank, "output"}, {*tables_out, 4, "tables_out"}}};
-  return RunBatched(inputs, outputs, [&](std::array<KyTensor, 6>& in, std::array<KyTensor, 2>& out, char* error) {
-    return ky_lsh_cumulation_step(&in[0], &in[1], &in[2], &in[3], &in[4], &in[5], &out[0], &out[1],
-                                  Threads(num_threads), error, kErrorSize);
+  std::array<KyAttribute, A> kv{};
+  for (size_t i = 0; i < A; ++i) kv[i] = KyAttribute{values[i].int_value, values[i].float_value};
+  return RunBatched(inputs, outputs, [&](std::array<KyTensor, N>& in, std::array<KyTensor, M>& out, char* error) {
+    return ky_run(P::kName, in.data(), static_cast<int32_t>(N), kv.data(), static_cast<int32_t>(A), out.data(),
+                  static_cast<int32_t>(M), Threads(num_threads), error, kErrorSize);
   });
 }
 
 }  // namespace
 }  // namespace keras_yoso
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(ky_xla_gaussian_hash_codes, keras_yoso::HashCodes<&ky_gaussian_hash_codes>,
-                              ffi::Ffi::Bind()
-                                  .Arg<ffi::AnyBuffer>()  // x [B, N, d]
-                                  .Arg<ffi::AnyBuffer>()  // projection [d, m * tau]
-                                  .Ret<ffi::AnyBuffer>()  // codes int32 [B, m, N]
-                                  .Attr<int64_t>("num_hashes")
-                                  .Attr<int64_t>("hash_code_len")
-                                  .Attr<int64_t>("num_threads"));
-
-#define KY_HADAMARD_HASH_HANDLER(symbol, entry)                                                    \
-  XLA_FFI_DEFINE_HANDLER_SYMBOL(symbol, keras_yoso::HashCodes<&entry>,                             \
-                                ffi::Ffi::Bind()                                                   \
-                                    .Arg<ffi::AnyBuffer>() /* x [B, N, d] */                       \
-                                    .Arg<ffi::AnyBuffer>() /* signs [num_blocks, 3, padded_dim] */ \
-                                    .Ret<ffi::AnyBuffer>() /* codes int32 [B, m, N] */             \
-                                    .Attr<int64_t>("num_hashes")                                   \
-                                    .Attr<int64_t>("hash_code_len")                                \
-                                    .Attr<int64_t>("num_threads"))
-
-KY_HADAMARD_HASH_HANDLER(ky_xla_hadamard_hash_codes, ky_hadamard_hash_codes);
-KY_HADAMARD_HASH_HANDLER(ky_xla_hadamard_interleaved_hash_codes, ky_hadamard_interleaved_hash_codes);
-
-XLA_FFI_DEFINE_HANDLER_SYMBOL(ky_xla_lsh_cumulation, keras_yoso::LshCumulation,
-                              ffi::Ffi::Bind()
-                                  .Arg<ffi::AnyBuffer>()  // query_mask float32 [B, Nq]
-                                  .Arg<ffi::AnyBuffer>()  // query_codes int32 [B, m, Nq]
-                                  .Arg<ffi::AnyBuffer>()  // key_mask float32 [B, Nk]
-                                  .Arg<ffi::AnyBuffer>()  // key_codes int32 [B, m, Nk]
-                                  .Arg<ffi::AnyBuffer>()  // value [B, Nk, D]
-                                  .Ret<ffi::AnyBuffer>()  // output [B, Nq, D]
-                                  .Attrs());              // num_buckets, num_threads, causal (optional)
-
-XLA_FFI_DEFINE_HANDLER_SYMBOL(ky_xla_weighted_lsh_cumulation, keras_yoso::WeightedLshCumulation,
-                              ffi::Ffi::Bind()
-                                  .Arg<ffi::AnyBuffer>()  // query_mask float32 [B, Nq]
-                                  .Arg<ffi::AnyBuffer>()  // query_codes int32 [B, m, Nq]
-                                  .Arg<ffi::AnyBuffer>()  // query_weight [B, Nq, W]
-                                  .Arg<ffi::AnyBuffer>()  // key_mask float32 [B, Nk]
-                                  .Arg<ffi::AnyBuffer>()  // key_codes int32 [B, m, Nk]
-                                  .Arg<ffi::AnyBuffer>()  // key_weight [B, Nk, W]
-                                  .Arg<ffi::AnyBuffer>()  // value [B, Nk, D]
-                                  .Ret<ffi::AnyBuffer>()  // output [B, Nq, D]
-                                  .Attrs());              // num_buckets, num_threads, causal (optional)
-
-XLA_FFI_DEFINE_HANDLER_SYMBOL(ky_xla_collision_cumulation, keras_yoso::CollisionCumulation,
-                              ffi::Ffi::Bind()
-                                  .Arg<ffi::AnyBuffer>()  // query_mask float32 [B, Nq]
-                                  .Arg<ffi::AnyBuffer>()  // query_codes int32 [B, m, Nq]
-                                  .Arg<ffi::AnyBuffer>()  // query [B, Nq, d]
-                                  .Arg<ffi::AnyBuffer>()  // query_weight [B, Nq, W]
-                                  .Arg<ffi::AnyBuffer>()  // key_mask float32 [B, Nk]
-                                  .Arg<ffi::AnyBuffer>()  // key_codes int32 [B, m, Nk]
-                                  .Arg<ffi::AnyBuffer>()  // key [B, Nk, d]
-                                  .Arg<ffi::AnyBuffer>()  // key_weight [B, Nk, W]
-                                  .Ret<ffi::AnyBuffer>()  // output [B, Nq, d]
-                                  .Attr<int64_t>("hash_code_len")
-                                  .Attr<float>("epsilon")
-                                  .Attr<int64_t>("num_threads"));
-
-XLA_FFI_DEFINE_HANDLER_SYMBOL(ky_xla_lsh_cumulation_step, keras_yoso::LshCumulationStep,
-                              ffi::Ffi::Bind()
-                                  .Arg<ffi::AnyBuffer>()  // query_mask float32 [B, T]
-                                  .Arg<ffi::AnyBuffer>()  // query_codes int32 [B, m, T]
-                                  .Arg<ffi::AnyBuffer>()  // key_mask float32 [B, T]
-                                  .Arg<ffi::AnyBuffer>()  // key_codes int32 [B, m, T]
-                                  .Arg<ffi::AnyBuffer>()  // value [B, T, D]
-                                  .Arg<ffi::AnyBuffer>()  // tables float32 [B, m, num_buckets, D]
-                                  .Ret<ffi::AnyBuffer>()  // output [B, T, D]
-                                  .Ret<ffi::AnyBuffer>()  // tables_out float32 [B, m, num_buckets, D]
-                                  .Attr<int64_t>("num_threads"));
+#define KY_XLA_HANDLER(name, P)                                                       \
+  XLA_FFI_DEFINE_HANDLER_SYMBOL(ky_xla_##name, keras_yoso::Handler<keras_yoso::P>,    \
+                                ffi::Ffi::Bind().RemainingArgs().RemainingRets().Attrs());
+KY_PRIMITIVES(KY_XLA_HANDLER)
+#undef KY_XLA_HANDLER

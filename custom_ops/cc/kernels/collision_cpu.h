@@ -37,7 +37,7 @@ void CollisionCumulationCpu(const CumulationDims& d, int hash_code_len, float ep
                             const int32_t* key_codes, const T* key, const T* key_weight,
                             const int32_t* sorted_codes, const int32_t* sorted_index, T* out,
                             ParallelFor&& pf) {
-  const int64_t dv = d.vector_dim, dw = d.value_dim;
+  const int64_t dv = d.vector_dim, dw = d.weight_dim;
   const int64_t expected_pairs = std::max<int64_t>(1, d.num_keys * d.num_hashes / std::max<int64_t>(1, d.num_buckets));
   pf(d.batch * d.num_queries, expected_pairs * (dv + dw + d.num_hashes) + d.num_hashes * 20 + 1,
      [&](int64_t begin, int64_t end) {

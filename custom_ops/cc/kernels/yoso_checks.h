@@ -56,19 +56,24 @@ inline std::string RankTooHighMessage(const char* name, int rank) {
          std::to_string(kMaxCheckedRank);
 }
 
-// `t` has rank dims.size() and every dimension that is >= 0 in `dims` (-1: any).
-inline std::string CheckShape(const Shape& t, const char* name, const char* meaning,
-                              std::initializer_list<int64_t> dims) {
-  bool ok = t.rank == static_cast<int>(dims.size());
-  int axis = 0;
-  std::string want = "[";
-  for (int64_t d : dims) {
+// `t` has the rank of `want` and every dimension that is >= 0 in `want` (-1: any).
+inline std::string CheckShape(const Shape& t, const char* name, const char* meaning, const Shape& want) {
+  bool ok = t.rank == want.rank;
+  std::string text = "[";
+  for (int axis = 0; axis < want.rank; ++axis) {
+    const int64_t d = want.dims[axis];
     if (ok && d >= 0 && t.dims[axis] != d) ok = false;
-    want += (axis ? ", " : "") + (d < 0 ? std::string("?") : std::to_string(d));
-    ++axis;
+    text += (axis ? ", " : "") + (d < 0 ? std::string("?") : std::to_string(d));
   }
   if (ok) return "";
-  return std::string(name) + " must have shape " + meaning + " = " + want + "], got " + ShapeText(t);
+  return std::string(name) + " must have shape " + meaning + " = " + text + "], got " + ShapeText(t);
+}
+
+inline std::string CheckShape(const Shape& t, const char* name, const char* meaning,
+                              std::initializer_list<int64_t> dims) {
+  Shape want;
+  for (int64_t d : dims) want.dims[want.rank++] = d;
+  return CheckShape(t, name, meaning, want);
 }
 
 inline std::string CheckNumBuckets(int64_t num_buckets) {
@@ -264,7 +269,7 @@ inline std::string CheckWeightedLshCumulation(const Shape& query_mask, const Sha
 }
 
 // collision_cumulation: query [B, Nq, d], query_weight [B, Nq, W], key [B, Nk, d],
-// key_weight [B, Nk, W]; fills d (d.vector_dim = d, d.value_dim = W: the output is [B, Nq, d]).
+// key_weight [B, Nk, W]; fills d (d.vector_dim = d, d.weight_dim = W: the output is [B, Nq, d]).
 inline std::string CheckCollisionCumulation(const Shape& query_mask, const Shape& query_codes,
                                             const Shape& query, const Shape& query_weight,
                                             const Shape& key_mask, const Shape& key_codes,
@@ -282,7 +287,7 @@ inline std::string CheckCollisionCumulation(const Shape& query_mask, const Shape
   if (!error.empty()) return error;
   d->vector_dim = query.dims[2];
   error = CheckShape(key, "key", "[batch, num_keys, dim]", {d->batch, d->num_keys, d->vector_dim});
-  if (error.empty()) error = CheckWeightPair(query_weight, key_weight, *d, &d->value_dim);
+  if (error.empty()) error = CheckWeightPair(query_weight, key_weight, *d, &d->weight_dim);
   if (!error.empty()) return error;
   if (d->num_keys > kMaxCollisionKeys) {
     return "key_codes must have num_keys <= " + PowerText(kMaxCollisionKeys + 1) +

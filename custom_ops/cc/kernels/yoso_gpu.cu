@@ -521,7 +521,7 @@ __global__ void CollisionCumulationKernel(CumulationDims d, int hash_code_len, f
   const int64_t lane = threadIdx.x % kWarpSize;
   const int64_t rows = d.batch * d.num_queries;
   const int64_t dv = d.vector_dim;
-  const int64_t dw = d.value_dim;
+  const int64_t dw = d.weight_dim;
   for (int64_t row = GlobalThreadIndex() / kWarpSize; row < rows;
        row += GlobalThreadCount() / kWarpSize) {
     T* out_row = out + row * dv;

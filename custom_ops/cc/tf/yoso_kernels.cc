@@ -1,6 +1,7 @@
-// TensorFlow OpKernels of keras-yoso: validate inputs with the checks of yoso_checks.h,
-// allocate outputs and scratch, then run the algorithm of yoso_cpu.h on TF's CPU worker pool
-// or the launcher of yoso_gpu.h on the op's CUDA stream. No math lives here.
+// TensorFlow OpKernels of keras-yoso, generic over the primitives of yoso_primitives.h:
+// PrimitiveOp<Device, P, T> reads P's attributes, runs P::Check on the input shapes, checks the
+// codes, allocates the outputs, then runs P::Run on TF's CPU worker pool, or on a GPU the launcher
+// of yoso_gpu.h that GpuLaunch<P> names. No math and no per-primitive check lives here.
 #define EIGEN_USE_THREADS
 #if GOOGLE_CUDA
 #define EIGEN_USE_GPU
@@ -13,8 +14,7 @@
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/tensor.h"
 #include "tensorflow/core/framework/tensor_shape.h"
-#include "yoso_checks.h"
-#include "yoso_cpu.h"
+#include "yoso_primitives.h"
 #if GOOGLE_CUDA
 #include "tensorflow/core/util/determinism.h"
 #include "yoso_gpu.h"
@@ -52,14 +52,13 @@ Status Invalid(const std::string& error) {
   return error.empty() ? absl::OkStatus() : absl::InvalidArgumentError(error);
 }
 
-// The shapes of the op's first N inputs for yoso_checks.h; names[i] is input i's name in
-// REGISTER_OP.
-template <size_t N>
-Status InputShapes(OpKernelContext* ctx, const char* const (&names)[N], Shape (&shapes)[N]) {
-  for (size_t i = 0; i < N; ++i) {
+// The shapes of P's inputs for its Check.
+template <typename P>
+Status InputShapes(OpKernelContext* ctx, Shape* shapes) {
+  for (size_t i = 0; i < P::kInputs.size(); ++i) {
     const Tensor& t = ctx->input(static_cast<int>(i));
     if (t.dims() > kMaxCheckedRank) {
-      return absl::InvalidArgumentError(RankTooHighMessage(names[i], t.dims()));
+      return absl::InvalidArgumentError(RankTooHighMessage(P::kInputs[i].name, t.dims()));
     }
     shapes[i].rank = t.dims();
     for (int axis = 0; axis < t.dims(); ++axis) shapes[i].dims[axis] = t.dim_size(axis);
@@ -67,27 +66,19 @@ Status InputShapes(OpKernelContext* ctx, const char* const (&names)[N], Shape (&
   return absl::OkStatus();
 }
 
-std::string ShapeString(std::initializer_list<int64_t> dims) {
-  std::string s = "[";
-  for (auto it = dims.begin(); it != dims.end(); ++it) {
-    if (it != dims.begin()) s += ", ";
-    s += std::to_string(*it);
-  }
-  return s + "]";
-}
-
-// Allocates output 0 with shape `dims` (described as `meaning`), or fails with
-// InvalidArgumentError when its element count overflows int64: a huge dimension of an empty
-// input can reach the output (e.g. value [1, 0, 2^62] with 4 queries).
-Status AllocateOutput(OpKernelContext* ctx, const char* meaning,
-                      std::initializer_list<int64_t> dims, Tensor** out) {
-  TensorShape shape;
-  if (!TensorShape::BuildTensorShape(dims, &shape).ok()) {
-    return absl::InvalidArgumentError(absl::StrCat("the output ", meaning, " = ",
-                                                   ShapeString(dims),
+// Allocates output `index` (spec) with `shape`, forwarding the input it updates in place when
+// nothing else holds that input; InvalidArgumentError when its element count overflows int64 (a
+// huge dimension of an empty input can reach an output, e.g. value [1, 0, 2^62] with 4 queries).
+Status AllocateOutput(OpKernelContext* ctx, int index, const OutputSpec& spec, const Shape& shape, Tensor** out) {
+  TensorShape tf_shape;
+  if (!TensorShape::BuildTensorShape(absl::Span<const int64_t>(shape.dims, shape.rank), &tf_shape).ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("the ", spec.name, " ", spec.meaning, " = ", ShapeText(shape),
                                                    " would have more than 2**63 - 1 elements"));
   }
-  return ctx->allocate_output(0, shape, out);
+  if (spec.in_place_of >= 0) {
+    return ctx->forward_input_or_allocate_output({spec.in_place_of}, index, tf_shape, out);
+  }
+  return ctx->allocate_output(index, tf_shape, out);
 }
 
 template <typename Device>
@@ -175,348 +166,208 @@ Status AllocateWorkspace(OpKernelContext* ctx, size_t bytes, Tensor* workspace) 
 }
 #endif  // GOOGLE_CUDA
 
-template <typename T>
-const T* Ptr(const Tensor& t) { return t.flat<T>().data(); }
-template <typename T>
-T* MutablePtr(Tensor* t) { return t->flat<T>().data(); }
-
-// ----------------------------------------------------------------------------
-// Hash codes.
-
-template <typename Device, typename T>
-struct HashCodesFunctor;
-
-template <typename T>
-struct HashCodesFunctor<CPUDevice, T> {
-  static Status Gaussian(OpKernelContext* ctx, const HashDims& d, const Tensor& x,
-                         const Tensor& projection, Tensor* codes) {
-    GaussianHashCodesCpu<T>(d, Ptr<T>(x), Ptr<float>(projection), MutablePtr<int32_t>(codes),
-                            TfParallelFor{ctx});
-    return absl::OkStatus();
+// The inputs and outputs of one call as TensorRefs (data pointers and shapes).
+template <size_t N>
+std::array<TensorRef, N> Refs(const std::array<const Tensor*, N>& tensors) {
+  std::array<TensorRef, N> refs{};
+  for (size_t i = 0; i < N; ++i) {
+    refs[i].data = const_cast<char*>(tensors[i]->tensor_data().data());
+    refs[i].shape.rank = tensors[i]->dims();
+    for (int axis = 0; axis < tensors[i]->dims(); ++axis) refs[i].shape.dims[axis] = tensors[i]->dim_size(axis);
   }
-  static Status Hadamard(OpKernelContext* ctx, const HashDims& d, const Tensor& x,
-                         const Tensor& signs, Tensor* codes) {
-    HadamardHashCodesCpu<T>(d, Ptr<T>(x), Ptr<float>(signs), MutablePtr<int32_t>(codes),
-                            TfParallelFor{ctx});
+  return refs;
+}
+
+// Runs primitive P on the device's kernel: the CPU kernels through P::Run; the CUDA launchers of
+// yoso_gpu.h through the specializations below (a primitive without one has no GPU kernel).
+template <typename Device, typename P, typename T>
+struct Launch;
+
+template <typename P, typename T>
+struct Launch<CPUDevice, P, T> {
+  template <size_t N, size_t M>
+  static Status Run(OpKernelContext* ctx, const typename P::Dims& d, const AttributeValue* a,
+                    const std::array<TensorRef, N>& in, const std::array<TensorRef, M>& out) {
+    P::template Run<T>(d, a, in.data(), out.data(), TfParallelFor{ctx});
     return absl::OkStatus();
   }
 };
 
 #if GOOGLE_CUDA
 template <typename T>
-struct HashCodesFunctor<GPUDevice, T> {
-  static Status Gaussian(OpKernelContext* ctx, const HashDims& d, const Tensor& x,
-                         const Tensor& projection, Tensor* codes) {
-    return CudaStatus(GaussianHashCodesGpu(d, ScalarTypeOf<T>(), x.data(), Ptr<float>(projection),
-                                           MutablePtr<int32_t>(codes), StreamOf(ctx)),
+struct Launch<GPUDevice, GaussianHashCodes, T> {
+  static Status Run(OpKernelContext* ctx, const HashDims& d, const AttributeValue*,
+                    const std::array<TensorRef, 2>& in, const std::array<TensorRef, 1>& out) {
+    return CudaStatus(GaussianHashCodesGpu(d, ScalarTypeOf<T>(), in[0].data, In<float>(in[1]),
+                                           Out<int32_t>(out[0]), StreamOf(ctx)),
                       "GaussianHashCodesGpu");
   }
-  static Status Hadamard(OpKernelContext* ctx, const HashDims& d, const Tensor& x,
-                         const Tensor& signs, Tensor* codes) {
+};
+
+template <bool kInterleaved, typename T>
+struct Launch<GPUDevice, HadamardHashCodesOf<kInterleaved>, T> {
+  static Status Run(OpKernelContext* ctx, const HashDims& d, const AttributeValue*,
+                    const std::array<TensorRef, 2>& in, const std::array<TensorRef, 1>& out) {
     TF_RETURN_IF_ERROR(Invalid(CheckGpuHadamardPaddedDim(d.padded_dim)));
-    return CudaStatus(HadamardHashCodesGpu(d, ScalarTypeOf<T>(), x.data(), Ptr<float>(signs),
-                                           MutablePtr<int32_t>(codes), StreamOf(ctx)),
+    return CudaStatus(HadamardHashCodesGpu(d, ScalarTypeOf<T>(), in[0].data, In<float>(in[1]),
+                                           Out<int32_t>(out[0]), StreamOf(ctx)),
                       "HadamardHashCodesGpu");
   }
 };
-#endif
-
-enum class HashMethod { kGaussian, kHadamard };
-
-template <typename Device, typename T, HashMethod kMethod>
-class HashCodesOp : public OpKernel {
- public:
-  explicit HashCodesOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("num_hashes", &num_hashes_));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("hash_code_len", &hash_code_len_));
-    if constexpr (kMethod == HashMethod::kHadamard) {
-      OP_REQUIRES_OK(ctx, ctx->GetAttr("interleaved", &interleaved_));
-    }
-    OP_REQUIRES_OK(ctx, Invalid(CheckHashAttrs(num_hashes_, hash_code_len_)));
-  }
-
-  void Compute(OpKernelContext* ctx) override {
-    const Tensor& x = ctx->input(0);
-    const Tensor& params = ctx->input(1);
-    constexpr bool kGaussian = kMethod == HashMethod::kGaussian;
-    Shape s[2];
-    OP_REQUIRES_OK(ctx, InputShapes(ctx, {"x", kGaussian ? "projection" : "signs"}, s));
-    HashDims d{};
-    OP_REQUIRES_OK(ctx, Invalid(kGaussian
-                                    ? CheckGaussianHash(s[0], s[1], num_hashes_, hash_code_len_, &d)
-                                    : CheckHadamardHash(s[0], s[1], num_hashes_, hash_code_len_,
-                                                        interleaved_, &d)));
-    Tensor* codes = nullptr;
-    OP_REQUIRES_OK(ctx, AllocateOutput(ctx, "codes [batch, num_hashes, length]",
-                                       {d.batch, num_hashes_, d.length}, &codes));
-    if (codes->NumElements() == 0) return;
-    using F = HashCodesFunctor<Device, T>;
-    OP_REQUIRES_OK(ctx, kGaussian ? F::Gaussian(ctx, d, x, params, codes)
-                                  : F::Hadamard(ctx, d, x, params, codes));
-  }
-
- private:
-  int64_t num_hashes_ = 0;
-  int64_t hash_code_len_ = 0;
-  bool interleaved_ = false;
-};
-
-// ----------------------------------------------------------------------------
-// Cumulations.
-
-template <typename Device, typename T>
-struct CumulationFunctor;
 
 template <typename T>
-struct CumulationFunctor<CPUDevice, T> {
-  static Status Plain(OpKernelContext* ctx, const CumulationDims& d, int64_t causal,
-                      const Tensor& qm, const Tensor& qc, const Tensor& km, const Tensor& kc,
-                      const Tensor& value, Tensor* out) {
-    LshCumulationCpu<T>(d, causal, Ptr<float>(qm), Ptr<int32_t>(qc), Ptr<float>(km),
-                        Ptr<int32_t>(kc), Ptr<T>(value), MutablePtr<T>(out), TfParallelFor{ctx});
-    return absl::OkStatus();
-  }
-  static Status Weighted(OpKernelContext* ctx, const CumulationDims& d, int64_t causal,
-                         const Tensor& qm, const Tensor& qc, const Tensor& qw, const Tensor& km,
-                         const Tensor& kc, const Tensor& kw, const Tensor& value, Tensor* out) {
-    WeightedLshCumulationCpu<T>(d, causal, Ptr<float>(qm), Ptr<int32_t>(qc), Ptr<T>(qw),
-                                Ptr<float>(km), Ptr<int32_t>(kc), Ptr<T>(kw), Ptr<T>(value),
-                                MutablePtr<T>(out), TfParallelFor{ctx});
-    return absl::OkStatus();
-  }
-  static Status Collision(OpKernelContext* ctx, const CumulationDims& d, int tau, float eps,
-                          const Tensor& qm, const Tensor& qc, const Tensor& q, const Tensor& qw,
-                          const Tensor& km, const Tensor& kc, const Tensor& k, const Tensor& kw,
-                          Tensor* out) {
-    Tensor sorted_codes, sorted_index;
-    TF_RETURN_IF_ERROR(ctx->allocate_temp(tensorflow::DT_INT32, kc.shape(), &sorted_codes));
-    TF_RETURN_IF_ERROR(ctx->allocate_temp(tensorflow::DT_INT32, kc.shape(), &sorted_index));
-    SortKeysByCodeCpu(d, Ptr<int32_t>(kc), MutablePtr<int32_t>(&sorted_codes),
-                      MutablePtr<int32_t>(&sorted_index), TfParallelFor{ctx});
-    CollisionCumulationCpu<T>(d, tau, eps, Ptr<float>(qm), Ptr<int32_t>(qc), Ptr<T>(q), Ptr<T>(qw),
-                              Ptr<float>(km), Ptr<int32_t>(kc), Ptr<T>(k), Ptr<T>(kw),
-                              Ptr<int32_t>(sorted_codes), Ptr<int32_t>(sorted_index),
-                              MutablePtr<T>(out), TfParallelFor{ctx});
-    return absl::OkStatus();
-  }
-};
-
-#if GOOGLE_CUDA
-template <typename T>
-struct CumulationFunctor<GPUDevice, T> {
-  static Status Plain(OpKernelContext* ctx, const CumulationDims& d, int64_t causal,
-                      const Tensor& qm, const Tensor& qc, const Tensor& km, const Tensor& kc,
-                      const Tensor& value, Tensor* out) {
-    TF_RETURN_IF_ERROR(CheckGpuCausal("YosoLshCumulation", causal));
+struct Launch<GPUDevice, LshCumulation, T> {
+  static Status Run(OpKernelContext* ctx, const CumulationDims& d, const AttributeValue* a,
+                    const std::array<TensorRef, 5>& in, const std::array<TensorRef, 1>& out) {
+    TF_RETURN_IF_ERROR(CheckGpuCausal("YosoLshCumulation", a[1].int_value));
     TF_RETURN_IF_ERROR(CheckNondeterminismAllowed("YosoLshCumulation"));
     Tensor ws;
     const size_t bytes = LshCumulationWorkspaceBytes(d);
     TF_RETURN_IF_ERROR(AllocateWorkspace(ctx, bytes, &ws));
-    return CudaStatus(
-        LshCumulationGpu(d, ScalarTypeOf<T>(), Ptr<float>(qm), Ptr<int32_t>(qc), Ptr<float>(km),
-                         Ptr<int32_t>(kc), value.data(), out->data(), ws.data(), bytes,
-                         StreamOf(ctx)),
-        "LshCumulationGpu");
+    return CudaStatus(LshCumulationGpu(d, ScalarTypeOf<T>(), In<float>(in[0]), In<int32_t>(in[1]),
+                                       In<float>(in[2]), In<int32_t>(in[3]), in[4].data, out[0].data, ws.data(),
+                                       bytes, StreamOf(ctx)),
+                      "LshCumulationGpu");
   }
-  static Status Weighted(OpKernelContext* ctx, const CumulationDims& d, int64_t causal,
-                         const Tensor& qm, const Tensor& qc, const Tensor& qw, const Tensor& km,
-                         const Tensor& kc, const Tensor& kw, const Tensor& value, Tensor* out) {
-    TF_RETURN_IF_ERROR(CheckGpuCausal("YosoWeightedLshCumulation", causal));
+};
+
+template <typename T>
+struct Launch<GPUDevice, WeightedLshCumulation, T> {
+  static Status Run(OpKernelContext* ctx, const CumulationDims& d, const AttributeValue* a,
+                    const std::array<TensorRef, 7>& in, const std::array<TensorRef, 1>& out) {
+    TF_RETURN_IF_ERROR(CheckGpuCausal("YosoWeightedLshCumulation", a[1].int_value));
     TF_RETURN_IF_ERROR(CheckNondeterminismAllowed("YosoWeightedLshCumulation"));
     Tensor ws;
     const size_t bytes = WeightedLshCumulationWorkspaceBytes(d);
     TF_RETURN_IF_ERROR(AllocateWorkspace(ctx, bytes, &ws));
-    return CudaStatus(WeightedLshCumulationGpu(d, ScalarTypeOf<T>(), Ptr<float>(qm),
-                                               Ptr<int32_t>(qc), qw.data(), Ptr<float>(km),
-                                               Ptr<int32_t>(kc), kw.data(), value.data(),
-                                               out->data(), ws.data(), bytes, StreamOf(ctx)),
+    return CudaStatus(WeightedLshCumulationGpu(d, ScalarTypeOf<T>(), In<float>(in[0]), In<int32_t>(in[1]),
+                                               in[2].data, In<float>(in[3]), In<int32_t>(in[4]), in[5].data,
+                                               in[6].data, out[0].data, ws.data(), bytes, StreamOf(ctx)),
                       "WeightedLshCumulationGpu");
   }
-  static Status Collision(OpKernelContext* ctx, const CumulationDims& d, int tau, float eps,
-                          const Tensor& qm, const Tensor& qc, const Tensor& q, const Tensor& qw,
-                          const Tensor& km, const Tensor& kc, const Tensor& k, const Tensor& kw,
-                          Tensor* out) {
+};
+
+template <typename T>
+struct Launch<GPUDevice, CollisionCumulation, T> {
+  static Status Run(OpKernelContext* ctx, const CumulationDims& d, const AttributeValue* a,
+                    const std::array<TensorRef, 8>& in, const std::array<TensorRef, 1>& out) {
     Tensor ws;
     const size_t bytes = CollisionCumulationWorkspaceBytes(d);
     TF_RETURN_IF_ERROR(AllocateWorkspace(ctx, bytes, &ws));
-    return CudaStatus(CollisionCumulationGpu(d, ScalarTypeOf<T>(), tau, eps, Ptr<float>(qm),
-                                             Ptr<int32_t>(qc), q.data(), qw.data(), Ptr<float>(km),
-                                             Ptr<int32_t>(kc), k.data(), kw.data(), out->data(),
-                                             ws.data(), bytes, StreamOf(ctx)),
+    return CudaStatus(CollisionCumulationGpu(d, ScalarTypeOf<T>(), static_cast<int>(a[0].int_value),
+                                             CollisionCumulation::Epsilon(a), In<float>(in[0]), In<int32_t>(in[1]),
+                                             in[2].data, in[3].data, In<float>(in[4]), In<int32_t>(in[5]),
+                                             in[6].data, in[7].data, out[0].data, ws.data(), bytes, StreamOf(ctx)),
                       "CollisionCumulationGpu");
   }
 };
-#endif
+#endif  // GOOGLE_CUDA
 
-// Shared tail of every cumulation: rejects out-of-range codes, allocates the
-// [B, Nq, out_width] output and says whether there is anything to compute.
-template <typename Device>
-Status CheckCodesAndAllocate(OpKernelContext* ctx, const Tensor& qc, const Tensor& kc,
-                             const CumulationDims& d, int64_t out_width, Tensor** out,
-                             bool* has_work) {
-  TF_RETURN_IF_ERROR(CheckCodes<Device>(ctx, qc, "query_codes", d.num_buckets));
-  TF_RETURN_IF_ERROR(CheckCodes<Device>(ctx, kc, "key_codes", d.num_buckets));
-  TF_RETURN_IF_ERROR(AllocateOutput(ctx, "[batch, num_queries, width]",
-                                    {d.batch, d.num_queries, out_width}, out));
-  *has_work = (*out)->NumElements() > 0;
+// P's attributes from the kernel's NodeDef, by name (int attributes as int64, float ones as float).
+template <typename P>
+Status ReadAttributes(OpKernelConstruction* ctx, AttributeValue* values) {
+  for (size_t i = 0; i < P::kAttributes.size(); ++i) {
+    const AttributeSpec& spec = P::kAttributes[i];
+    if (spec.kind == AttributeKind::kInt) {
+      TF_RETURN_IF_ERROR(ctx->GetAttr(spec.name, &values[i].int_value));
+    } else {
+      float value = 0.0f;
+      TF_RETURN_IF_ERROR(ctx->GetAttr(spec.name, &value));
+      values[i].float_value = value;
+    }
+  }
   return absl::OkStatus();
 }
 
-// Base of the two table cumulations: parses and checks the num_buckets and causal attrs.
-class BucketedOpKernel : public OpKernel {
- public:
-  explicit BucketedOpKernel(OpKernelConstruction* ctx) : OpKernel(ctx) {
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("num_buckets", &num_buckets_));
-    OP_REQUIRES_OK(ctx, Invalid(CheckNumBuckets(num_buckets_)));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("causal", &causal_));
-    OP_REQUIRES_OK(ctx, Invalid(CheckCausalAttr(causal_)));
+// One call of primitive P: its Check on the input shapes and attributes `a`, the codes in
+// [0, num_buckets), the outputs allocated (or forwarded), then Launch unless every output is empty.
+template <typename Device, typename P, typename T>
+Status ComputePrimitive(OpKernelContext* ctx, const AttributeValue* a) {
+  constexpr size_t N = P::kInputs.size(), M = P::kOutputs.size();
+  std::array<Shape, N> shapes{};
+  TF_RETURN_IF_ERROR(InputShapes<P>(ctx, shapes.data()));
+  typename P::Dims d{};
+  std::array<Shape, M> out_shapes{};
+  TF_RETURN_IF_ERROR(Invalid(P::Check(shapes.data(), a, &d, out_shapes.data())));
+  std::array<const Tensor*, N> inputs{};
+  for (size_t i = 0; i < N; ++i) {
+    inputs[i] = &ctx->input(static_cast<int>(i));
+    if (P::kInputs[i].kind == Kind::kCodes) {
+      TF_RETURN_IF_ERROR(CheckCodes<Device>(ctx, *inputs[i], P::kInputs[i].name, CodeBound(d)));
+    }
   }
-
- protected:
-  int64_t num_buckets_ = 0;
-  int64_t causal_ = 0;
-};
-
-template <typename Device, typename T>
-class LshCumulationOp : public BucketedOpKernel {
- public:
-  using BucketedOpKernel::BucketedOpKernel;
-
-  void Compute(OpKernelContext* ctx) override {
-    const Tensor &qm = ctx->input(0), &qc = ctx->input(1), &km = ctx->input(2),
-                 &kc = ctx->input(3), &value = ctx->input(4);
-    Shape s[5];
-    OP_REQUIRES_OK(ctx, InputShapes(ctx, {"query_mask", "query_codes", "key_mask", "key_codes",
-                                          "value"}, s));
-    CumulationDims d{};
-    OP_REQUIRES_OK(ctx, Invalid(CheckLshCumulation(s[0], s[1], s[2], s[3], s[4], num_buckets_, &d,
-                                                   causal_)));
+  std::array<const Tensor*, M> outputs{};
+  bool work = false;
+  for (size_t i = 0; i < M; ++i) {
     Tensor* out = nullptr;
-    bool has_work = false;
-    OP_REQUIRES_OK(ctx, CheckCodesAndAllocate<Device>(ctx, qc, kc, d, d.value_dim, &out, &has_work));
-    if (!has_work) return;
-    OP_REQUIRES_OK(ctx, CumulationFunctor<Device, T>::Plain(ctx, d, causal_, qm, qc, km, kc, value,
-                                                            out));
+    TF_RETURN_IF_ERROR(AllocateOutput(ctx, static_cast<int>(i), P::kOutputs[i], out_shapes[i], &out));
+    outputs[i] = out;
+    work = work || out->NumElements() > 0;
   }
-};
+  if (!work) return absl::OkStatus();
+  return Launch<Device, P, T>::Run(ctx, d, a, Refs(inputs), Refs(outputs));
+}
 
-// The decoding step (CPU only): output [B, T, D] and tables_out, which takes over the tables
-// input's buffer when nothing else holds it (then the tables are updated in place).
-template <typename T>
-class LshCumulationStepOp : public OpKernel {
+template <typename Device, typename P, typename T>
+class PrimitiveOp : public OpKernel {
  public:
-  using OpKernel::OpKernel;
-
-  void Compute(OpKernelContext* ctx) override {
-    const Tensor &qm = ctx->input(0), &qc = ctx->input(1), &km = ctx->input(2),
-                 &kc = ctx->input(3), &value = ctx->input(4), &tables = ctx->input(5);
-    Shape s[6];
-    OP_REQUIRES_OK(ctx, InputShapes(ctx, {"query_mask", "query_codes", "key_mask", "key_codes",
-                                          "value", "tables"}, s));
-    CumulationDims d{};
-    OP_REQUIRES_OK(ctx, Invalid(CheckLshCumulationStep(s[0], s[1], s[2], s[3], s[4], s[5], &d)));
-    Tensor* out = nullptr;
-    bool has_work = false;
-    OP_REQUIRES_OK(ctx, CheckCodesAndAllocate<CPUDevice>(ctx, qc, kc, d, d.value_dim, &out, &has_work));
-    Tensor* tables_out = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->forward_input_or_allocate_output({5}, 1, tables.shape(), &tables_out));
-    if (tables_out->NumElements() == 0) return;
-    LshCumulationStepCpu<T>(d, Ptr<float>(qm), Ptr<int32_t>(qc), Ptr<float>(km), Ptr<int32_t>(kc),
-                            Ptr<T>(value), Ptr<float>(tables), MutablePtr<T>(out),
-                            MutablePtr<float>(tables_out), TfParallelFor{ctx});
+  explicit PrimitiveOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ReadAttributes<P>(ctx, attributes_.data()));
   }
-};
-
-template <typename Device, typename T>
-class WeightedLshCumulationOp : public BucketedOpKernel {
- public:
-  using BucketedOpKernel::BucketedOpKernel;
-
   void Compute(OpKernelContext* ctx) override {
-    const Tensor &qm = ctx->input(0), &qc = ctx->input(1), &qw = ctx->input(2),
-                 &km = ctx->input(3), &kc = ctx->input(4), &kw = ctx->input(5),
-                 &value = ctx->input(6);
-    Shape s[7];
-    OP_REQUIRES_OK(ctx, InputShapes(ctx, {"query_mask", "query_codes", "query_weight", "key_mask",
-                                          "key_codes", "key_weight", "value"}, s));
-    CumulationDims d{};
-    OP_REQUIRES_OK(ctx, Invalid(CheckWeightedLshCumulation(s[0], s[1], s[2], s[3], s[4], s[5], s[6],
-                                                           num_buckets_, &d, causal_)));
-    Tensor* out = nullptr;
-    bool has_work = false;
-    OP_REQUIRES_OK(ctx, CheckCodesAndAllocate<Device>(ctx, qc, kc, d, d.value_dim, &out, &has_work));
-    if (!has_work) return;
-    OP_REQUIRES_OK(ctx, CumulationFunctor<Device, T>::Weighted(ctx, d, causal_, qm, qc, qw, km, kc,
-                                                               kw, value, out));
-  }
-};
-
-template <typename Device, typename T>
-class CollisionCumulationOp : public OpKernel {
- public:
-  explicit CollisionCumulationOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("hash_code_len", &hash_code_len_));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("epsilon", &epsilon_));
-    OP_REQUIRES_OK(ctx, Invalid(CheckCollisionAttrs(hash_code_len_, epsilon_)));
-  }
-
-  void Compute(OpKernelContext* ctx) override {
-    const Tensor &qm = ctx->input(0), &qc = ctx->input(1), &q = ctx->input(2),
-                 &qw = ctx->input(3), &km = ctx->input(4), &kc = ctx->input(5),
-                 &k = ctx->input(6), &kw = ctx->input(7);
-    Shape s[8];
-    OP_REQUIRES_OK(ctx, InputShapes(ctx, {"query_mask", "query_codes", "query", "query_weight",
-                                          "key_mask", "key_codes", "key", "key_weight"}, s));
-    CumulationDims d{};
-    OP_REQUIRES_OK(ctx, Invalid(CheckCollisionCumulation(s[0], s[1], s[2], s[3], s[4], s[5], s[6],
-                                                         s[7], hash_code_len_, epsilon_, &d)));
-    Tensor* out = nullptr;
-    bool has_work = false;
-    OP_REQUIRES_OK(ctx, CheckCodesAndAllocate<Device>(ctx, qc, kc, d, d.vector_dim, &out, &has_work));
-    if (!has_work) return;
-    OP_REQUIRES_OK(ctx, CumulationFunctor<Device, T>::Collision(
-                            ctx, d, static_cast<int>(hash_code_len_), epsilon_, qm, qc, q, qw,
-                            km, kc, k, kw, out));
+    OP_REQUIRES_OK(ctx, (ComputePrimitive<Device, P, T>(ctx, attributes_.data())));
   }
 
  private:
-  int64_t hash_code_len_ = 0;
-  float epsilon_ = 0.0f;
+  std::array<AttributeValue, P::kAttributes.size()> attributes_{};
+};
+
+// YosoHadamardHashCodes runs one of two primitives, as its `interleaved` attribute says.
+template <typename Device, typename T>
+class HadamardHashCodesOp : public OpKernel {
+ public:
+  explicit HadamardHashCodesOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("interleaved", &interleaved_));
+    OP_REQUIRES_OK(ctx, ReadAttributes<HadamardHashCodes>(ctx, attributes_.data()));
+  }
+  void Compute(OpKernelContext* ctx) override {
+    OP_REQUIRES_OK(ctx, interleaved_ ? ComputePrimitive<Device, HadamardInterleavedHashCodes, T>(ctx, attributes_.data())
+                                     : ComputePrimitive<Device, HadamardHashCodes, T>(ctx, attributes_.data()));
+  }
+
+ private:
+  bool interleaved_ = false;
+  std::array<AttributeValue, HadamardHashCodes::kAttributes.size()> attributes_{};
 };
 
 }  // namespace
 
-#define KERAS_YOSO_REGISTER(DEVICE_NAME, DeviceType, T)                                          \
-  REGISTER_KERNEL_BUILDER(Name("YosoGaussianHashCodes")                                      \
-                              .Device(DEVICE_NAME)                                           \
-                              .TypeConstraint<T>("T"),                                       \
-                          HashCodesOp<DeviceType, T, HashMethod::kGaussian>);                    \
-  REGISTER_KERNEL_BUILDER(Name("YosoHadamardHashCodes")                                      \
-                              .Device(DEVICE_NAME)                                           \
-                              .TypeConstraint<T>("T"),                                       \
-                          HashCodesOp<DeviceType, T, HashMethod::kHadamard>);                    \
-  REGISTER_KERNEL_BUILDER(Name("YosoLshCumulation").Device(DEVICE_NAME).TypeConstraint<T>("T"), \
-                          LshCumulationOp<DeviceType, T>);                                       \
-  REGISTER_KERNEL_BUILDER(                                                                   \
-      Name("YosoWeightedLshCumulation").Device(DEVICE_NAME).TypeConstraint<T>("T"),          \
-      WeightedLshCumulationOp<DeviceType, T>);                                                   \
-  REGISTER_KERNEL_BUILDER(                                                                   \
-      Name("YosoCollisionCumulation").Device(DEVICE_NAME).TypeConstraint<T>("T"),            \
-      CollisionCumulationOp<DeviceType, T>);
+// The raw op of each primitive (keras_yoso/ops/_spec.py's raw_op) on a device and float type.
+#define KY_REGISTER_PRIMITIVE(OP, DEVICE_NAME, DeviceType, P, T) \
+  REGISTER_KERNEL_BUILDER(Name(OP).Device(DEVICE_NAME).TypeConstraint<T>("T"), PrimitiveOp<DeviceType, P, T>);
 
-KERAS_YOSO_REGISTER(DEVICE_CPU, CPUDevice, float)
-KERAS_YOSO_REGISTER(DEVICE_CPU, CPUDevice, Eigen::half)
-KERAS_YOSO_REGISTER(DEVICE_CPU, CPUDevice, Eigen::bfloat16)
-#define KERAS_YOSO_REGISTER_STEP(T)                                                         \
-  REGISTER_KERNEL_BUILDER(Name("YosoLshCumulationStep").Device(DEVICE_CPU).TypeConstraint<T>("T"), \
-                          LshCumulationStepOp<T>);
-KERAS_YOSO_REGISTER_STEP(float)
-KERAS_YOSO_REGISTER_STEP(Eigen::half)
-KERAS_YOSO_REGISTER_STEP(Eigen::bfloat16)
+#define KY_REGISTER(DEVICE_NAME, DeviceType, T)                                                       \
+  KY_REGISTER_PRIMITIVE("YosoGaussianHashCodes", DEVICE_NAME, DeviceType, GaussianHashCodes, T)       \
+  REGISTER_KERNEL_BUILDER(Name("YosoHadamardHashCodes").Device(DEVICE_NAME).TypeConstraint<T>("T"),   \
+                          HadamardHashCodesOp<DeviceType, T>);                                        \
+  KY_REGISTER_PRIMITIVE("YosoLshCumulation", DEVICE_NAME, DeviceType, LshCumulation, T)               \
+  KY_REGISTER_PRIMITIVE("YosoWeightedLshCumulation", DEVICE_NAME, DeviceType, WeightedLshCumulation, T) \
+  KY_REGISTER_PRIMITIVE("YosoCollisionCumulation", DEVICE_NAME, DeviceType, CollisionCumulation, T)
+
+// CPU kernels only (no GPU launcher): the decoding step.
+#define KY_REGISTER_CPU_ONLY(T) \
+  KY_REGISTER_PRIMITIVE("YosoLshCumulationStep", DEVICE_CPU, CPUDevice, LshCumulationStep, T)
+
+KY_REGISTER(DEVICE_CPU, CPUDevice, float)
+KY_REGISTER(DEVICE_CPU, CPUDevice, Eigen::half)
+KY_REGISTER(DEVICE_CPU, CPUDevice, Eigen::bfloat16)
+KY_REGISTER_CPU_ONLY(float)
+KY_REGISTER_CPU_ONLY(Eigen::half)
+KY_REGISTER_CPU_ONLY(Eigen::bfloat16)
 #if GOOGLE_CUDA
-KERAS_YOSO_REGISTER(DEVICE_GPU, GPUDevice, float)
-KERAS_YOSO_REGISTER(DEVICE_GPU, GPUDevice, Eigen::half)
-KERAS_YOSO_REGISTER(DEVICE_GPU, GPUDevice, Eigen::bfloat16)
+KY_REGISTER(DEVICE_GPU, GPUDevice, float)
+KY_REGISTER(DEVICE_GPU, GPUDevice, Eigen::half)
+KY_REGISTER(DEVICE_GPU, GPUDevice, Eigen::bfloat16)
 #endif
 
 }  // namespace keras_yoso

@@ -9,6 +9,8 @@ from keras_yoso.ops.composite.chunking import f32
 from keras_yoso.ops.composite.chunking import has_zero_dim
 from keras_yoso.ops.composite.chunking import hash_chunk
 from keras_yoso.ops.composite.chunking import known
+from keras_yoso.ops.composite.cumulation import lsh_cumulation
+from keras_yoso.ops.composite.cumulation import weighted_lsh_cumulation
 from keras_yoso.ops.composite.masking import bucket_ids
 from keras_yoso.ops.composite.masking import keep_rows
 from keras_yoso.ops.composite.sorted_tiles import flat
@@ -153,3 +155,22 @@ def causal_cumulation(query_mask, query_codes, query_weight, key_mask, key_codes
     init = ops.zeros((batch, length, value_dim), COMPUTE_DTYPE)
     total = body(0, init) if num_chunks == 1 else ops.fori_loop(0, num_chunks, body, init)
     return keep_rows(query_mask, oriented(total, 1) / num_hashes)
+
+
+def directed_lsh_cumulation(query_mask, query_codes, key_mask, key_codes, value, num_buckets, causal=0):
+    """The primitive lsh_cumulation: every key (causal=0, cumulation.lsh_cumulation) or the keys on one
+    side of each query (`causal_cumulation`)."""
+    if causal:
+        return causal_cumulation(query_mask, query_codes, None, key_mask, key_codes, None, value, num_buckets, causal)
+    return lsh_cumulation(query_mask, query_codes, key_mask, key_codes, value, num_buckets)
+
+
+def directed_weighted_lsh_cumulation(query_mask, query_codes, query_weight, key_mask, key_codes, key_weight, value,
+                                     num_buckets, causal=0):
+    """The primitive weighted_lsh_cumulation: every key (causal=0, cumulation.weighted_lsh_cumulation) or
+    the keys on one side of each query (`causal_cumulation`)."""
+    if causal:
+        return causal_cumulation(query_mask, query_codes, query_weight, key_mask, key_codes, key_weight, value,
+                                 num_buckets, causal)
+    return weighted_lsh_cumulation(query_mask, query_codes, query_weight, key_mask, key_codes, key_weight, value,
+                                   num_buckets)

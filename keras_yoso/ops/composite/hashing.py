@@ -27,6 +27,21 @@ def hash_codes(x, params, num_hashes, hash_code_len, method):
     return ops.transpose(ops.sum(signs * weights, axis=-1), (0, 2, 1))
 
 
+def gaussian_hash_codes(x, projection, num_hashes, hash_code_len):
+    """The primitive gaussian_hash_codes (`hash_codes` with method "gaussian")."""
+    return hash_codes(x, projection, num_hashes, hash_code_len, "gaussian")
+
+
+def hadamard_hash_codes(x, signs, num_hashes, hash_code_len):
+    """The primitive hadamard_hash_codes (`hash_codes` with method "hadamard")."""
+    return hash_codes(x, signs, num_hashes, hash_code_len, "hadamard")
+
+
+def hadamard_interleaved_hash_codes(x, signs, num_hashes, hash_code_len):
+    """The primitive hadamard_interleaved_hash_codes (`hash_codes` with method "hadamard_interleaved")."""
+    return hash_codes(x, signs, num_hashes, hash_code_len, "hadamard_interleaved")
+
+
 def hadamard_transform(y):
     """Unnormalized Walsh-Hadamard transform (Sylvester order) over the last axis (a power of two)."""
     size = y.shape[-1]

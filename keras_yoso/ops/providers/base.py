@@ -24,6 +24,8 @@ attention), -1 keys j >= i (the transposed cumulations of a causal backward: dK_
 over queries i >= j).
 """
 
+import functools
+
 from keras_yoso import _validation
 
 
@@ -66,6 +68,29 @@ class Provider:
         """Primitive `name` of `_spec.PRIMITIVES` on `arguments`: its inputs, then its attributes, in
         the table's order. Returns the output tensor (float32 or the input dtype)."""
         raise NotImplementedError
+
+    # The gradients of the cumulations, each a cumulation with the roles of queries and keys exchanged
+    # (the transposed sum, in the opposite direction when causal). Written once here: ops/yoso.py's
+    # custom gradients and the TensorFlow raw ops' registered gradients call them.
+
+    def lsh_cumulation_gradient(self, query_mask, query_codes, key_mask, key_codes, output_gradient, num_buckets,
+                                causal=0):
+        """d value `[B, Nk, D]` of lsh_cumulation: each key sums the upstream rows of the queries it meets."""
+        return self.run("lsh_cumulation", key_mask, key_codes, query_mask, query_codes, output_gradient, num_buckets,
+                        -causal)
+
+    def weighted_lsh_cumulation_gradients(self, query_mask, query_codes, query_weight, key_mask, key_codes,
+                                          key_weight, value, output_gradient, num_buckets, causal=0):
+        """(d query_weight, d key_weight, d value) of weighted_lsh_cumulation: with s_ij = [qc_i == kc_j],
+        d qw_i = sum_j s_ij <dy_i, v_j> kw_j, d kw_j = sum_i s_ij <v_j, dy_i> qw_i and
+        d v_j = sum_i s_ij <kw_j, qw_i> dy_i, three weighted cumulations."""
+        run = functools.partial(self.run, "weighted_lsh_cumulation")
+        return (run(query_mask, query_codes, output_gradient, key_mask, key_codes, value, key_weight, num_buckets,
+                    causal),
+                run(key_mask, key_codes, value, query_mask, query_codes, output_gradient, query_weight, num_buckets,
+                    -causal),
+                run(key_mask, key_codes, key_weight, query_mask, query_codes, query_weight, output_gradient,
+                    num_buckets, -causal))
 
     def lower_bound_gradients(self, query_mask, query_codes, query, key_mask, key_codes, key, value,
                               output_gradient, num_buckets, scale, causal=0):

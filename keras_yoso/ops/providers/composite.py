@@ -1,45 +1,23 @@
 """The composite as a provider: the `keras.ops` algorithms of `keras_yoso.ops.composite`, every backend."""
 
 import functools
+import importlib
 
 from keras import ops
 
-from keras_yoso.ops.composite.causal import causal_cumulation
-from keras_yoso.ops.composite.collision import collision_cumulation
+from keras_yoso.ops import _spec
 from keras_yoso.ops.composite.cumulation import lower_bound_gradients
-from keras_yoso.ops.composite.cumulation import lsh_cumulation
-from keras_yoso.ops.composite.cumulation import weighted_lsh_cumulation
-from keras_yoso.ops.composite.decoding import lsh_cumulation_step
-from keras_yoso.ops.composite.hashing import hash_codes
 from keras_yoso.ops.composite.linear_relative import chunk_rows
 from keras_yoso.ops.composite.linear_relative import total_rows
 from keras_yoso.ops.providers import base
 
 
-def _lsh(query_mask, query_codes, key_mask, key_codes, value, num_buckets, causal):
-    if causal:
-        return causal_cumulation(query_mask, query_codes, None, key_mask, key_codes, None, value, num_buckets, causal)
-    return lsh_cumulation(query_mask, query_codes, key_mask, key_codes, value, num_buckets)
-
-
-def _weighted(query_mask, query_codes, query_weight, key_mask, key_codes, key_weight, value, num_buckets, causal):
-    if causal:
-        return causal_cumulation(query_mask, query_codes, query_weight, key_mask, key_codes, key_weight, value,
-                                 num_buckets, causal)
-    return weighted_lsh_cumulation(query_mask, query_codes, query_weight, key_mask, key_codes, key_weight, value,
-                                   num_buckets)
-
-
-# `_spec.PRIMITIVES` name -> the composite function that computes it (same arguments, same order).
-_FUNCTIONS = {
-    "gaussian_hash_codes": functools.partial(hash_codes, method="gaussian"),
-    "hadamard_hash_codes": functools.partial(hash_codes, method="hadamard"),
-    "hadamard_interleaved_hash_codes": functools.partial(hash_codes, method="hadamard_interleaved"),
-    "lsh_cumulation": _lsh,
-    "lsh_cumulation_step": lsh_cumulation_step,
-    "weighted_lsh_cumulation": _weighted,
-    "collision_cumulation": collision_cumulation,
-}
+@functools.lru_cache(maxsize=None)
+def _function(name):
+    """The composite function of primitive `name`, as its row of the table names it
+    ("family.function" in keras_yoso.ops.composite; same arguments, same order)."""
+    module, function = _spec.PRIMITIVES[name].composite.rsplit(".", 1)
+    return getattr(importlib.import_module(f"keras_yoso.ops.composite.{module}"), function)
 
 
 class _CompositeProvider(base.Provider):
@@ -54,7 +32,7 @@ class _CompositeProvider(base.Provider):
     partitioned_by_xla = True
 
     def run(self, name, *arguments):
-        return _FUNCTIONS[name](*arguments)
+        return _function(name)(*arguments)
 
     def lower_bound_gradients(self, query_mask, query_codes, query, key_mask, key_codes, key, value,
                               output_gradient, num_buckets, scale, causal=0):

@@ -19,7 +19,7 @@ from keras_yoso.ops import _spec
 # The folder of the keras_yoso package (keras_yoso/ops/providers/../..), where the compiled libraries lie.
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # custom_ops/cc/c_api/yoso_c_api.h: KY_ABI_VERSION, dtype codes, return codes, KY_MAX_RANK.
-ABI_VERSION = 5
+ABI_VERSION = 6
 DTYPE_CODES = {"float32": 0, "float16": 1, "bfloat16": 2, "int32": 3}
 _OK, _INVALID_ARGUMENT = 0, 1
 MAX_RANK = 8
@@ -49,17 +49,18 @@ def tensor_view(data_pointer, dtype, shape):
     return view
 
 
-_T = ctypes.POINTER(KyTensor)
-_I64, _I32, _F32 = ctypes.c_int64, ctypes.c_int32, ctypes.c_float
-_TAIL = [_I32, ctypes.c_char_p, _I64]  # num_threads, error, error_size
-_ATTRIBUTE_TYPES = {"int": _I64, "float": _F32}
+class KyAttribute(ctypes.Structure):
+    """An attribute value of the C ABI: int attributes read int_value, float attributes float_value."""
+
+    _fields_ = [("int_value", ctypes.c_int64), ("float_value", ctypes.c_double)]
 
 
-def _signature(primitive):
-    """The C ABI argument types of `primitive`'s entry: a KyTensor per input, its attributes, a
-    KyTensor per output, then the tail."""
-    attributes = [_ATTRIBUTE_TYPES[a.kind] for a in primitive.attributes]
-    return [_T] * len(primitive.inputs) + attributes + [_T] * len(primitive.outputs) + _TAIL
+_I64, _I32 = ctypes.c_int64, ctypes.c_int32
+# ky_run(primitive, inputs, num_inputs, attributes, num_attributes, outputs, num_outputs, num_threads, error,
+# error_size)
+_RUN_SIGNATURE = [ctypes.c_char_p, ctypes.POINTER(KyTensor), _I32, ctypes.POINTER(KyAttribute), _I32,
+                  ctypes.POINTER(KyTensor), _I32, _I32, ctypes.c_char_p, _I64]
+_INT64_RANGE = (-2 ** 63, 2 ** 63 - 1)
 
 
 class LazyLibrary:
@@ -115,10 +116,8 @@ def _open(path):
     version = library.ky_abi_version()
     if version != ABI_VERSION:
         raise OSError(f"it has C ABI version {version}, this keras_yoso needs {ABI_VERSION}")
-    for primitive in _spec.PRIMITIVES.values():
-        entry = getattr(library, primitive.entry)
-        entry.argtypes = _signature(primitive)
-        entry.restype = _I32
+    library.ky_run.argtypes = _RUN_SIGNATURE
+    library.ky_run.restype = _I32
     library.ky_throttle_openmp_spinning.argtypes = [ctypes.c_void_p, _I32]
     library.ky_throttle_openmp_spinning.restype = _I32
     return library
@@ -148,14 +147,31 @@ def throttle_openmp_spinning(parallel_region, num_threads):
     return bool(library().ky_throttle_openmp_spinning(parallel_region, int(num_threads)))
 
 
-def call(entry, *arguments, num_threads=0):
-    """Runs the C ABI `entry` with `arguments` (KyTensor views are passed by pointer).
+def _attributes(primitive, values):
+    """The KyAttribute array of `values` (the primitive's attributes, in the table's order)."""
+    array = (KyAttribute * max(1, len(values)))()
+    for slot, spec, value in zip(array, primitive.attributes, values):
+        if spec.kind == "float":
+            slot.float_value = float(value)
+            continue
+        if not _INT64_RANGE[0] <= int(value) <= _INT64_RANGE[1]:
+            raise ValueError(f"{spec.name} of {primitive.name} must fit in int64, got {value}")
+        slot.int_value = int(value)
+    return array
+
+
+def call(name, inputs, attributes, outputs, num_threads=0):
+    """Runs primitive `name` of the table (_spec.PRIMITIVES) through the C ABI's ky_run: `inputs` and
+    `outputs` KyTensor views and `attributes` values, each in the table's order.
 
     Raises ValueError with the kernel's message for invalid inputs, RuntimeError otherwise.
     """
+    primitive = _spec.PRIMITIVES[name]
     error = ctypes.create_string_buffer(_ERROR_SIZE)
-    converted = [ctypes.byref(a) if isinstance(a, KyTensor) else a for a in arguments]
-    status = getattr(library(), entry)(*converted, int(num_threads), error, _ERROR_SIZE)
+    in_views = (KyTensor * max(1, len(inputs)))(*inputs)
+    out_views = (KyTensor * max(1, len(outputs)))(*outputs)
+    status = library().ky_run(name.encode(), in_views, len(inputs), _attributes(primitive, attributes),
+                              len(attributes), out_views, len(outputs), int(num_threads), error, _ERROR_SIZE)
     if status == _OK:
         return
     message = error.value.decode("utf-8", "replace")

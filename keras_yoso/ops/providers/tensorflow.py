@@ -107,8 +107,8 @@ PROVIDER = TensorFlowProvider()
 
 
 def _register_gradients():
-    """Gradients of the raw ops, for graphs that call them directly: the role swaps of ops/yoso.py's
-    custom gradients (the raw ops take the provider's argument order)."""
+    """Gradients of the raw ops, for graphs that call them directly: the provider's cumulation
+    gradients (providers/base.py), as ops/yoso.py's custom gradients take them."""
 
     def _causal(op):
         """The op's causal attr (0 for graphs built before it existed); the transposed cumulations,
@@ -121,18 +121,15 @@ def _register_gradients():
     @tf.RegisterGradient("YosoLshCumulation")
     def _lsh_cumulation_grad(op, dy):
         qm, qc, km, kc, value = op.inputs
-        dv = PROVIDER.run("lsh_cumulation", km, kc, qm, qc, tf.cast(dy, value.dtype), op.get_attr("num_buckets"),
-                          -_causal(op))
+        dv = PROVIDER.lsh_cumulation_gradient(qm, qc, km, kc, tf.cast(dy, value.dtype), op.get_attr("num_buckets"),
+                                              _causal(op))
         return [None, None, None, None, dv]
 
     @tf.RegisterGradient("YosoWeightedLshCumulation")
     def _weighted_lsh_cumulation_grad(op, dy):
         qm, qc, qw, km, kc, kw, value = op.inputs
-        nb, causal = op.get_attr("num_buckets"), _causal(op)
-        dy = tf.cast(dy, value.dtype)
-        d_qw = PROVIDER.run("weighted_lsh_cumulation", qm, qc, dy, km, kc, value, kw, nb, causal)
-        d_kw = PROVIDER.run("weighted_lsh_cumulation", km, kc, value, qm, qc, dy, qw, nb, -causal)
-        d_value = PROVIDER.run("weighted_lsh_cumulation", km, kc, kw, qm, qc, qw, dy, nb, -causal)
+        d_qw, d_kw, d_value = PROVIDER.weighted_lsh_cumulation_gradients(
+            qm, qc, qw, km, kc, kw, value, tf.cast(dy, value.dtype), op.get_attr("num_buckets"), _causal(op))
         return [None, None, d_qw, None, None, d_kw, d_value]
 
     for name in ("YosoGaussianHashCodes", "YosoHadamardHashCodes", "YosoCollisionCumulation"):

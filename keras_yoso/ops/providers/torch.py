@@ -46,12 +46,12 @@ def _view(tensor, name):
     return native_library.tensor_view(tensor.data_ptr(), dtype, tuple(tensor.shape))
 
 
-def _run(entry, inputs, attributes, outputs):
-    """Runs the C ABI `entry` on the named `inputs` [(name, tensor)], then the attributes, then the named
-    `outputs`; returns the output tensors."""
+def _run(primitive, inputs, attributes, outputs):
+    """Runs the primitive named `primitive` through the C ABI on the named `inputs` [(name, tensor)], the attributes and
+    the named `outputs`; returns the output tensors."""
     inputs = [(name, tensor.contiguous()) for name, tensor in inputs]  # kept alive until the call returns
     views = [_view(tensor, name) for name, tensor in inputs]
-    native_library.call(entry, *views, *attributes, *(_view(tensor, name) for name, tensor in outputs),
+    native_library.call(primitive, views, attributes, [_view(tensor, name) for name, tensor in outputs],
                         num_threads=torch.get_num_threads())
     return [tensor for _, tensor in outputs]
 
@@ -94,7 +94,7 @@ def _define(primitive):
         arguments = primitive.complete(arguments)
         inputs = list(zip(primitive.input_names, arguments[:count]))
         outputs = list(zip([o.name for o in primitive.outputs], _outputs(primitive, arguments)))
-        return _returned(_run(primitive.entry, inputs, list(arguments[count:]), outputs))
+        return _returned(_run(primitive.name, inputs, list(arguments[count:]), outputs))
 
     op = torch.library.custom_op(f"{_NAMESPACE}::{primitive.name}", implementation, mutates_args=(),
                                  device_types="cpu", schema=f"({schema}) -> {returns}")
