@@ -14,6 +14,7 @@
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/tensor.h"
 #include "tensorflow/core/framework/tensor_shape.h"
+#include "tf_status.h"
 #include "yoso_primitives.h"
 #if GOOGLE_CUDA
 #include "tensorflow/core/util/determinism.h"
@@ -46,11 +47,6 @@ struct TfParallelFor {
     ctx->device()->tensorflow_cpu_worker_threads()->workers->ParallelFor(units, cost_per_unit, fn);
   }
 };
-
-// A non-empty error text of yoso_checks.h as InvalidArgumentError.
-Status Invalid(const std::string& error) {
-  return error.empty() ? absl::OkStatus() : absl::InvalidArgumentError(error);
-}
 
 // The shapes of P's inputs for its Check.
 template <typename P>

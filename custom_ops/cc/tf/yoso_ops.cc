@@ -8,6 +8,7 @@
 #include "tensorflow/core/framework/common_shape_fns.h"
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/shape_inference.h"
+#include "tf_status.h"
 #include "yoso_checks.h"
 
 namespace keras_yoso {
@@ -18,11 +19,6 @@ using ::tensorflow::shape_inference::InferenceContext;
 using ::tensorflow::shape_inference::ShapeHandle;
 
 namespace {
-
-// A non-empty error text of yoso_checks.h as InvalidArgumentError.
-Status Invalid(const std::string& error) {
-  return error.empty() ? absl::OkStatus() : absl::InvalidArgumentError(error);
-}
 
 Status NumBucketsAttr(InferenceContext* c) {
   int64_t num_buckets = 0;
