@@ -40,12 +40,16 @@ class YosoAttention(MultiHeadAttentionBase):
     Hash functions. With `training=True` every call draws fresh hash functions
     from a `keras.random.SeedGenerator(seed)` whose state advances each step,
     so the output is an unbiased estimate of YOSO-E across steps. With
-    `training=False`/`None` the hash functions are a fixed function of `seed`
-    (those of `keras_yoso.ops.hash_codes(..., seed=seed)`): the same input
-    gives the same output on every call, after `get_config`/`from_config` and
-    after `.keras` save/load. If `seed` is None, a random integer is drawn at
-    construction and stored in `get_config`, so a reloaded layer hashes as the
-    original. Queries and keys of one call always share the hash functions.
+    `training=False`/`None` the hash functions are fixed: drawn from `seed` when
+    the layer is built (`keras_yoso.ops.hash_parameters(key_dim, ..., seed)`)
+    and kept as the non-trainable weight `hash_functions`, so the same input
+    gives the same output on every call, after `get_config`/`from_config`,
+    after `.keras` save/load and after `save_weights`/`load_weights` into a
+    layer built from code (whose own seed the loaded weights replace). If
+    `seed` is None, a random integer is drawn at construction and stored in
+    `get_config`. Weights saved before the hash functions were a weight (and a
+    MultiHeadAttention's weights) carry none: the layer then keeps those of
+    its `seed`. Queries and keys of one call always share the hash functions.
 
     Causal attention. `use_causal_mask=True` makes query i attend to keys
     j <= i only (self-attention: T == S): with the hash functions fixed, each
@@ -212,6 +216,7 @@ class YosoAttention(MultiHeadAttentionBase):
         super().__init__(num_heads, key_dim, value_dim=value_dim, **kwargs)
         self.supports_jit = self._use_expectation or yoso_ops.supports_jit(self._implementation)
         self._training_seeds = keras.random.SeedGenerator(self.seed)
+        self._hash_functions = None  # the inference hash functions, a weight once built
 
     @property
     def num_hashes(self):
@@ -257,7 +262,18 @@ class YosoAttention(MultiHeadAttentionBase):
                              f"value_shape={tuple(value_shape)}")
 
     def _build_attention(self, query_shape, value_shape):
-        """Creates the YOSO-C filters."""
+        """Creates the YOSO-C filters and the inference hash functions (a non-trainable weight drawn from
+        `seed`, so that the weights carry them)."""
+        self._hash_functions = None
+        if not self._use_expectation:
+            def draw(shape=None, dtype=None):  # called where Keras creates variables (eagerly, out of any trace)
+                return yoso_ops.hash_parameters(self._key_dim, self._num_hashes, self._hash_code_len, self.seed,
+                                                method=self._hash_method)
+
+            shape = yoso_ops.hash_parameters_shape(self._key_dim, self._num_hashes, self._hash_code_len,
+                                                   self._hash_method)
+            self._hash_functions = self.add_weight(name="hash_functions", shape=shape, dtype="float32",
+                                                   trainable=False, initializer=draw, autocast=False)
         if self._conv_window is not None:
             self._conv_kernel = self.add_weight(
                 name="conv_kernel", shape=(self._conv_window, self._num_heads),
@@ -275,12 +291,22 @@ class YosoAttention(MultiHeadAttentionBase):
                 "the attention matrix. Construct YosoAttention(..., use_expectation=True) to get the expected "
                 "attention weights (YOSO-E).")
 
-    def _hash_seed(self, training):
-        """The seed of this call's hash functions: `seed` itself in inference (fixed functions), a fresh
-        `[2]` seed from the layer's SeedGenerator in training (new functions every step)."""
-        if training:
-            return self._training_seeds.next()
-        return self.seed
+    def _hash(self, x):
+        """Inference codes `[B * heads, m, N]` of the normalized rows `x`, with the layer's hash functions
+        (the `hash_functions` weight)."""
+        return yoso_ops.hash_codes(x, self._num_hashes, self._hash_code_len, method=self._hash_method,
+                                   implementation=self._implementation, parameters=self._hash_functions)
+
+    def load_own_variables(self, store):
+        """Loads the layer's own weights. A file written before the hash functions were a weight (or by a
+        MultiHeadAttention) lacks `hash_functions`: the layer keeps those drawn from its `seed`."""
+        own = self._trainable_variables + self._non_trainable_variables
+        if self._hash_functions is not None and len(store.keys()) == len(own) - 1:
+            own = [v for v in own if v is not self._hash_functions]
+            for i, variable in enumerate(own):
+                variable.assign(store[f"{i}"])
+            return
+        super().load_own_variables(store)
 
     def _depthwise_conv(self, value, key_mask, causal=False, history=None):
         """YOSO-C term: per-head depthwise convolution of the masked values `[B, S, heads, Dv]`, "same"
@@ -325,11 +351,13 @@ class YosoAttention(MultiHeadAttentionBase):
                                             backward=_EXPECTATION_BACKWARD[self._backward],
                                             implementation=self._implementation)
         else:
-            seed = self._hash_seed(training)
-            query_codes = yoso_ops.hash_codes(q, self._num_hashes, self._hash_code_len, seed,
-                                              method=self._hash_method, implementation=self._implementation)
-            key_codes = yoso_ops.hash_codes(k, self._num_hashes, self._hash_code_len, seed,
-                                            method=self._hash_method, implementation=self._implementation)
+            if training:  # one fresh set of hash functions for the queries and keys of this step
+                seed = self._training_seeds.next()
+                query_codes, key_codes = (
+                    yoso_ops.hash_codes(t, self._num_hashes, self._hash_code_len, seed, method=self._hash_method,
+                                        implementation=self._implementation) for t in (q, k))
+            else:
+                query_codes, key_codes = self._hash(q), self._hash(k)
             out = yoso_ops.yoso_cumulation(q, k, v, query_codes, key_codes, self._hash_code_len, q_mask, k_mask,
                                            backward=self._backward, implementation=self._implementation,
                                            causal=causal)
@@ -368,10 +396,7 @@ class YosoAttention(MultiHeadAttentionBase):
         self._check_cache(cache, ops.shape(query_heads)[0])
         batch, heads = ops.shape(query_heads)[0], self._num_heads
         q, k, q_mask, k_mask = self._normalized_heads(query_heads, key_heads, query_mask, key_mask)
-        query_codes = yoso_ops.hash_codes(q, self._num_hashes, self._hash_code_len, self.seed,
-                                          method=self._hash_method, implementation=self._implementation)
-        key_codes = yoso_ops.hash_codes(k, self._num_hashes, self._hash_code_len, self.seed,
-                                        method=self._hash_method, implementation=self._implementation)
+        query_codes, key_codes = self._hash(q), self._hash(k)
         # The tables in the op's layout (row b * heads + h): no reshape, so a compiled decoding loop
         # updates them in place (a reshaped state is copied in and out of the native call on JAX).
         out, tables = yoso_ops.lsh_cumulation_step(query_codes, key_codes, flatten_heads(value_heads),

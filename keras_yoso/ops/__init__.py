@@ -14,6 +14,7 @@ from keras_yoso.ops._dispatch import provider as _pick_provider
 from keras_yoso.ops._dispatch import supports_jit
 from keras_yoso.ops.hashing import hash_codes
 from keras_yoso.ops.hashing import hash_parameters
+from keras_yoso.ops.hashing import hash_parameters_shape
 from keras_yoso.ops.linear_relative import linear_relative_attention
 from keras_yoso.ops.linear_relative import linear_relative_attention_step
 from keras_yoso.ops.linear_relative import linear_relative_decoding_state
@@ -49,6 +50,7 @@ __all__ = [
     "custom_ops_load_error",
     "hash_codes",
     "hash_parameters",
+    "hash_parameters_shape",
     "implementation_in_use",
     "linear_relative_attention",
     "linear_relative_attention_step",

@@ -110,7 +110,28 @@ def _parameters(dim, num_hashes, hash_code_len, seed, method):
     return ops.cast(2 * signs - 1, "float32")
 
 
-def hash_codes(x, num_hashes, hash_code_len, seed, method=_validation.DEFAULT_HASH_METHOD, implementation="auto"):
+def hash_parameters_shape(dim, num_hashes, hash_code_len, method=_validation.DEFAULT_HASH_METHOD):
+    """The shape of `hash_parameters(dim, num_hashes, hash_code_len, seed, method)`: `(dim, m * tau)` for
+    "gaussian", `(num_blocks, 3, padded_dim)` for the Hadamard methods (`hadamard_blocks`)."""
+    if method == "gaussian":
+        return (dim, num_hashes * hash_code_len)
+    blocks, padded = hadamard_blocks(dim, num_hashes, hash_code_len, method)
+    return (blocks, 3, padded)
+
+
+def _given_parameters(parameters, dim, num_hashes, hash_code_len, method):
+    """`parameters` as float32, or ValueError when their shape is not that of `hash_parameters`."""
+    expected = hash_parameters_shape(dim, num_hashes, hash_code_len, method)
+    got = _backend.static_shape(parameters)
+    if got is None or tuple(got) != expected:
+        raise ValueError(f"parameters of the {method!r} hash of {dim}-dim vectors with num_hashes={num_hashes} and "
+                         f"hash_code_len={hash_code_len} must have shape {expected} (as hash_parameters gives them), "
+                         f"got shape {None if got is None else tuple(got)}")
+    return ops.cast(parameters, "float32")
+
+
+def hash_codes(x, num_hashes, hash_code_len, seed=None, method=_validation.DEFAULT_HASH_METHOD, implementation="auto",
+               parameters=None):
     """Hyperplane (sign random projection) LSH codes of `x` (YOSO §3.2, appendix §1.2).
 
     Args:
@@ -119,7 +140,8 @@ def hash_codes(x, num_hashes, hash_code_len, seed, method=_validation.DEFAULT_HA
       hash_code_len: tau in [1, 30], sign bits per hash.
       seed: int or `[2]` int tensor (see `hash_parameters`). The same seed gives the same hash
         functions, so codes of queries and keys hashed with one seed collide with probability
-        (1 - theta/pi)^tau for vectors at angle theta (YOSO eq. 1; the kernel of eq. 2).
+        (1 - theta/pi)^tau for vectors at angle theta (YOSO eq. 1; the kernel of eq. 2). None
+        when `parameters` are given.
       method: how the m tau hyperplanes are drawn.
         - "hadamard_interleaved" (default): blocks of H D3 H D2 H D1 (H the Walsh-Hadamard
           matrix, D random sign diagonals, x zero-padded to a power-of-two width, so any d
@@ -134,6 +156,10 @@ def hash_codes(x, num_hashes, hash_code_len, seed, method=_validation.DEFAULT_HA
         - "gaussian": a dense N(0, 1) projection, exact, O(N m tau d).
         The composite computes each as one projection matmul, O(N m tau d).
       implementation: "auto", "custom_op" or "composite".
+      parameters: the hash functions themselves instead of a seed: the float32 tensor
+        `hash_parameters(d, num_hashes, hash_code_len, seed, method)` returns (a layer keeps its
+        inference hash functions as a weight, so they are saved with the weights). Give exactly
+        one of `seed` and `parameters`.
 
     Returns:
       int32 `[B, num_hashes, N]`, code = sum_i [<x, r_{h,i}> > 0] 2^i, in [0, 2^tau). A NaN
@@ -142,7 +168,11 @@ def hash_codes(x, num_hashes, hash_code_len, seed, method=_validation.DEFAULT_HA
     num_hashes = _validation.integer(num_hashes, "num_hashes", 1)
     hash_code_len = _validation.hash_code_len(hash_code_len, cumulation=False)
     method = _validation.choice(method, "method", _validation.HASH_METHODS)
-    if not _validation.is_integer(seed):
+    if (seed is None) == (parameters is None):
+        raise ValueError("hash_codes takes exactly one of `seed` (the hash functions are drawn from it) and "
+                         f"`parameters` (the hash functions themselves); got seed={seed!r} and parameters="
+                         f"{'None' if parameters is None else 'a tensor'}")
+    if seed is not None and not _validation.is_integer(seed):
         _seed_tensor(seed)
     x = _validation.float_tensor(x, "x", 3)
     provider = _dispatch.provider(implementation, (x,))
@@ -151,7 +181,10 @@ def hash_codes(x, num_hashes, hash_code_len, seed, method=_validation.DEFAULT_HA
         raise ValueError(f"the last dimension of x must be known statically, got shape {_backend.static_shape(x)}")
     if dim == 0:
         raise ValueError(f"x must have at least one feature (axis 2), got shape {_backend.static_shape(x)}")
-    params = _parameters(dim, num_hashes, hash_code_len, seed, method)
+    if parameters is None:
+        params = _parameters(dim, num_hashes, hash_code_len, seed, method)
+    else:
+        params = _given_parameters(parameters, dim, num_hashes, hash_code_len, method)
     # Per position: on a mesh each device hashes its own block with the same (replicated) functions.
     primitive = _spec.hash_primitive(method)
     return _dispatch.on_mesh(provider, lambda p, x, params: p.run(primitive.name, x, params, num_hashes, hash_code_len),
