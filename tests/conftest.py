@@ -12,6 +12,7 @@ not the library loaded, so every op test fails with the load error when it did n
 
 import importlib.util
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -38,7 +39,8 @@ if TENSORFLOW:
 else:
     DATA_ERROR = ValueError
 
-collect_ignore_glob = [] if TENSORFLOW else ["test_tf_*.py"]
+# tests/programs/ holds programs the tests run in fresh interpreters (`run_program`), not tests.
+collect_ignore_glob = ["programs/*"] + ([] if TENSORFLOW else ["test_tf_*.py"])
 
 requires_tensorflow = pytest.mark.skipif(not TENSORFLOW, reason="TensorFlow backend only")
 # Skips only where the custom ops are not expected (KERAS_YOSO_DISABLE_CUSTOM_OPS=1):
@@ -188,16 +190,62 @@ def _skip_unless_backend_installed(backend):
                 f"(`pip install \".[{extra}]\"`; `bash .ci/run` runs every backend)")
 
 
+PROGRAMS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "programs")
+
+
 def run_python(code, cwd, backend=None, env=None, timeout=300):
     """Runs `code` in a fresh interpreter (so it imports only what it names), on `backend` (default:
     this one); returns stdout, and fails with the interpreter's stderr. Skips the test when
     `backend`'s package is not installed (see `_skip_unless_backend_installed`)."""
-    _skip_unless_backend_installed(backend or BACKEND)
-    environment = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", KERAS_BACKEND=backend or BACKEND, **(env or {}))
-    result = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=cwd, env=environment,
-                            capture_output=True, text=True, timeout=timeout)
+    result = _run_interpreter(["-c", textwrap.dedent(code)], cwd, backend, env, timeout)
     assert result.returncode == 0, f"stdout:\n{result.stdout}\nstderr:\n{result.stderr[-6000:]}"
     return result.stdout
+
+
+def run_program(name, *args, cwd, backend=None, env=None, timeout=300):
+    """Runs the program tests/programs/<name>.py with the command-line arguments `args` as
+    `run_python` runs code: a fresh interpreter in `cwd`, on `backend` (default: this one); returns
+    stdout, fails with stderr, skips when `backend`'s package is not installed. The same command
+    runs it by hand: `KERAS_BACKEND=... python tests/programs/<name>.py ARGS...`."""
+    result = _program_result(name, args, cwd, backend, env, timeout)
+    assert result.returncode == 0, f"stdout:\n{result.stdout}\nstderr:\n{result.stderr[-6000:]}"
+    return result.stdout
+
+
+_PROGRAM_RUNS = {}
+
+
+def check_program_case(case, name, *args, cases, cwd, backend=None, env=None, timeout=300):
+    """Fails unless case `case` passed in a run of the program tests/programs/<name>.py over all
+    `cases` (`python tests/programs/<name>.py ARGS... CASES...`, each case reported on its own by
+    program_cases.run_cases). The first test to ask starts that run, one interpreter for all the
+    cases (each start costs seconds); the tests of the other cases read its report. Skips as
+    `run_program` does."""
+    key = (name, args, tuple(cases), backend)
+    if key not in _PROGRAM_RUNS:
+        _PROGRAM_RUNS[key] = _program_result(name, (*args, *cases), cwd, backend, env, timeout)
+    result = _PROGRAM_RUNS[key]
+    stdout = f"\n{result.stdout}"
+    # A passed case counts when the program exited cleanly, or with the status of a failed case.
+    if f"\nPASS {case}\n" in stdout and (result.returncode == 0 or "\nFAIL " in stdout):
+        return
+    failure = re.search(rf"^FAIL {re.escape(case)}:$.*?(?=^PASS |^FAIL |\Z)", result.stdout, re.M | re.S)
+    pytest.fail(failure.group(0) if failure else
+                f"{name} {' '.join(map(str, args))} did not report {case} (exit {result.returncode}); "
+                f"stdout:\n{result.stdout}\nstderr:\n{result.stderr[-6000:]}", pytrace=False)
+
+
+def _program_result(name, args, cwd, backend, env, timeout):
+    path = os.path.join(PROGRAMS, f"{name}.py")
+    assert os.path.isfile(path), f"no program {path}"
+    return _run_interpreter([path, *(str(a) for a in args)], cwd, backend, env, timeout)
+
+
+def _run_interpreter(arguments, cwd, backend, env, timeout):
+    _skip_unless_backend_installed(backend or BACKEND)
+    environment = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", KERAS_BACKEND=backend or BACKEND, **(env or {}))
+    return subprocess.run([sys.executable, *arguments], cwd=cwd, env=environment, capture_output=True, text=True,
+                          timeout=timeout)
 
 
 def lengths_mask(lengths, length):

@@ -10,12 +10,16 @@ ValueError elsewhere).
 import numpy as np
 import pytest
 
-from conftest import DATA_ERROR, IMPLEMENTATIONS, TENSORFLOW, requires_tensorflow, to_numpy
+from conftest import (BACKEND, DATA_ERROR, IMPLEMENTATIONS, TENSORFLOW, requires_custom_ops, requires_tensorflow,
+                      to_numpy)
 from keras_yoso import _validation
 from keras_yoso import ops
+from keras_yoso.ops import _dispatch
 
 if TENSORFLOW:
     import tensorflow as tf
+if BACKEND == "torch":
+    import torch
 
 MODES = ["eager", "unknown_dims"] if TENSORFLOW else ["eager"]
 
@@ -299,7 +303,6 @@ def test_unknown_implementation(implementation):
 
 
 def test_custom_op_requested_without_the_library(monkeypatch):
-    from keras_yoso.ops import _dispatch
     monkeypatch.setattr(_dispatch, "native_provider", lambda: (None, "disabled for this test"))
     with pytest.raises(RuntimeError, match=r"implementation='custom_op' but the keras_yoso native kernels are not "
                                            r"loaded: disabled for this test"):
@@ -322,17 +325,38 @@ def test_yoso_cumulation_backward_with_2_pow_20_buckets_and_wide_heads(implement
         np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-4)
 
 
-@requires_tensorflow
-def test_custom_op_per_bucket_table_over_the_limit_raises_before_allocating():
-    if "custom_op" not in IMPLEMENTATIONS:
-        pytest.skip("TensorFlow custom ops disabled")
-    fn, arrays, keep = _weighted("custom_op", qw=np.ones((2, 5, 2 ** 15), np.float32),
-                                 kw=np.ones((2, 6, 2 ** 15), np.float32), v=np.ones((2, 6, 2 ** 14), np.float32))
-    message = r"per-bucket table of the weighted LSH cumulation, weight_dim \* value_dim = 32768 \* 16384 .* 2\*\*28"
-    with pytest.raises(ValueError, match=message):
-        _run(fn, arrays, keep, "eager")
-    with pytest.raises(tf.errors.InvalidArgumentError, match=message):
-        _run(fn, arrays, [CODES_KEEP, NONE_KEEP, CODES_KEEP, NONE_KEEP, NONE_KEEP], "unknown_dims")
+# Where the per-bucket table limit of the native kernels is met: the public op's check before any kernel
+# (ValueError); the kernel's own check, reached through the native provider's raw call (InvalidArgumentError
+# on TensorFlow, ValueError elsewhere: DATA_ERROR); on TensorFlow also the public op in a tf.function with
+# unknown dims (the Python check cannot see the widths: the kernel raises when the function runs) and the
+# raw op's shape function while a graph is built.
+TABLE_LIMIT_PATHS = ["public_op", "kernel"] + (["public_op_unknown_dims", "shape_function"] if TENSORFLOW else [])
+
+
+@requires_custom_ops
+@pytest.mark.parametrize("path", TABLE_LIMIT_PATHS)
+def test_per_bucket_table_over_the_limit_raises_before_allocating(path):
+    # W * D = 2**15 * 2**14 = 2**29 floats: a 2 GiB [W, D] table per CPU worker (W * D with
+    # 2**20 * 2**20 floats segfaulted before the limit existed).
+    message = (r"per-bucket table of the weighted LSH cumulation, weight_dim \* value_dim = 32768 \* 16384 "
+               r".* 2\*\*28 floats")
+    qw, kw, v = (np.ones(shape, np.float32) for shape in [(2, 5, 2 ** 15), (2, 6, 2 ** 15), (2, 6, 2 ** 14)])
+    fn, arrays, keep = _weighted("custom_op", qw=qw, kw=kw, v=v)
+    native, load_error = _dispatch.native_provider()
+    assert native is not None, load_error
+    raw = (QM.astype(np.float32), QC, qw, KM.astype(np.float32), KC, kw, v, 2 ** 20, 0)  # ..., num_buckets, causal
+    if BACKEND == "torch":
+        raw = tuple(torch.as_tensor(a) if isinstance(a, np.ndarray) else a for a in raw)
+    error, call = {
+        "public_op": (ValueError, lambda: _run(fn, arrays, keep, "eager")),
+        "kernel": (DATA_ERROR, lambda: native.run("weighted_lsh_cumulation", *raw)),
+        "public_op_unknown_dims": (DATA_ERROR, lambda: _run(
+            fn, arrays, [CODES_KEEP, NONE_KEEP, CODES_KEEP, NONE_KEEP, NONE_KEEP], "unknown_dims")),
+        "shape_function": (ValueError, lambda: tf.function(
+            lambda: native.run("weighted_lsh_cumulation", *raw)).get_concrete_function()),
+    }[path]
+    with pytest.raises(error, match=message):
+        call()
 
 
 @requires_tensorflow

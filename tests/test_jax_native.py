@@ -164,19 +164,6 @@ def test_out_of_range_codes_inside_jit_raise_when_the_function_runs():
         jax.block_until_ready(run(qc))
 
 
-def test_bucket_table_limit_raises_value_error_before_and_inside_the_kernel():
-    width = 2 ** 14
-    rng = np.random.default_rng(7)
-    codes = np.zeros((1, 1, 1), np.int32)
-    qw, kw = np.ones((1, 1, width), np.float32), np.ones((1, 1, width), np.float32)
-    value = rng.normal(size=(1, 1, width + 1)).astype(np.float32)
-    with pytest.raises(ValueError, match="per-bucket table"):
-        ops.weighted_lsh_cumulation(codes, qw, codes, kw, value, 2, implementation="custom_op")
-    mask = np.ones((1, 1), bool)
-    with pytest.raises(ValueError, match="per-bucket table of the weighted LSH cumulation"):
-        jax_provider.PROVIDER.run("weighted_lsh_cumulation", mask, codes, qw, mask, codes, kw, value, 2, 0)
-
-
 def test_handler_rejects_inputs_without_the_output_leading_dims():
     t = _inputs(8)
     call = jax.ffi.ffi_call("keras_yoso_lsh_cumulation", jax.ShapeDtypeStruct((3, B, NQ, DV), jnp.float32),

@@ -1,7 +1,7 @@
 """Fuzzing the raw custom ops in subprocesses, so that a crash is a test failure, not a dead suite.
 
-tests/fuzz_raw_ops.py draws each case (op, attributes, shapes, codes, NaN/Inf, masks, eager or
-graph mode) and checks the contract: the op returns a valid output or raises
+tests/programs/fuzz_raw_ops.py draws each case (op, attributes, shapes, codes, NaN/Inf, masks, eager
+or graph mode) and checks the contract: the op returns a valid output or raises
 InvalidArgumentError (ValueError while a graph is built). The default run fuzzes 300 cases; the
 slow suite (`pytest -m slow`) fuzzes 10,000 more from another seed.
 """
@@ -13,9 +13,9 @@ import sys
 
 import pytest
 
-from conftest import requires_custom_ops
+from conftest import PROGRAMS, requires_custom_ops
 
-DRIVER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fuzz_raw_ops.py")
+DRIVER = os.path.join(PROGRAMS, "fuzz_raw_ops.py")
 
 pytestmark = requires_custom_ops
 
@@ -35,8 +35,8 @@ def _fuzz(seed, first, count, timeout):
         how = (f"crashed (signal {-result.returncode})" if result.returncode < 0
                else f"exited with status {result.returncode}")
         failure = result.stdout[result.stdout.find("FAIL"):] if "FAIL" in result.stdout else result.stderr[-3000:]
-        pytest.fail(f"fuzz driver {how} at case {last}; reproduce with\n"
-                    f"  python tests/fuzz_raw_ops.py --seed {seed} --first {last} --count 1 --verbose\n{failure}")
+        pytest.fail(f"fuzz driver {how} at case {last}; reproduce with\n  python tests/programs/fuzz_raw_ops.py "
+                    f"--seed {seed} --first {last} --count 1 --verbose\n{failure}")
     summary = result.stdout.strip().splitlines()[-1]
     assert summary.startswith("done"), result.stdout[-2000:]
     counts = dict(item.split("=") for item in summary.split()[1:])

@@ -6,7 +6,8 @@ program (compiled here with g++ against the TF-free kernel headers) maps them wi
 MAP_NORESERVE, where untouched pages cost no memory, and keeps only the keys whose rows lie
 past element 2**31. A kernel computing an offset in 32 bits would read the wrong row (or
 fault). The same program checks the size helpers of yoso_common.h around 2**31, 2**32 and
-2**63. The raw ops themselves are checked for the errors that replaced three crashes.
+2**63. The raw ops themselves are checked for the errors that replaced crashes (the per-bucket
+table limit: tests/test_bad_inputs.py).
 """
 
 import os
@@ -184,19 +185,3 @@ def test_num_hashes_times_hash_code_len_overflowing_int64_raises():
     with pytest.raises(tf.errors.InvalidArgumentError, match=r"num_hashes \* hash_code_len must fit in int64"):
         _library().yoso_gaussian_hash_codes(tf.zeros([1, 1, 0]), tf.zeros([0, 4]), num_hashes=2 ** 62,
                                             hash_code_len=2)
-
-
-@requires_custom_ops
-def test_per_bucket_table_over_the_limit_raises_before_allocating():
-    # W * D = 2**15 * 2**14 = 2**29 floats: a 2 GiB [W, D] table per CPU worker (W * D with
-    # 2**20 * 2**20 floats segfaulted before the limit existed).
-    mask, codes = np.ones((1, 1), np.float32), np.zeros((1, 1, 1), np.int32)
-    weight = tf.zeros([1, 1, 2 ** 15])
-    with pytest.raises(ValueError,  # the op's shape function, while the graph is built
-                       match=r"per-bucket table .* exceeds the limit of 2\*\*28 floats"):
-        tf.function(lambda: _library().yoso_weighted_lsh_cumulation(
-            mask, codes, weight, mask, codes, weight, tf.zeros([1, 1, 2 ** 14]), num_buckets=2 ** 20))()
-    with pytest.raises(tf.errors.InvalidArgumentError,
-                       match=r"per-bucket table .* exceeds the limit of 2\*\*28 floats"):
-        _library().yoso_weighted_lsh_cumulation(mask, codes, weight, mask, codes, weight, tf.zeros([1, 1, 2 ** 14]),
-                                                num_buckets=2 ** 20)

@@ -19,7 +19,7 @@ The contract checked for every case:
 Anything else — another exception, a wrong output — prints "FAIL case <i> ..." and the driver
 exits with status 1. A crash kills the process; the last "case <i>" line names the case.
 
-Reproduce one case:  python tests/fuzz_raw_ops.py --seed S --first I --count 1 --verbose
+Reproduce one case:  python tests/programs/fuzz_raw_ops.py --seed S --first I --count 1 --verbose
 """
 
 import argparse
