@@ -106,14 +106,17 @@ def choice(value, name, choices, *, layer=False):
 
 
 def boolean(value, name, *, layer=False, allow_none=False):
-    """`value` as a Python bool (NumPy bools included); else ValueError naming `name`."""
+    """`value` as a Python bool: a bool (NumPy bools included) or, as keras.layers.MultiHeadAttention
+    takes its flags, the integer 0 or 1 (e.g. `use_causal_mask=0`); else ValueError naming `name`."""
     if value is None and allow_none:
         return None
     if isinstance(value, (bool, np.bool_)):
         return bool(value)
+    if is_integer(value) and int(value) in (0, 1):
+        return bool(value)
     if layer:
-        raise _layer_error(name, "None or a Python bool" if allow_none else "a bool", value)
-    raise ValueError(f"{name} must be a bool, got {value!r}")
+        raise _layer_error(name, "None or a Python bool (or 0 / 1)" if allow_none else "a bool (or 0 / 1)", value)
+    raise ValueError(f"{name} must be a bool (or 0 / 1), got {value!r}")
 
 
 def positive_float(value, name, *, layer=False, why=""):

@@ -213,6 +213,78 @@ def test_invalid_shared_constructor_arguments_raise(make, arguments, match):
         make(**arguments)
 
 
+def test_attention_masks_of_multi_head_attention_layouts_equal_the_batch_mask(make):
+    """[T, S] broadcasts over the batch and [B, H, T, S] with one padding in every head is its head:
+    both give the [B, T, S] mask's outputs; heads that differ raise ValueError."""
+    rng = np.random.default_rng(1)
+    x = _inputs(rng, 2, 6, 8)
+    layer = make(num_heads=2, key_dim=4)
+    keep = np.ones((6, 6), bool)
+    keep[:, 4:] = False  # the last two keys padded for every query
+    batch_mask = np.broadcast_to(keep, (2, 6, 6))
+    expected = to_numpy(layer(x, x, attention_mask=batch_mask))
+    np.testing.assert_allclose(to_numpy(layer(x, x, attention_mask=keep)), expected, rtol=1e-6, atol=1e-6)
+    heads = np.broadcast_to(keep, (2, 2, 6, 6))
+    np.testing.assert_allclose(to_numpy(layer(x, x, attention_mask=heads)), expected, rtol=1e-6, atol=1e-6)
+    differing = heads.copy()
+    differing[:, 1, :, 3] = False
+    with pytest.raises(ValueError, match="4-D `attention_mask`.*whose heads differ"):
+        layer(x, x, attention_mask=differing)
+    with pytest.raises(ValueError, match=r"accepts `attention_mask` only of shape.*num_heads = 2.*\(2, 3, 6, 6\)"):
+        layer(x, x, attention_mask=np.ones((2, 3, 6, 6), bool))
+
+
+def test_use_gate_multiplies_the_heads_by_a_sigmoid_gate_named_as_in_multi_head_attention(make):
+    rng = np.random.default_rng(4)
+    x = _inputs(rng, 2, 6, 8)
+    gated = make(num_heads=2, key_dim=4, use_gate=True)
+    plain = make(num_heads=2, key_dim=4)
+    gated(x, x)
+    plain(x, x)
+    reference = keras.layers.MultiHeadAttention(num_heads=2, key_dim=4, use_gate=True)
+    reference(x, x)
+    projections = ("query/", "key/", "gate/", "value/", "attention_output/")
+    assert [w.path.split("/", 1)[1] for w in gated.weights if w.path.split("/", 1)[1].startswith(projections)] == [
+        w.path.split("/", 1)[1] for w in reference.weights]
+    for target, source in zip([w for w in gated.weights if "/gate/" not in w.path], plain.weights):
+        target.assign(keras.ops.convert_to_numpy(source))
+    for bias, reference_output in ((30.0, to_numpy(plain(x, x))), (-30.0, None)):
+        kernel = keras.ops.convert_to_numpy(gated._gate_dense.kernel)
+        gated._gate_dense.kernel.assign(np.zeros_like(kernel))
+        gated._gate_dense.bias.assign(np.full(tuple(gated._gate_dense.bias.shape), bias, np.float32))
+        out = to_numpy(gated(x, x))
+        if reference_output is not None:  # gate = 1: the plain layer
+            np.testing.assert_allclose(out, reference_output, rtol=1e-5, atol=1e-5)
+        else:  # gate = 0: the output projection's bias only
+            bias_only = np.broadcast_to(keras.ops.convert_to_numpy(gated.output_dense.bias), out.shape)
+            np.testing.assert_allclose(out, bias_only, atol=1e-5)
+    assert make(num_heads=2, key_dim=4, use_gate=True).get_config()["use_gate"] is True
+
+
+def test_multi_head_attention_flags_are_taken_as_there(make):
+    """flash_attention is accepted (it changes nothing: no softmax matrix), with MultiHeadAttention's
+    refusals when True; sliding_window is refused (a band is not a padding mask); flags may be 0 / 1."""
+    rng = np.random.default_rng(0)
+    x = _inputs(rng, 2, 6, 8)
+    plain = make(num_heads=2, key_dim=4, seed=5)
+    flash = make(num_heads=2, key_dim=4, seed=5, flash_attention=True)
+    plain(x, x)
+    flash(x, x)
+    flash.set_weights(plain.get_weights())
+    np.testing.assert_array_equal(to_numpy(flash(x, x)), to_numpy(plain(x, x)))
+    with pytest.raises(ValueError, match="Dropout is not supported when flash attention is enabled"):
+        make(num_heads=2, key_dim=4, flash_attention=True, dropout=0.1)
+    with pytest.raises(ValueError, match="Returning attention scores is not supported when flash attention"):
+        flash(x, x, return_attention_scores=True)
+    with pytest.raises(ValueError, match=r"does not support `sliding_window`.*padding mask.*sliding_window=3"):
+        make(num_heads=2, key_dim=4, sliding_window=3)
+    np.testing.assert_array_equal(to_numpy(plain(x, x, use_causal_mask=0)), to_numpy(plain(x, x)))
+    np.testing.assert_array_equal(to_numpy(plain(x, x, use_causal_mask=1)),
+                                  to_numpy(plain(x, x, use_causal_mask=True)))
+    with pytest.raises(ValueError, match=r"use_causal_mask.*None or a Python bool \(or 0 / 1\).*=2"):
+        plain(x, x, use_causal_mask=2)
+
+
 # ----------------------------------------------------------------------------
 # Config, saving, gradients, training.
 

@@ -168,7 +168,7 @@ def test_config_round_trip_keeps_the_scaleformer_arguments():
     (dict(num_heads=2, key_dim=4, horizon=0), "horizon.*positive integer or None.*horizon=0"),
     (dict(num_heads=2, key_dim=4, horizon=2.5), "horizon"),
     (dict(num_heads=2, key_dim=4, causal="yes"), "causal.*bool"),
-    (dict(num_heads=2, key_dim=4, share_relative_embeddings=1), "share_relative_embeddings.*bool"),
+    (dict(num_heads=2, key_dim=4, share_relative_embeddings=2), r"share_relative_embeddings.*bool \(or 0 / 1\)"),
     (dict(num_heads=2, key_dim=4, epsilon=0.0), "epsilon.*> 0.*epsilon=0.0"),
     (dict(num_heads=2, key_dim=4, epsilon=float("nan")), "epsilon"),
     (dict(num_heads=2, key_dim=4, chunk_size=0), "chunk_size"),

@@ -18,15 +18,32 @@ def _inputs(rng, batch, length, dim):
     return rng.normal(size=(batch, length, dim)).astype(np.float32)
 
 
-def test_causal_mask_with_expectation_and_scores_without_expectation_raise():
+def test_causal_mask_with_expectation_raises():
     x = np.zeros((1, 4, 8), np.float32)
     with pytest.raises(ValueError, match="use_causal_mask=True is not implemented with use_expectation=True"):
         YosoAttention(2, 4, use_expectation=True, **SMALL)(x, x, use_causal_mask=True)
-    with pytest.raises(ValueError, match="use_expectation=True"):
-        YosoAttention(2, 4, **SMALL)(x, x, return_attention_scores=True)
     with pytest.raises(ValueError, match="use_causal_mask=True is not implemented with use_expectation=True"):
         YosoAttention(2, 4, use_expectation=True, **SMALL)(keras.Input((4, 8)), keras.Input((4, 8)),
                                                            use_causal_mask=True)
+
+
+def test_sampled_yoso_returns_the_expected_weights_as_scores_zero_on_future_keys_when_causal():
+    """return_attention_scores=True without YOSO-E: the expected weights E of eq. 2 (what YOSO-E returns),
+    as MultiHeadAttention code asks for them; causal: no weight on a key j > i."""
+    x = np.random.default_rng(2).normal(size=(2, 5, 8)).astype(np.float32)
+    sampled = YosoAttention(2, 4, **SMALL)
+    expected = YosoAttention(2, 4, use_expectation=True, **SMALL)
+    sampled(x, x)
+    expected(x, x)
+    _copy_projections(sampled, expected)
+    _, scores = sampled(x, x, return_attention_scores=True)
+    _, reference = expected(x, x, return_attention_scores=True)
+    np.testing.assert_allclose(to_numpy(scores), to_numpy(reference), rtol=1e-6, atol=1e-6)
+    assert tuple(scores.shape) == (2, 2, 5, 5) and np.all(to_numpy(scores) >= 0)
+    _, causal = sampled(x, x, use_causal_mask=True, return_attention_scores=True)
+    future = np.triu(np.ones((5, 5), bool), k=1)
+    assert np.all(to_numpy(causal)[..., future] == 0)
+    np.testing.assert_allclose(to_numpy(causal)[..., ~future], to_numpy(reference)[..., ~future], rtol=1e-6)
 
 
 def test_causal_mask_builds_symbolic_models():

@@ -86,6 +86,11 @@ class LinearRelativeAttention(MultiHeadAttentionBase):
             position embeddings.
         bias_constraint: Constraint for projection biases.
         seed: Optional int seeding the dropout.
+        flash_attention: accepted as MultiHeadAttention takes it; it changes
+            nothing here (no softmax matrix is formed). True refuses
+            `dropout > 0` and `return_attention_scores=True`, as there.
+        sliding_window: must be None: a banded mask is not a padding mask
+            (ValueError otherwise; use MultiHeadAttention for it).
 
     Call arguments:
         query: Query tensor of shape `(B, T, dim)`.

@@ -101,6 +101,9 @@ class MultiHeadAttentionBase(keras.layers.Layer):
         kernel_constraint=None,
         bias_constraint=None,
         seed=None,
+        flash_attention=None,
+        sliding_window=None,
+        use_gate=False,
         **kwargs,
     ):
         self._num_heads = _validation.integer(num_heads, "num_heads", 1, layer=True)
@@ -110,10 +113,25 @@ class MultiHeadAttentionBase(keras.layers.Layer):
         dropout = _validation.fraction(dropout, "dropout")
         seed = _validation.optional_seed(seed)
         output_shape = _validation.output_shape(output_shape)
+        # MultiHeadAttention's flash_attention picks a fused softmax kernel; this attention forms no
+        # softmax matrix, so the flag changes nothing. It is accepted, with MultiHeadAttention's two
+        # refusals when it is True, so code written for MultiHeadAttention behaves the same.
+        self._flash_attention = bool(_validation.boolean(flash_attention, "flash_attention", layer=True,
+                                                         allow_none=True))
+        if self._flash_attention and dropout > 0.0:
+            raise ValueError("Dropout is not supported when flash attention is enabled. Please set dropout to 0.0 "
+                             "to use flash attention.")
+        if sliding_window is not None:
+            raise ValueError(f"{type(self).__name__} does not support `sliding_window`: a band of "
+                             f"2 * sliding_window - 1 keys is not a padding mask. {self._padding_only_reason}, so it "
+                             "can only leave out whole positions (padding masks; see docs/errors.md). Use "
+                             "keras.layers.MultiHeadAttention(sliding_window=...) for banded attention. Received: "
+                             f"sliding_window={sliding_window!r}")
         super().__init__(**kwargs)
         self.supports_masking = True
         self._dropout = dropout
         self._use_bias = use_bias
+        self._use_gate = _validation.boolean(use_gate, "use_gate", layer=True)
         self._output_shape = output_shape
         self._kernel_initializer = initializers.get(kernel_initializer)
         self._bias_initializer = initializers.get(bias_initializer)
@@ -169,6 +187,7 @@ class MultiHeadAttentionBase(keras.layers.Layer):
             "value_dim": self._value_dim,
             "dropout": self._dropout,
             "use_bias": self._use_bias,
+            "use_gate": self._use_gate,
             "output_shape": self._output_shape,
             "kernel_initializer": initializers.serialize(self._kernel_initializer),
             "bias_initializer": initializers.serialize(self._bias_initializer),
@@ -197,9 +216,9 @@ class MultiHeadAttentionBase(keras.layers.Layer):
             dtype=self.dtype_policy,
         )
 
-    def _projection(self, head_dim, name):
+    def _projection(self, head_dim, name, activation=None):
         return keras.layers.EinsumDense(
-            "btd,dnh->btnh", output_shape=(None, self._num_heads, head_dim),
+            "btd,dnh->btnh", output_shape=(None, self._num_heads, head_dim), activation=activation,
             bias_axes="nh" if self._use_bias else None, name=name, **self._sublayer_kwargs())
 
     # ------------------------------------------------------------------ input checks
@@ -227,6 +246,9 @@ class MultiHeadAttentionBase(keras.layers.Layer):
         "key_mask": ("(batch, source_length)", ("batch", "source")),
         "attention_mask": ("(batch, target_length, source_length)", ("batch", "target", "source")),
     }
+    # The other layouts of an `attention_mask` that MultiHeadAttention takes, by rank: [T, S] (broadcast
+    # over the batch) and [B, H, T, S] ("heads": num_heads or 1; every head the same padding).
+    _ATTENTION_MASK_DIMS = {2: ("target", "source"), 4: ("batch", "heads", "target", "source")}
 
     def _check_call_shapes(self, query, value, key, masks, attention_mask):
         """Every shape relation between the call's inputs: ValueError naming the argument, the expected
@@ -244,10 +266,16 @@ class MultiHeadAttentionBase(keras.layers.Layer):
             layout, dims = self._CALL_LAYOUTS[arg]
             got = shape(tensor)
             message = self._shape_message(arg, layout, dims, got, query, value)
+            if arg == "attention_mask" and got is not None:
+                dims = self._ATTENTION_MASK_DIMS.get(len(got), dims)
             if got is None or len(got) != len(dims):
                 raise ValueError(message)
             for axis, dim in enumerate(dims):
                 if dim is None or (arg == "attention_mask" and got[axis] == 1):
+                    continue
+                if dim == "heads":
+                    if got[axis] is not None and got[axis] != self._num_heads:
+                        raise ValueError(message)
                     continue
                 ref, ref_axis = sources[dim]
                 want = shape(ref)[ref_axis]
@@ -270,7 +298,9 @@ class MultiHeadAttentionBase(keras.layers.Layer):
                                for name, dim in zip(names, dims)) + ")"
         if arg == "attention_mask":
             head = (f"{type(self).__name__} accepts `attention_mask` only of shape [batch, target_length, "
-                    f"source_length] (a padding mask) = {want} (a dim of 1 broadcasts)")
+                    f"source_length] (a padding mask) = {want} (a dim of 1 broadcasts; also [target_length, "
+                    f"source_length], and [batch, num_heads = {self._num_heads}, target_length, source_length] "
+                    "with the same mask in every head)")
         else:
             head = f"{type(self).__name__} expects `{arg}` of shape {layout} = {want}"
         return (f"{head}, with batch and "
@@ -285,6 +315,9 @@ class MultiHeadAttentionBase(keras.layers.Layer):
         self._query_dense.build(query_shape)
         self._key_dense = self._projection(self._key_dim, "key")
         self._key_dense.build(key_shape)
+        if self._use_gate:  # created where MultiHeadAttention creates it, so its weights load in order
+            self._gate_dense = self._projection(self._value_dim, "gate", activation="sigmoid")
+            self._gate_dense.build(query_shape)
         self._value_dense = self._projection(self._value_dim, "value")
         self._value_dense.build(value_shape)
         output_shape = self._output_shape or (query_shape[-1],)
@@ -323,6 +356,24 @@ class MultiHeadAttentionBase(keras.layers.Layer):
         checks = _validation.run_time_check(is_padding, message, error=ValueError(message))
         return _validation.after_checks(checks, [query_pad, key_pad])
 
+    def _three_dim_attention_mask(self, attention_mask):
+        """An `attention_mask` of a shape already checked as `[B, T, S]`: a `[T, S]` one broadcast over the
+        batch, a `[B, H, T, S]` one as its first head once every head is seen to be the same (ValueError
+        otherwise, or a run-time assertion in a TensorFlow graph)."""
+        attention_mask = _bool_mask(attention_mask)
+        rank = len(_validation.static_shape(attention_mask))
+        if rank == 2:
+            return attention_mask[None]
+        if rank != 4:
+            return attention_mask
+        first = attention_mask[:, :1]
+        same = ops.all(ops.equal(attention_mask, first))
+        message = (f"{type(self).__name__} received a 4-D `attention_mask` [batch, num_heads, target_length, "
+                   f"source_length] whose heads differ. {self._padding_only_reason}, and its heads share one "
+                   "padding: pass the same mask for every head, or a [batch, target_length, source_length] mask.")
+        checks = _validation.run_time_check(same, message, error=ValueError(message))
+        return _validation.after_checks(checks, [first[:, 0]])[0]
+
     def _check_call_options(self, return_attention_scores, use_causal_mask):
         """Raises for call options the subclass cannot honour."""
 
@@ -334,8 +385,9 @@ class MultiHeadAttentionBase(keras.layers.Layer):
         """(out `[B, T, num_heads, value_dim]`, new cache or None): the attention core (class docstring)."""
         raise NotImplementedError
 
-    def _attention_scores(self, query_heads, key_heads, query_mask, key_mask):
-        """`[B, heads, T, S]` float32 attention weights, for subclasses that allow return_attention_scores."""
+    def _attention_scores(self, query_heads, key_heads, query_mask, key_mask, causal):
+        """`[B, heads, T, S]` float32 attention weights (zero for keys j > i when `causal`), for subclasses
+        that allow return_attention_scores."""
         raise NotImplementedError
 
     # ------------------------------------------------------------------ incremental decoding
@@ -416,7 +468,7 @@ class MultiHeadAttentionBase(keras.layers.Layer):
         query_length, key_length = ops.shape(query)[1], ops.shape(value)[1]
         if attention_mask is not None:
             query_pad, key_pad = self._padding_masks_from_attention_mask(
-                attention_mask, batch, query_length, key_length)
+                self._three_dim_attention_mask(attention_mask), batch, query_length, key_length)
             query_mask = _merge_masks(query_mask, query_pad)
             key_mask = _merge_masks(key_mask, key_pad)
         key_mask = _merge_masks(masks["value_mask"], key_mask)
@@ -453,6 +505,9 @@ class MultiHeadAttentionBase(keras.layers.Layer):
         cache=None,
         cache_update_index=None,
     ):
+        if self._flash_attention and return_attention_scores:
+            raise ValueError("Returning attention scores is not supported when flash attention is enabled. Please "
+                             "disable flash attention to access attention scores.")
         self._check_call_options(return_attention_scores, use_causal_mask)
         index = None
         if cache is not None:
@@ -464,17 +519,21 @@ class MultiHeadAttentionBase(keras.layers.Layer):
         query, value, key, query_mask, key_mask = self._inputs_and_masks(
             query, value, key, query_mask, value_mask, key_mask, attention_mask)
         query_heads, key_heads, value_heads = self._projected_heads(query, value, key, query_mask, key_mask)
-        out, cache = self._attend((query_heads, key_heads, value_heads), (query_mask, key_mask), training,
-                                  self._call_is_causal(use_causal_mask, cache), cache=cache, index=index)
+        causal = self._call_is_causal(use_causal_mask, cache)
+        out, cache = self._attend((query_heads, key_heads, value_heads), (query_mask, key_mask), training, causal,
+                                  cache=cache, index=index)
         out = ops.where(query_mask[:, :, None, None], out, 0.0)
         out = ops.cast(out, self.compute_dtype)
         if self._dropout_layer is not None:
             out = self._dropout_layer(out, training=training)
+        if self._use_gate:
+            # MultiHeadAttention's gated output: sigmoid(query W_g + b_g), padded query rows zeroed first.
+            out = out * self._gate_dense(_zero_padded_rows(query, query_mask))
         output = self._output_dense(out)
         if cache is not None:
             return output, cache
         if return_attention_scores:
-            scores = self._attention_scores(query_heads, key_heads, query_mask, key_mask)
+            scores = self._attention_scores(query_heads, key_heads, query_mask, key_mask, causal)
             return output, ops.cast(scores, self.compute_dtype)
         return output
 

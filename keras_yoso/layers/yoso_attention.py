@@ -146,6 +146,11 @@ class YosoAttention(MultiHeadAttentionBase):
         kernel_constraint: Constraint for projection and convolution kernels.
         bias_constraint: Constraint for projection biases.
         seed: Optional int seeding the hash functions and dropout (see above).
+        flash_attention: accepted as MultiHeadAttention takes it; it changes
+            nothing here (no softmax matrix is formed). True refuses
+            `dropout > 0` and `return_attention_scores=True`, as there.
+        sliding_window: must be None: a banded mask is not a padding mask
+            (ValueError otherwise; use MultiHeadAttention for it).
         implementation: "auto", "custom_op" or "composite", passed to
             `keras_yoso.ops`. "composite" is written in `keras.ops` and runs
             on every backend: it compiles with XLA (`jit_compile=True`,
@@ -173,8 +178,10 @@ class YosoAttention(MultiHeadAttentionBase):
         use_causal_mask: If True, causal self-attention (query i attends to
             keys j <= i; `query` and `value` of the same length). Not with
             `use_expectation=True`. Implied by `cache`.
-        return_attention_scores: If True (only with `use_expectation=True`),
-            also return the expected attention weights.
+        return_attention_scores: If True, also return the expected attention
+            weights (YOSO-E's, whatever `use_expectation`: sampled YOSO never
+            forms them, so this costs O(T * S) time and memory, as softmax
+            attention does; it is for inspection, not for long sequences).
         cache: Optional decoding state from `init_cache` (or a previous
             call); then `cache_update_index` is required and the call
             returns `(attention_output, cache)`.
@@ -185,8 +192,9 @@ class YosoAttention(MultiHeadAttentionBase):
         attention_output: `(B, T, E)`, E the query's last dimension or
             `output_shape`.
         attention_scores: (only with `return_attention_scores=True`) the YOSO-E
-            weights `(1 - arccos(<q_i, k_j>)/pi)^tau`, zero for masked pairs,
-            of shape `(B, num_heads, T, S)`.
+            weights `(1 - arccos(<q_i, k_j>)/pi)^tau` (eq. 2's expectation),
+            zero for masked pairs and, when causal, for keys j > i, of shape
+            `(B, num_heads, T, S)`.
     """
 
     def __init__(
@@ -285,11 +293,6 @@ class YosoAttention(MultiHeadAttentionBase):
         if use_causal_mask and self._use_expectation:
             raise ValueError("use_causal_mask=True is not implemented with use_expectation=True (YOSO-E): use "
                              "sampled YOSO (use_expectation=False), whose causal form is linear in the length.")
-        if return_attention_scores and not self._use_expectation:
-            raise ValueError(
-                "return_attention_scores=True needs use_expectation=True: sampled YOSO attention never forms "
-                "the attention matrix. Construct YosoAttention(..., use_expectation=True) to get the expected "
-                "attention weights (YOSO-E).")
 
     def _hash(self, x):
         """Inference codes `[B * heads, m, N]` of the normalized rows `x`, with the layer's hash functions
@@ -432,8 +435,12 @@ class YosoAttention(MultiHeadAttentionBase):
                              f"2**hash_code_len, value_dim) = {want} (from init_cache). Received shape "
                              f"{None if got is None else tuple(got)}.")
 
-    def _attention_scores(self, query_heads, key_heads, query_mask, key_mask):
+    def _attention_scores(self, query_heads, key_heads, query_mask, key_mask, causal):
+        """The expected weights E of eq. 2 `[B, heads, T, S]` (O(T S)), zero for keys j > i when causal."""
         q, k, q_mask, k_mask = self._normalized_heads(query_heads, key_heads, query_mask, key_mask)
         scores = yoso_ops.yoso_expectation_weights(q, k, self._hash_code_len, q_mask, k_mask)
         shape = (ops.shape(query_heads)[0], self._num_heads, ops.shape(query_heads)[1], ops.shape(key_heads)[1])
-        return ops.reshape(scores, shape)
+        scores = ops.reshape(scores, shape)
+        if causal:
+            scores = ops.where(ops.tril(ops.ones(shape[2:], "bool")), scores, 0.0)
+        return scores
