@@ -177,7 +177,9 @@ def output_shape(value):
         return None
     shape = tuple(value) if isinstance(value, (list, tuple)) else (value,)
     if not shape or not all(is_integer(d) and d > 0 for d in shape):
-        raise _layer_error("output_shape", "a positive int or a non-empty tuple of positive ints", value)
+        # MultiHeadAttention's words first ("Invalid `output_shape`"), so code that matches them still does.
+        raise ValueError("Invalid `output_shape`: received an invalid value for argument `output_shape`: expected a "
+                         f"positive int or a non-empty tuple of positive ints. Received: output_shape={value!r}")
     return tuple(int(d) for d in shape)
 
 

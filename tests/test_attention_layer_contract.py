@@ -261,6 +261,33 @@ def test_use_gate_multiplies_the_heads_by_a_sigmoid_gate_named_as_in_multi_head_
     assert make(num_heads=2, key_dim=4, use_gate=True).get_config()["use_gate"] is True
 
 
+def test_attention_axes_attend_over_the_flattened_axes_with_the_others_as_batch(make):
+    """(batch, A, C, features) inputs: attention_axes=(2,) is the layer on (batch * A, C, features) rows,
+    the default (1, 2) (and (-3, -2)) the layer on (batch, A * C, features); query and value masks
+    follow; scores come in MultiHeadAttention's layout (batch, A, heads, C, C)."""
+    rng = np.random.default_rng(6)
+    x = _inputs(rng, 2, 12, 8).reshape(2, 3, 4, 8)
+    mask = np.ones((2, 3, 4), bool)
+    mask[1, 2, 3] = False
+    sequences = make(num_heads=2, key_dim=4, seed=7)
+    sequences(x[:, 0], x[:, 0])
+    for axes, rows in (((2,), (6, 4, 8)), (None, (2, 12, 8)), ((-3, -2), (2, 12, 8))):
+        layer = make(num_heads=2, key_dim=4, seed=7, attention_axes=axes)
+        out = to_numpy(layer(x, x, query_mask=mask, value_mask=mask))
+        assert out.shape == x.shape
+        layer.set_weights(sequences.get_weights())
+        out = to_numpy(layer(x, x, query_mask=mask, value_mask=mask))
+        flat, flat_mask = x.reshape(rows), mask.reshape(rows[:2])
+        expected = to_numpy(sequences(flat, flat, query_mask=flat_mask, value_mask=flat_mask)).reshape(x.shape)
+        np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-5)
+        assert make(num_heads=2, key_dim=4, attention_axes=axes).get_config()["attention_axes"] == (
+            None if axes is None else tuple(axes))
+    with pytest.raises(ValueError, match=r"attention_axes.*in \[1, 2\].*attention_axes=\(3,\)"):
+        make(num_heads=2, key_dim=4, attention_axes=3)(x, x)
+    with pytest.raises(ValueError, match="attention_axes.*an int, or a list or tuple of ints"):
+        make(num_heads=2, key_dim=4, attention_axes="1")
+
+
 def test_multi_head_attention_flags_are_taken_as_there(make):
     """flash_attention is accepted (it changes nothing: no softmax matrix), with MultiHeadAttention's
     refusals when True; sliding_window is refused (a band is not a padding mask); flags may be 0 / 1."""

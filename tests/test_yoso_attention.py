@@ -208,8 +208,10 @@ def test_invalid_constructor_arguments_raise(arguments, match):
 def test_key_and_value_of_different_lengths_raise_at_build():
     with pytest.raises(ValueError, match="`value` and `key`"):
         YosoAttention(2, 4).build((1, 5, 8), (1, 6, 8), (1, 7, 8))
-    with pytest.raises(ValueError, match="shape \\(batch, length, features\\)"):
+    with pytest.raises(ValueError, match="`query` and `value` of the same rank"):
         YosoAttention(2, 4).build((1, 5, 2, 8), (1, 6, 8))
+    with pytest.raises(ValueError, match=r"shape \(batch, length, features\)"):
+        YosoAttention(2, 4).build((1, 8), (1, 8))
 
 
 def test_default_hash_gives_the_paper_kernel_and_is_stored_in_the_config():

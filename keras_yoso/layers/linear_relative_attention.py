@@ -91,6 +91,14 @@ class LinearRelativeAttention(MultiHeadAttentionBase):
             `dropout > 0` and `return_attention_scores=True`, as there.
         sliding_window: must be None: a banded mask is not a padding mask
             (ValueError otherwise; use MultiHeadAttention for it).
+        use_gate: MultiHeadAttention's gated output: the heads are multiplied
+            by sigmoid(query W_g + b_g) (the sublayer "gate", as there, so
+            MultiHeadAttention's weights load) before the output projection.
+        attention_axes: as MultiHeadAttention: for inputs `(B, *dims, F)`, the
+            axes of dims to attend over (default: all). They are flattened into
+            one sequence (row-major) and the other axes join the batch; masks
+            `(B, *dims)` follow. Decoding (`cache`) and `attention_mask` take
+            `(B, length, F)` inputs only.
 
     Call arguments:
         query: Query tensor of shape `(B, T, dim)`.

@@ -6,6 +6,8 @@ Subclasses compute their core in float32 on `[B, N, heads, dim]` heads. Written 
 the layers run on TensorFlow, JAX and torch.
 """
 
+import math
+
 import keras
 from keras import constraints
 from keras import initializers
@@ -18,6 +20,18 @@ _OUTPUT_LETTERS = "opqrsuvwxyz"
 # The arguments of `call`, in order, up to its masks.
 _CALL_ARGUMENTS = ("query", "value", "key", "query_mask", "value_mask", "key_mask", "attention_mask")
 _MASK_ARGUMENTS = _CALL_ARGUMENTS[3:]
+
+
+def _attention_axes_argument(attention_axes):
+    """`attention_axes` as MultiHeadAttention takes it (None, an int, or a list or tuple of ints) -> None or a
+    tuple; else ValueError naming the argument."""
+    if attention_axes is None:
+        return None
+    axes = (attention_axes,) if _validation.is_integer(attention_axes) else attention_axes
+    if not isinstance(axes, (list, tuple)) or not axes or not all(_validation.is_integer(a) for a in axes):
+        raise ValueError("Received an invalid value for argument `attention_axes`: expected None, an int, or a list "
+                         f"or tuple of ints. Received: attention_axes={attention_axes!r}")
+    return tuple(int(a) for a in axes)
 
 
 def _bool_mask(mask):
@@ -104,6 +118,7 @@ class MultiHeadAttentionBase(keras.layers.Layer):
         flash_attention=None,
         sliding_window=None,
         use_gate=False,
+        attention_axes=None,
         **kwargs,
     ):
         self._num_heads = _validation.integer(num_heads, "num_heads", 1, layer=True)
@@ -132,6 +147,7 @@ class MultiHeadAttentionBase(keras.layers.Layer):
         self._dropout = dropout
         self._use_bias = use_bias
         self._use_gate = _validation.boolean(use_gate, "use_gate", layer=True)
+        self._attention_axes = _attention_axes_argument(attention_axes)
         self._output_shape = output_shape
         self._kernel_initializer = initializers.get(kernel_initializer)
         self._bias_initializer = initializers.get(bias_initializer)
@@ -188,6 +204,7 @@ class MultiHeadAttentionBase(keras.layers.Layer):
             "dropout": self._dropout,
             "use_bias": self._use_bias,
             "use_gate": self._use_gate,
+            "attention_axes": self._attention_axes,
             "output_shape": self._output_shape,
             "kernel_initializer": initializers.serialize(self._kernel_initializer),
             "bias_initializer": initializers.serialize(self._bias_initializer),
@@ -223,19 +240,47 @@ class MultiHeadAttentionBase(keras.layers.Layer):
 
     # ------------------------------------------------------------------ input checks
 
-    def _check_shapes(self, query_shape, value_shape, key_shape):
-        """The rank and feature checks of build (and of calls): ValueError naming the argument."""
+    def _check_shapes(self, query_shape, value_shape, key_shape, sequences=False):
+        """The rank and feature checks of build (and of calls): ValueError naming the argument. Inputs of
+        rank 3 `(batch, length, features)`, or of any rank >= 3 `(batch, *dims, features)` with the
+        attention over `attention_axes` of dims (MultiHeadAttention's layout); `sequences`: the
+        `(batch, length, features)` inputs the attention axes were flattened to."""
         name = type(self).__name__
-        for arg, shape in (("query", query_shape), ("value", value_shape), ("key", key_shape)):
-            if shape is None or len(shape) != 3:
-                raise ValueError(f"{name} expects `{arg}` of shape (batch, length, features), "
-                                 f"got shape {None if shape is None else tuple(shape)}")
-            if shape[-1] is None:
-                raise ValueError(f"The last dimension of `{arg}` must be known, got shape {tuple(shape)}")
-        if tuple(value_shape[:-1]) != tuple(key_shape[:-1]) and not any(
-                a is None or b is None for a, b in zip(value_shape[:-1], key_shape[:-1])):
+        if value_shape is not None and key_shape is not None and (
+                len(value_shape) != len(key_shape) or any(
+                    a is not None and b is not None and a != b for a, b in zip(value_shape[:-1], key_shape[:-1]))):
             raise ValueError("All dimensions of `value` and `key`, except the last one, must be equal. "
                              f"Received: value_shape={tuple(value_shape)} and key_shape={tuple(key_shape)}")
+        for arg, shape in (("query", query_shape), ("value", value_shape), ("key", key_shape)):
+            if shape is None or len(shape) < 3:
+                raise ValueError(f"{name} expects `{arg}` of shape (batch, length, features) (or (batch, *dims, "
+                                 f"features) with attention_axes), got shape {None if shape is None else tuple(shape)}")
+            if shape[-1] is None:
+                raise ValueError(f"The last dimension of `{arg}` must be known, got shape {tuple(shape)}")
+        if len(value_shape) != len(query_shape):
+            raise ValueError(f"{name} expects `query` and `value` of the same rank (the attention axes and the other "
+                             "axes of both line up). Received: query_shape="
+                             f"{tuple(query_shape)} and value_shape={tuple(value_shape)}")
+        axes = (1,) if sequences else self._normalized_attention_axes(len(query_shape))
+        for axis in range(1, len(query_shape) - 1):
+            q, v = query_shape[axis], value_shape[axis]
+            if axis not in axes and None not in (q, v) and v not in (1, q):
+                raise ValueError(f"{name}: axis {axis} is not an attention axis, so `value` must match `query` there "
+                                 f"(or be 1, broadcast). Received: query_shape={tuple(query_shape)} and "
+                                 f"value_shape={tuple(value_shape)} with attention_axes={axes}")
+
+    def _normalized_attention_axes(self, rank):
+        """The attention axes of inputs of `rank` as sorted non-negative axes in [1, rank - 2] (negative
+        ones count from rank, as MultiHeadAttention counts them); default: every axis in between."""
+        if self._attention_axes is None:
+            return tuple(range(1, rank - 1))
+        axes = sorted({axis + rank if axis < 0 else axis for axis in self._attention_axes})
+        if len(axes) != len(self._attention_axes) or axes[0] < 1 or axes[-1] > rank - 2:
+            raise ValueError(f"Received an invalid value for argument `attention_axes`: expected distinct axes of the "
+                             f"inputs between the batch axis and the features, in [1, {rank - 2}] (or "
+                             f"[{1 - rank}, -2]) for inputs of rank {rank}. Received: "
+                             f"attention_axes={self._attention_axes}")
+        return tuple(axes)
 
     # (layout, dims): each dim is "batch" / "target" (from `query`) or "source" (from `value`).
     _CALL_LAYOUTS = {
@@ -256,7 +301,7 @@ class MultiHeadAttentionBase(keras.layers.Layer):
         assertion with the same message for dims unknown in a TensorFlow graph. Returns the
         assertions. (An `attention_mask` dim of 1 broadcasts.)"""
         shape = _validation.static_shape
-        self._check_shapes(shape(query), shape(value), shape(key))
+        self._check_shapes(shape(query), shape(value), shape(key), sequences=True)
         sources = {"batch": (query, 0), "target": (query, 1), "source": (value, 1)}
         tensors = {"value": value, "key": key, **{k: v for k, v in masks.items() if v is not None}}
         if attention_mask is not None:
@@ -311,6 +356,9 @@ class MultiHeadAttentionBase(keras.layers.Layer):
         """Creates the query/key/value/output projections (and the subclass weights)."""
         key_shape = value_shape if key_shape is None else key_shape
         self._check_shapes(query_shape, value_shape, key_shape)
+        if len(query_shape) != 3:  # the projections act on the sequences the attention axes flatten to
+            query_shape, value_shape, key_shape = ((None, None, shape[-1]) for shape in (query_shape, value_shape,
+                                                                                        key_shape))
         self._query_dense = self._projection(self._key_dim, "query")
         self._query_dense.build(query_shape)
         self._key_dense = self._projection(self._key_dim, "key")
@@ -384,6 +432,29 @@ class MultiHeadAttentionBase(keras.layers.Layer):
     def _attend(self, heads, masks, training, causal, cache=None, index=None):
         """(out `[B, T, num_heads, value_dim]`, new cache or None): the attention core (class docstring)."""
         raise NotImplementedError
+
+    def _compute_attention(self, query, key, value, attention_mask=None, training=None,
+                           return_attention_scores=False, use_causal_mask=False):
+        """MultiHeadAttention's override point, for code that calls it on projected heads: query
+        `[B, T, num_heads, key_dim]`, key `[B, S, num_heads, key_dim]`, value `[B, S, num_heads,
+        value_dim]` -> (`[B, T, num_heads, value_dim]`, scores `[B, num_heads, T, S]` or None). An
+        `attention_mask` must be a padding mask (as for `call`); `use_causal_mask` is the causal core,
+        not a mask. The layer's own call does not go through it: it runs `_attend` with the masks
+        kept apart, so the heads' padding never becomes a [T, S] tensor."""
+        query, key, value = (ops.cast(ops.convert_to_tensor(t), "float32") for t in (query, key, value))
+        batch, query_length, key_length = ops.shape(query)[0], ops.shape(query)[1], ops.shape(key)[1]
+        query_mask = ops.ones((batch, query_length), "bool")
+        key_mask = ops.ones((batch, key_length), "bool")
+        if attention_mask is not None:
+            query_mask, key_mask = self._padding_masks_from_attention_mask(
+                self._three_dim_attention_mask(attention_mask), batch, query_length, key_length)
+        causal = bool(_validation.boolean(use_causal_mask, "use_causal_mask", layer=True, allow_none=True))
+        key = ops.where(key_mask[:, :, None, None], key, 0.0)
+        value = ops.where(key_mask[:, :, None, None], value, 0.0)
+        out, _ = self._attend((query, key, value), (query_mask, key_mask), training, causal)
+        out = ops.where(query_mask[:, :, None, None], out, 0.0)
+        scores = self._attention_scores(query, key, query_mask, key_mask, causal) if return_attention_scores else None
+        return out, scores
 
     def _attention_scores(self, query_heads, key_heads, query_mask, key_mask, causal):
         """`[B, heads, T, S]` float32 attention weights (zero for keys j > i when `causal`), for subclasses
@@ -505,6 +576,71 @@ class MultiHeadAttentionBase(keras.layers.Layer):
         cache=None,
         cache_update_index=None,
     ):
+        rank = len(_validation.static_shape(query))
+        if rank == 3 and self._normalized_attention_axes(3) == (1,):
+            return self._call_sequences(query, value, key, query_mask, value_mask, key_mask, attention_mask, training,
+                                        use_causal_mask, return_attention_scores, cache, cache_update_index)
+        return self._call_flattened(query, value, key, query_mask, value_mask, key_mask, attention_mask, training,
+                                    use_causal_mask, return_attention_scores, cache)
+
+    def _call_flattened(self, query, value, key, query_mask, value_mask, key_mask, attention_mask, training,
+                        use_causal_mask, return_attention_scores, cache):
+        """Attention over `attention_axes` of `(batch, *dims, features)` inputs: the other axes join the
+        batch, the attention axes of the query and of the value flatten to one sequence each (row-major),
+        then the sequence path runs and the output takes the query's layout back. Scores come in
+        MultiHeadAttention's layout `(batch, *other dims, num_heads, *query attention dims, *value
+        attention dims)`."""
+        name = type(self).__name__
+        if cache is not None:
+            raise ValueError(f"{name} decodes (`cache`) inputs of shape (batch, length, features) only, with the "
+                             "default attention_axes.")
+        if attention_mask is not None:
+            raise ValueError(f"{name} takes no `attention_mask` with inputs of rank > 3 or attention_axes: give the "
+                             "padding as `query_mask` / `value_mask` of shape (batch, *dims) (Keras masks of the "
+                             "inputs are used too).")
+        shape = _validation.static_shape
+        query, value = ops.convert_to_tensor(query), ops.convert_to_tensor(value)
+        key = None if key is None else ops.convert_to_tensor(key)
+        self._check_shapes(shape(query), shape(value), shape(value) if key is None else shape(key))
+        rank = len(shape(query))
+        axes = self._normalized_attention_axes(rank)
+        others = [axis for axis in range(1, rank - 1) if axis not in axes]
+        order = [0, *others, *axes]
+        query_sizes, value_sizes = ops.shape(query), ops.shape(value)
+        broadcast = [query_sizes[0], *(query_sizes[a] for a in others), *(value_sizes[a] for a in axes)]
+
+        def sequences(x, sizes, features=True):
+            """x `(batch, *dims[, F])` -> `(batch * others, prod(attention dims)[, F])`."""
+            if x is None:
+                return None
+            x = ops.transpose(x, order + ([rank - 1] if features else []))
+            if sizes is not None:  # value-side tensors broadcast over the query's other axes
+                x = ops.broadcast_to(x, tuple(sizes) + ((ops.shape(x)[-1],) if features else ()))
+            length = math.prod(ops.shape(x)[1 + len(others):len(order)])
+            return ops.reshape(x, (-1, length) + ((ops.shape(x)[-1],) if features else ()))
+
+        masks = [None if m is None else _bool_mask(m) for m in (query_mask, value_mask, key_mask)]
+        result = self._call_sequences(
+            sequences(query, None), sequences(value, broadcast), sequences(key, broadcast),
+            sequences(masks[0], None, False), sequences(masks[1], broadcast, False),
+            sequences(masks[2], broadcast, False), None, training, use_causal_mask, return_attention_scores,
+            None, None)
+        output, scores = result if return_attention_scores else (result, None)
+        other_sizes = [query_sizes[a] for a in others]
+        query_axes_sizes = [query_sizes[a] for a in axes]
+        out_features = tuple(ops.shape(output)[2:])
+        output = ops.reshape(output, (query_sizes[0], *other_sizes, *query_axes_sizes, *out_features))
+        inverse = [order.index(axis) for axis in range(rank - 1)]
+        output = ops.transpose(output, inverse + list(range(rank - 1, rank - 1 + len(out_features))))
+        if scores is None:
+            return output
+        scores = ops.reshape(scores, (query_sizes[0], *other_sizes, self._num_heads, *query_axes_sizes,
+                                      *(value_sizes[a] for a in axes)))
+        return output, scores
+
+    def _call_sequences(self, query, value, key, query_mask, value_mask, key_mask, attention_mask, training,
+                        use_causal_mask, return_attention_scores, cache, cache_update_index):
+        """The call on `(batch, length, features)` sequences."""
         if self._flash_attention and return_attention_scores:
             raise ValueError("Returning attention scores is not supported when flash attention is enabled. Please "
                              "disable flash attention to access attention scores.")
@@ -563,6 +699,10 @@ class MultiHeadAttentionBase(keras.layers.Layer):
         if cache is not None:
             return output, keras.tree.map_structure(lambda c: keras.KerasTensor(c.shape, dtype=c.dtype), cache)
         if return_attention_scores:
-            scores_shape = (query.shape[0], self._num_heads, query.shape[1], value.shape[1])
+            rank = len(query.shape)
+            axes = self._normalized_attention_axes(rank)
+            others = [axis for axis in range(1, rank - 1) if axis not in axes]
+            scores_shape = (query.shape[0], *(query.shape[a] for a in others), self._num_heads,
+                            *(query.shape[a] for a in axes), *(value.shape[a] for a in axes))
             return output, keras.KerasTensor(scores_shape, dtype=self.compute_dtype)
         return output

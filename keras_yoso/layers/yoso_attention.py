@@ -151,6 +151,14 @@ class YosoAttention(MultiHeadAttentionBase):
             `dropout > 0` and `return_attention_scores=True`, as there.
         sliding_window: must be None: a banded mask is not a padding mask
             (ValueError otherwise; use MultiHeadAttention for it).
+        use_gate: MultiHeadAttention's gated output: the heads are multiplied
+            by sigmoid(query W_g + b_g) (the sublayer "gate", as there, so
+            MultiHeadAttention's weights load) before the output projection.
+        attention_axes: as MultiHeadAttention: for inputs `(B, *dims, F)`, the
+            axes of dims to attend over (default: all). They are flattened into
+            one sequence (row-major) and the other axes join the batch; masks
+            `(B, *dims)` follow. Decoding (`cache`) and `attention_mask` take
+            `(B, length, F)` inputs only.
         implementation: "auto", "custom_op" or "composite", passed to
             `keras_yoso.ops`. "composite" is written in `keras.ops` and runs
             on every backend: it compiles with XLA (`jit_compile=True`,
@@ -172,8 +180,9 @@ class YosoAttention(MultiHeadAttentionBase):
             Defaults to the Keras mask of `value`.
         key_mask: Optional `(B, S)` padding mask of the keys, combined with
             `value_mask` (logical and). Defaults to the Keras mask of `key`.
-        attention_mask: Optional `(B, T, S)` boolean mask; must be a padding
-            mask (see above).
+        attention_mask: Optional `(B, T, S)` boolean mask (also `(T, S)`,
+            broadcast over the batch, and `(B, num_heads, T, S)` with the same
+            mask in every head); must be a padding mask (see above).
         training: Whether to draw fresh hash functions and apply dropout.
         use_causal_mask: If True, causal self-attention (query i attends to
             keys j <= i; `query` and `value` of the same length). Not with
@@ -260,10 +269,10 @@ class YosoAttention(MultiHeadAttentionBase):
 
     _padding_only_reason = "LSH attention (YOSO) never forms the [target_length, source_length] attention matrix"
 
-    def _check_shapes(self, query_shape, value_shape, key_shape):
-        super()._check_shapes(query_shape, value_shape, key_shape)
-        if self._conv_window is not None and None not in (query_shape[1], value_shape[1]) and (
-                query_shape[1] != value_shape[1]):
+    def _check_shapes(self, query_shape, value_shape, key_shape, sequences=False):
+        super()._check_shapes(query_shape, value_shape, key_shape, sequences)
+        if self._conv_window is not None and tuple(query_shape[1:-1]) != tuple(value_shape[1:-1]) and not (
+                None in query_shape[1:-1] or None in value_shape[1:-1]):
             raise ValueError(f"conv_window={self._conv_window} (YOSO-C) convolves the values along the sequence "
                              "and adds them to the outputs at the same positions, so `query` and `value` must "
                              f"have the same length. Received: query_shape={tuple(query_shape)}, "
