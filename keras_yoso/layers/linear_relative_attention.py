@@ -86,19 +86,8 @@ class LinearRelativeAttention(MultiHeadAttentionBase):
             position embeddings.
         bias_constraint: Constraint for projection biases.
         seed: Optional int seeding the dropout.
-        flash_attention: accepted as MultiHeadAttention takes it; it changes
-            nothing here (no softmax matrix is formed). True refuses
-            `dropout > 0` and `return_attention_scores=True`, as there.
-        sliding_window: must be None: a banded mask is not a padding mask
-            (ValueError otherwise; use MultiHeadAttention for it).
-        use_gate: MultiHeadAttention's gated output: the heads are multiplied
-            by sigmoid(query W_g + b_g) (the sublayer "gate", as there, so
-            MultiHeadAttention's weights load) before the output projection.
-        attention_axes: as MultiHeadAttention: for inputs `(B, *dims, F)`, the
-            axes of dims to attend over (default: all). They are flattened into
-            one sequence (row-major) and the other axes join the batch; masks
-            `(B, *dims)` follow. Decoding (`cache`) and `attention_mask` take
-            `(B, length, F)` inputs only.
+        use_gate, attention_axes, flash_attention, sliding_window:
+            MultiHeadAttention's, as `MultiHeadAttentionBase` documents them.
 
     Call arguments:
         query: Query tensor of shape `(B, T, dim)`.

@@ -95,6 +95,22 @@ class MultiHeadAttentionBase(keras.layers.Layer):
     `(output, cache)`. Optional: `_build_attention` (the variant's weights), `_check_call_options`,
     `_attention_scores`, `_causal_by_default` and `_padding_only_reason`, the sentence that explains
     why an arbitrary `attention_mask` cannot be honoured.
+
+    MultiHeadAttention's arguments, as every variant takes them (besides num_heads, key_dim,
+    value_dim, dropout, use_bias, output_shape, the initializers, regularizers and constraints,
+    and seed):
+        use_gate: the gated output: the heads are multiplied by sigmoid(query W_g + b_g) (the
+            sublayer "gate", created where MultiHeadAttention creates it, so its weights load)
+            before the output projection.
+        attention_axes: for inputs `(B, *dims, F)`, the axes of dims to attend over (default:
+            all; negative ones count from the inputs' rank). They are flattened into one sequence
+            (row-major) and the other axes join the batch; masks `(B, *dims)` follow; scores come
+            as `(B, *other dims, num_heads, *query axes, *value axes)`. Decoding (`cache`) and
+            `attention_mask` take `(B, length, F)` inputs only.
+        flash_attention: accepted; it changes nothing here (no softmax matrix is formed). True
+            refuses `dropout > 0` and `return_attention_scores=True`, as MultiHeadAttention does.
+        sliding_window: must be None: a banded mask is not a padding mask (ValueError otherwise;
+            use MultiHeadAttention for it).
     """
 
     _padding_only_reason = "This attention never forms the [target_length, source_length] attention matrix"
