@@ -230,7 +230,7 @@ def _run_weighted(lib, dims, dtype, qm, qc, qw, km, kc, kw, value):
 
 def _run_collision(lib, dims, dtype, tau, qm, qc, q, qw, km, kc, k, kw):
     batch, num_hashes, nq, nk, weight_dim, vector_dim, num_buckets = dims
-    d8 = (batch, num_hashes, nq, nk, 0, weight_dim, vector_dim, num_buckets)
+    d8 = (batch, num_hashes, nq, nk, weight_dim, 0, vector_dim, num_buckets)  # CumulationDims: W in weight_dim
     nbytes = lib.yoso_collision_cumulation_workspace_bytes(*d8)
     workspace = _workspace(nbytes)
     out = _empty_output((batch, nq, vector_dim), dtype)
