@@ -38,7 +38,7 @@ namespace {
 
 constexpr int64_t kErrorSize = 4096;
 
-// One argument of a handler: its buffer, the rank the C ABI entry takes, its name in messages.
+// One argument of a handler: its buffer, the rank its primitive declares for it, its name in messages.
 struct Operand {
   std::optional<ffi::AnyBuffer> buffer;  // always set (AnyBuffer has no default constructor)
   int core_rank;

@@ -10,7 +10,7 @@ from keras_yoso.ops.composite.masking import keep_rows
 
 
 def lsh_cumulation_step(query_mask, query_codes, key_mask, key_codes, value, tables):
-    """(out [B, T, D] float32, tables_out [B, m, R, D] float32) of `ky_lsh_cumulation_step`:
+    """(out [B, T, D] float32, tables_out [B, m, R, D] float32) of the primitive lsh_cumulation_step:
     out_i = qmask_i (1/m) sum_h (T_h[qc_hi] + sum_{j <= i, kc_hj == qc_hi, kept} v_j), and the tables
     gain the kept keys' values (R = num_buckets, the tables' axis 2).
 

@@ -81,7 +81,7 @@ def _returned(outputs):
 
 
 def _define(primitive):
-    """Registers `keras_yoso::<name>`: its CPU implementation runs the C ABI entry, its fake gives the
+    """Registers `keras_yoso::<name>`: its CPU implementation runs the primitive through the C ABI, its fake gives the
     output's shape and dtype (so torch.compile traces it without a graph break)."""
     count = len(primitive.inputs)
     schema = ", ".join([f"Tensor {name}" for name in primitive.input_names]
