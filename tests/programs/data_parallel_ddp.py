@@ -79,10 +79,11 @@ def main(names):
     torch.set_num_threads(1)
     directory = os.getcwd()
     tokens, targets = batches()
-    initial, reference = {}, {}
+    initial, reference, trainable = {}, {}, {}
     for name in names:
         model = build_model(*case_of(name))
         initial[name] = model.get_weights()
+        trainable[name] = [v.trainable for v in model.weights]
         np.savez(f"{directory}/{_file(name)}_initial.npz", *initial[name])
         # The one-process reference: the same initial weights and seed, the full batch.
         losses = train(model, model, tokens, targets)
@@ -100,7 +101,7 @@ def main(names):
             np.testing.assert_array_equal(a, b, err_msg=name)
         for rank in ranks:
             rank_losses, rank_weights, rank_seeds = rank[name]
-            assert_same_training(name, initial[name], weights, rank_weights, losses, rank_losses)
+            assert_same_training(name, initial[name], weights, rank_weights, losses, rank_losses, trainable[name])
             np.testing.assert_array_equal(rank_seeds, seeds, err_msg=name)
         np.testing.assert_array_equal(seeds, [[1, STEPS]] if name.startswith("yoso") else [])
         print(" ", name, ranks[0][name][0], losses)

@@ -81,7 +81,7 @@ def check(name):
     for a, b in zip(*replicas):
         np.testing.assert_array_equal(a, b, err_msg=name)
     assert_same_training(name, initial, reference.get_weights(), replicas[0], losses[reference],
-                         losses[distributed])
+                         losses[distributed], [v.trainable for v in reference.weights])
     # Each replica advanced its hash seed once per step, as the one-device run did.
     for layer in distributed.layers:
         if hasattr(layer, "_training_seeds"):
