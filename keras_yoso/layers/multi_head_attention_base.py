@@ -298,6 +298,11 @@ class MultiHeadAttentionBase(keras.layers.Layer):
                              f"attention_axes={self._attention_axes}")
         return tuple(axes)
 
+    def _attention_axes_split(self, rank):
+        """(the other axes between batch and features, the attention axes) of inputs of `rank`."""
+        axes = self._normalized_attention_axes(rank)
+        return [axis for axis in range(1, rank - 1) if axis not in axes], axes
+
     # (layout, dims): each dim is "batch" / "target" (from `query`) or "source" (from `value`).
     _CALL_LAYOUTS = {
         "value": ("(batch, source_length, features)", ("batch", None, None)),
@@ -619,8 +624,7 @@ class MultiHeadAttentionBase(keras.layers.Layer):
         key = None if key is None else ops.convert_to_tensor(key)
         self._check_shapes(shape(query), shape(value), shape(value) if key is None else shape(key))
         rank = len(shape(query))
-        axes = self._normalized_attention_axes(rank)
-        others = [axis for axis in range(1, rank - 1) if axis not in axes]
+        others, axes = self._attention_axes_split(rank)
         order = [0, *others, *axes]
         query_sizes, value_sizes = ops.shape(query), ops.shape(value)
         broadcast = [query_sizes[0], *(query_sizes[a] for a in others), *(value_sizes[a] for a in axes)]
@@ -715,9 +719,7 @@ class MultiHeadAttentionBase(keras.layers.Layer):
         if cache is not None:
             return output, keras.tree.map_structure(lambda c: keras.KerasTensor(c.shape, dtype=c.dtype), cache)
         if return_attention_scores:
-            rank = len(query.shape)
-            axes = self._normalized_attention_axes(rank)
-            others = [axis for axis in range(1, rank - 1) if axis not in axes]
+            others, axes = self._attention_axes_split(len(query.shape))
             scores_shape = (query.shape[0], *(query.shape[a] for a in others), self._num_heads,
                             *(query.shape[a] for a in axes), *(value.shape[a] for a in axes))
             return output, keras.KerasTensor(scores_shape, dtype=self.compute_dtype)

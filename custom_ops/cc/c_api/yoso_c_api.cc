@@ -9,7 +9,6 @@
 #include <cstring>
 #include <exception>
 #include <string>
-#include <vector>
 
 #include "half_types.h"
 #include "openmp_spinning.h"
