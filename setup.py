@@ -62,6 +62,7 @@ sys.path.insert(0, os.path.join(HERE, "custom_ops"))
 from pep517_backend import OLDEST_JAX, TENSORFLOW_REQUIREMENT  # noqa: E402  (their one home: build and extras)
 
 TENSORFLOW_TEXT = "tensorflow-text>=2.21,<2.22"
+KERAS_HUB = "keras-hub>=0.21"  # keras_hub.layers.TransformerEncoder/Decoder, BertBackbone from Hugging Face files
 
 
 def _find_cuda():
@@ -259,7 +260,11 @@ setup(
         "torch": ["torch>=2.4"],
         # What the examples need on every backend (history.png); combine with a backend's extra.
         "examples": ["matplotlib"],
-        "test": [TENSORFLOW_REQUIREMENT, TENSORFLOW_TEXT, "pytest>=8", "hypothesis>=6.100", "matplotlib"],
+        # keras-hub models for keras_yoso.replace_attention, and the Hugging Face checkpoints
+        # (safetensors) that examples/convert_pretrained.py reads. Never needed at run time otherwise.
+        "hub": [KERAS_HUB, "safetensors"],
+        "test": [TENSORFLOW_REQUIREMENT, TENSORFLOW_TEXT, KERAS_HUB, "safetensors", "pytest>=8", "hypothesis>=6.100",
+                 "matplotlib"],
     },
     zip_safe=False,
 )

@@ -5,7 +5,11 @@ that use them load afterwards) and falls back to the `keras.ops` composite with 
 cannot be loaded. On JAX and PyTorch the ops run the same native library's CPU kernels (XLA FFI,
 torch.library) where it is built, else the composite; TensorFlow need not be installed.
 `keras_yoso.distribution.SequenceParallel` splits long sequences over devices (JAX).
+`keras_yoso.replace_attention` gives an existing model (Functional, Sequential, keras-hub) keras_yoso
+attention with its trained weights.
 """
+
+import sys
 
 from keras_yoso import _portable_optimizers  # noqa: F401  (compiled models saved on PyTorch load on every backend)
 from keras_yoso import distribution
@@ -13,11 +17,15 @@ from keras_yoso import layers
 from keras_yoso import models
 from keras_yoso import ops
 from keras_yoso._validation import check_token_ids
+from keras_yoso.conversion import replace_attention
 from keras_yoso.layers import LinearRelativeAttention
 from keras_yoso.layers import TransformerEncoderBlock
 from keras_yoso.layers import YosoAttention
 
 __version__ = "0.2.0"
+
+if "keras_hub" in sys.modules:  # registers keras_yoso.hub's layers, so converted keras-hub models load
+    from keras_yoso import hub  # noqa: F401
 
 
 def export_portable(model, filepath, **kwargs):
@@ -29,4 +37,5 @@ def export_portable(model, filepath, **kwargs):
 
 
 __all__ = ["LinearRelativeAttention", "TransformerEncoderBlock", "YosoAttention", "check_token_ids", "distribution",
-           "export_portable", "layers", "models", "ops"]
+           "export_portable", "layers", "models", "ops",
+           "replace_attention"]

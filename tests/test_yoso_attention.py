@@ -27,6 +27,23 @@ def test_causal_mask_with_expectation_raises():
                                                            use_causal_mask=True)
 
 
+def test_causal_constructor_argument_is_the_default_of_use_causal_mask():
+    rng = np.random.default_rng(4)
+    x = _inputs(rng, 2, 10, 8)
+    causal = YosoAttention(2, 4, causal=True, seed=7, **SMALL)
+    plain = YosoAttention.from_config({**causal.get_config(), "causal": False})
+    result = to_numpy(causal(x, x))
+    plain.build(x.shape, x.shape)
+    plain.set_weights(causal.get_weights())
+    np.testing.assert_array_equal(result, to_numpy(plain(x, x, use_causal_mask=True)))
+    np.testing.assert_array_equal(to_numpy(causal(x, x, use_causal_mask=False)), to_numpy(plain(x, x)))
+    assert YosoAttention.from_config(causal.get_config()).get_config()["causal"] is True
+    with pytest.raises(ValueError, match="causal=True is not implemented with use_expectation=True"):
+        YosoAttention(2, 4, causal=True, use_expectation=True)
+    with pytest.raises(ValueError, match="causal"):
+        YosoAttention(2, 4, causal="yes")
+
+
 def test_sampled_yoso_returns_the_expected_weights_as_scores_zero_on_future_keys_when_causal():
     """return_attention_scores=True without YOSO-E: the expected weights E of eq. 2 (what YOSO-E returns),
     as MultiHeadAttention code asks for them; causal: no weight on a key j > i."""

@@ -407,7 +407,15 @@ class MultiHeadAttentionBase(keras.layers.Layer):
         every row is the case query_pad = all true).
         """
         name = type(self).__name__
-        attention_mask = ops.broadcast_to(_bool_mask(attention_mask), (batch, query_length, key_length))
+        attention_mask = _bool_mask(attention_mask)
+        if _validation.static_shape(attention_mask)[1] == 1:
+            # [B, 1, S] (keras-hub's merged padding mask): a key mask broadcast over the rows is a padding
+            # mask by its shape, so nothing is checked at run time (and XLA takes it). A batch row with no
+            # key is also a padded query row, as the general split below reads it.
+            key_pad = ops.broadcast_to(attention_mask[:, 0, :], (batch, key_length))
+            query_pad = ops.broadcast_to(ops.any(key_pad, axis=1, keepdims=True), (batch, query_length))
+            return query_pad, key_pad
+        attention_mask = ops.broadcast_to(attention_mask, (batch, query_length, key_length))
         query_pad = ops.any(attention_mask, axis=2)
         key_pad = ops.any(attention_mask, axis=1)
         is_padding = ops.all(ops.equal(attention_mask, ops.logical_and(query_pad[:, :, None], key_pad[:, None, :])))

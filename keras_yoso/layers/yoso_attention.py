@@ -158,6 +158,9 @@ class YosoAttention(MultiHeadAttentionBase):
             they are loaded and can take the inputs, else the composite.
             `supports_jit` is `keras_yoso.ops.supports_jit(implementation)`:
             False only for TensorFlow's op library (no XLA kernels).
+        causal: The default of `use_causal_mask`: True makes every call causal
+            unless it passes use_causal_mask=False (as LinearRelativeAttention's
+            `causal`). Calls with a `cache` are causal either way.
 
     Call arguments:
         query: Query tensor of shape `(B, T, dim)`.
@@ -175,7 +178,8 @@ class YosoAttention(MultiHeadAttentionBase):
         training: Whether to draw fresh hash functions and apply dropout.
         use_causal_mask: If True, causal self-attention (query i attends to
             keys j <= i; `query` and `value` of the same length). Not with
-            `use_expectation=True`. Implied by `cache`.
+            `use_expectation=True`. None (default): the constructor's `causal`;
+            implied by `cache`.
         return_attention_scores: If True, also return the expected attention
             weights (YOSO-E's, whatever `use_expectation`: sampled YOSO never
             forms them, so this costs O(T * S) time and memory, as softmax
@@ -207,8 +211,10 @@ class YosoAttention(MultiHeadAttentionBase):
         backward="lower_bound",
         hash_method=_validation.DEFAULT_HASH_METHOD,
         implementation="auto",
+        causal=False,
         **kwargs,
     ):
+        self._causal = _validation.boolean(causal, "causal", layer=True)
         self._num_hashes = _validation.integer(num_hashes, "num_hashes", 1, layer=True)
         self._hash_code_len = _validation.hash_code_len(hash_code_len, cumulation=True, layer=True)
         self._use_expectation = _validation.boolean(use_expectation, "use_expectation", layer=True)
@@ -217,6 +223,9 @@ class YosoAttention(MultiHeadAttentionBase):
         self._hash_method = _validation.choice(hash_method, "hash_method", _validation.HASH_METHODS, layer=True)
         self._implementation = _validation.choice(implementation, "implementation", _validation.IMPLEMENTATIONS,
                                                   layer=True)
+        if self._causal and self._use_expectation:
+            raise ValueError("causal=True is not implemented with use_expectation=True (YOSO-E): use sampled YOSO "
+                             "(use_expectation=False), whose causal form is linear in the length.")
         # The inference hash functions are a function of the seed: drawn now when None, kept in the config.
         kwargs["seed"] = _validation.resolve_seed(kwargs.get("seed"))
         super().__init__(num_heads, key_dim, value_dim=value_dim, **kwargs)
@@ -253,6 +262,7 @@ class YosoAttention(MultiHeadAttentionBase):
             "backward": self._backward,
             "hash_method": self._hash_method,
             "implementation": self._implementation,
+            "causal": self._causal,
         }
         return {**super().get_config(), **config}
 
@@ -285,6 +295,10 @@ class YosoAttention(MultiHeadAttentionBase):
                 name="conv_kernel", shape=(self._conv_window, self._num_heads),
                 initializer=self._fresh_kernel_initializer(), regularizer=self._kernel_regularizer,
                 constraint=self._kernel_constraint, trainable=True)
+
+    def _causal_by_default(self, cache):
+        """use_causal_mask=None: the constructor's `causal`, and causal whenever the call decodes."""
+        return self._causal or cache is not None
 
     def _check_call_options(self, return_attention_scores, use_causal_mask):
         _validation.boolean(use_causal_mask, "use_causal_mask", layer=True, allow_none=True)

@@ -1,0 +1,275 @@
+"""`replace_attention`: an existing Keras model with keras_yoso attention, its trained weights kept.
+
+Every `keras.layers.MultiHeadAttention` (subclasses included) of a Functional or Sequential model,
+nested models included, becomes a keras_yoso attention with the same projections; keras-hub's
+`TransformerEncoder`/`TransformerDecoder` become `keras_yoso.hub`'s (the same layers with the
+attention swapped); keras_yoso's `TransformerEncoderBlock` takes the new attention by name. With
+`max_length`, learned position embeddings are extended as Longformer extends RoBERTa's (Beltagy et
+al. 2020, sec. 5): the trained rows are copied in order, again and again, up to the new length.
+"""
+
+import sys
+
+import keras
+import numpy as np
+from keras.src.models.functional import Functional
+
+from keras_yoso import _validation
+from keras_yoso.layers.attention_registry import attention_class
+from keras_yoso.layers.multi_head_attention_base import MultiHeadAttentionBase
+from keras_yoso.layers.transformer_encoder_block import TransformerEncoderBlock
+
+# MultiHeadAttention's constructor arguments: the replaced layer's, never `attention_kwargs`'.
+MULTI_HEAD_ATTENTION_ARGUMENTS = ("num_heads", "key_dim", "value_dim", "dropout", "use_bias", "use_gate",
+                                  "output_shape", "attention_axes", "sliding_window", "kernel_initializer",
+                                  "bias_initializer", "kernel_regularizer", "bias_regularizer",
+                                  "activity_regularizer", "kernel_constraint", "bias_constraint")
+
+
+def attention_like(layer, attention, attention_kwargs):
+    """A new, unbuilt `attention` layer with the heads, sizes, initializers, dtype and name of
+    `layer` (a `keras.layers.MultiHeadAttention` or a keras_yoso attention) and `attention_kwargs`."""
+    config = layer.get_config()
+    arguments = {key: config[key] for key in MULTI_HEAD_ATTENTION_ARGUMENTS if key in config}
+    return attention_class(attention)(**arguments, **attention_kwargs, dtype=layer.dtype_policy, name=layer.name)
+
+
+def checked_attention_kwargs(attention, attention_kwargs, name="attention_kwargs"):
+    """`attention_kwargs` as a new dict with a resolved `seed` (kept in get_config, so a layer rebuilt
+    from its config hashes as the original); ValueError naming the argument for one that belongs to
+    the replaced MultiHeadAttention, or for a value the attention refuses."""
+    if attention_kwargs is not None and not isinstance(attention_kwargs, dict):
+        raise ValueError(f"Received an invalid value for argument `{name}`: expected a dict or None. Received: "
+                         f"{name}={attention_kwargs!r}")
+    attention_kwargs = dict(attention_kwargs or {})
+    taken = sorted(set(attention_kwargs) & set(MULTI_HEAD_ATTENTION_ARGUMENTS))
+    if taken:
+        raise ValueError(f"`{name}` sets the {attention!r} attention's own arguments; {taken} come from the "
+                         f"replaced MultiHeadAttention (its trained projections fix them). Received: "
+                         f"{name}={attention_kwargs!r}")
+    attention_kwargs["seed"] = _validation.resolve_seed(attention_kwargs.get("seed"), f"{name}['seed']")
+    attention_class(attention)(num_heads=1, key_dim=1, **attention_kwargs)  # its own checks, now
+    return attention_kwargs
+
+
+
+def _keras_hub():
+    """The keras_hub module when it is imported (a model holding keras-hub layers imported it), else None."""
+    return sys.modules.get("keras_hub")
+
+
+def _position_length_key(layer):
+    """The config key holding the length of a learned position embedding (None for other layers):
+    keras-hub's PositionEmbedding and TokenAndPositionEmbedding, and a keras Embedding whose name
+    says "position" (a model's table of positions)."""
+    hub = _keras_hub()
+    if hub is not None and isinstance(layer, (hub.layers.PositionEmbedding, hub.layers.TokenAndPositionEmbedding)):
+        return "sequence_length"
+    if isinstance(layer, keras.layers.Embedding) and "position" in layer.name.lower():
+        return "input_dim"
+    return None
+
+
+def _kind(layer):
+    """How replace_attention rewrites `layer`: "attention", "hub_encoder", "hub_decoder", "block",
+    "position", "model" (a Functional or Sequential model, rewritten layer by layer) or None (copied)."""
+    if isinstance(layer, (keras.layers.MultiHeadAttention, MultiHeadAttentionBase)):
+        return "attention"
+    if isinstance(layer, TransformerEncoderBlock):
+        return "block"
+    hub = _keras_hub()
+    if hub is not None and isinstance(layer, hub.layers.TransformerEncoder):
+        return "hub_encoder"
+    if hub is not None and isinstance(layer, hub.layers.TransformerDecoder):
+        return "hub_decoder"
+    if _position_length_key(layer) is not None:
+        return "position"
+    if isinstance(layer, (Functional, keras.Sequential)):
+        return "model"
+    return None
+
+
+def _holds_attention(layer):
+    return any(isinstance(inner, (keras.layers.MultiHeadAttention, MultiHeadAttentionBase))
+               for inner in layer._flatten_layers(include_self=False, recursive=True))
+
+
+def _check_rewritable(model, where):
+    """ValueError for what replace_attention cannot rewrite: a subclassed model, or a layer that
+    creates a MultiHeadAttention in its own code (it would keep it)."""
+    if not isinstance(model, (Functional, keras.Sequential)):
+        raise ValueError(f"replace_attention rewrites Functional and Sequential models (keras-hub backbones are "
+                         f"Functional), layer by layer. {where} is a subclassed model, {type(model).__name__}, "
+                         "whose call() is Python code that creates and calls its layers: build it with "
+                         "keras_yoso.YosoAttention (or keras_yoso.LinearRelativeAttention) in place of "
+                         "MultiHeadAttention instead.")
+    for layer in model.layers:
+        kind = _kind(layer)
+        if kind == "model":
+            _check_rewritable(layer, f"layer {layer.name!r} of {where}")
+        elif kind is None and _holds_attention(layer):
+            raise ValueError(f"replace_attention cannot rewrite layer {layer.name!r} ({type(layer).__name__}) of "
+                             f"{where}: it creates a MultiHeadAttention in its own code, which replace_attention "
+                             "cannot reach (it rewrites MultiHeadAttention layers of Functional and Sequential "
+                             "models, keras-hub's TransformerEncoder and TransformerDecoder, and keras_yoso's "
+                             "TransformerEncoderBlock). Create keras_yoso.YosoAttention in that layer instead.")
+
+
+def _relative_path(variable, layer):
+    prefix = layer.path + "/"
+    return variable.path[len(prefix):] if variable.path.startswith(prefix) else variable.name
+
+
+def _extended_rows(table, length):
+    """Rows 0, 1, ..., n - 1, 0, 1, ... of `table` [n, width] up to `length` rows (Longformer's copy)."""
+    repeats = -(-length // table.shape[0])
+    return np.concatenate([table] * repeats, axis=0)[:length]
+
+
+class _Rewrite:
+    """The clone function of `keras.models.clone_model` for replace_attention, and the weight copy."""
+
+    def __init__(self, attention, attention_kwargs, max_length):
+        self.attention = attention
+        self.attention_kwargs = attention_kwargs
+        self.seed = attention_kwargs.pop("seed")
+        self.max_length = max_length
+        self.pairs = []  # (old layer, new layer, kind)
+
+    def _kwargs(self):
+        # One seed per replaced layer, so the layers hash with different functions: seed, seed + 1, ...
+        return {**self.attention_kwargs, "seed": (self.seed + len(self.pairs)) % 2 ** 31}
+
+    def clone(self, layer):
+        config = layer.get_config()
+        if not isinstance(layer, keras.layers.Layer):  # an operation of the graph (e.g. x[:, 0]): no weights
+            return layer.__class__.from_config(config)
+        kind = _kind(layer)
+        if kind == "attention":
+            new = attention_like(layer, self.attention, self._kwargs())
+        elif kind in ("hub_encoder", "hub_decoder"):
+            from keras_yoso import hub
+
+            cls = hub.TransformerEncoder if kind == "hub_encoder" else hub.TransformerDecoder
+            config = {key: value for key, value in config.items() if key not in ("attention", "attention_kwargs")}
+            new = cls.from_config({**config, "attention": self.attention, "attention_kwargs": self._kwargs()})
+        elif kind == "block":
+            kept = {key: value for key, value in config["attention_kwargs"].items()
+                    if key in MULTI_HEAD_ATTENTION_ARGUMENTS}
+            new = TransformerEncoderBlock.from_config(
+                {**config, "attention": self.attention, "attention_kwargs": {**kept, **self._kwargs()}})
+        else:
+            if kind == "position" and self.max_length is not None:
+                config[_position_length_key(layer)] = self.max_length
+            new = layer.__class__.from_config(config)
+        self.pairs.append((layer, new, kind))
+        return new
+
+    def copy_weights(self):
+        """Each new layer takes its original's weights by path. Weights only the new attention has (YOSO's
+        hash functions, LinearRelativeAttention's relative positions) keep their initial values; a trained
+        weight with no place in the new layer is an error, never dropped."""
+        for old, new, kind in self.pairs:
+            sources = {_relative_path(v, old): v for v in old.weights}
+            used = set()
+            for variable in new.weights:
+                path = _relative_path(variable, new)
+                source = sources.get(path)
+                if source is None:
+                    if kind in ("attention", "hub_encoder", "hub_decoder", "block"):
+                        continue
+                    raise ValueError(f"replace_attention: layer {new.name!r} has a weight {path!r} that "
+                                     f"{old.name!r} lacks.")
+                used.add(path)
+                value = keras.ops.convert_to_numpy(source.value)
+                if tuple(value.shape) != tuple(variable.shape):
+                    if kind != "position" or value.ndim != 2 or value.shape[1] != variable.shape[1]:
+                        raise ValueError(f"replace_attention: weight {path!r} of layer {old.name!r} has shape "
+                                         f"{value.shape}, its replacement {tuple(variable.shape)}.")
+                    value = _extended_rows(value, variable.shape[0])
+                variable.assign(value)
+            lost = sorted(path for path, v in sources.items() if path not in used and v.trainable)
+            if lost:
+                raise ValueError(f"replace_attention: the trained weights {lost} of layer {old.name!r} "
+                                 f"({type(old).__name__}) have no place in its replacement {type(new).__name__}.")
+
+
+def _learned_length(model):
+    """The one length of the model's learned position embeddings (None without any); ValueError when
+    they disagree."""
+    lengths = {}
+    for layer in model._flatten_layers(include_self=False, recursive=True):
+        key = _position_length_key(layer)
+        if key is not None:
+            lengths[layer.name] = layer.get_config()[key]
+    if len(set(lengths.values())) > 1:
+        raise ValueError(f"replace_attention(max_length=...) extends the model's learned positions to one new "
+                         f"length, but they have different lengths: {lengths}.")
+    return next(iter(lengths.values()), None)
+
+
+def replace_attention(model, attention="yoso", max_length=None, **attention_kwargs):
+    """A new model: `model` with keras_yoso attention in place of MultiHeadAttention, weights carried over.
+
+    Every `keras.layers.MultiHeadAttention` (and subclass, e.g. keras-hub's
+    `CachedMultiHeadAttention`) of a Functional or Sequential model, in nested models too, becomes
+    `attention` with the same num_heads, key_dim, value_dim, use_bias, use_gate, output_shape,
+    attention_axes, dropout, name and trained projection weights. keras-hub's `TransformerEncoder`
+    and `TransformerDecoder` (e.g. the layers of a `BertBackbone`) become `keras_yoso.hub`'s, whose
+    attentions are replaced the same way (the decoder's causal mask becomes the attention's causal
+    form); keras_yoso's `TransformerEncoderBlock` takes the new attention by name. Every other layer
+    is copied with its weights; `model` is left unchanged. A compiled model's clone is compiled alike.
+
+    Args:
+        model: A Functional or Sequential `keras.Model` (keras-hub backbones are Functional). A
+            subclassed model, or a layer that creates a MultiHeadAttention in its own code, raises
+            ValueError naming it: its attention cannot be reached.
+        attention: "yoso" (`YosoAttention`) or "linear_relative" (`LinearRelativeAttention`), or
+            another name of `keras_yoso.layers.attention_registry`.
+        max_length: None, or the new number of learned positions: keras-hub's `PositionEmbedding`
+            and `TokenAndPositionEmbedding` and any `keras.layers.Embedding` whose name contains
+            "position" get `max_length` rows, the trained rows copied in order and repeated
+            (Longformer, sec. 5; a shorter length keeps the first rows), and inputs whose length
+            axis (axis 1) was the old number of positions get `max_length`.
+        **attention_kwargs: The new attention's own arguments (e.g. `num_hashes`, `hash_code_len`,
+            `use_expectation` for YOSO; `max_relative_position`, `causal` for LinearRelative). The
+            replaced layer's arguments (num_heads, key_dim, ...) cannot be set here. With `seed=s`,
+            the replaced layers get seeds s, s + 1, ... in model order (s drawn now when absent).
+
+    Returns:
+        A new Functional (or Sequential) model. A keras-hub backbone comes back as a Functional model
+        with the same inputs and outputs (no longer of its backbone class). Weights the new attention
+        has and MultiHeadAttention lacks (YOSO's `hash_functions`, LinearRelativeAttention's relative
+        position embeddings) start from their initializers.
+    """
+    if not isinstance(model, keras.Model):
+        raise ValueError(f"replace_attention expects a keras.Model as `model`. Received: {type(model).__name__}")
+    attention_class(attention)
+    max_length = _validation.integer(max_length, "max_length", 1, allow_none=True)
+    attention_kwargs = checked_attention_kwargs(attention, attention_kwargs, "attention_kwargs")
+    _check_rewritable(model, f"model {model.name!r}")
+    if not any(_kind(layer) in ("attention", "hub_encoder", "hub_decoder", "block")
+               for layer in model._flatten_layers(include_self=False, recursive=True)):
+        raise ValueError(f"replace_attention found no MultiHeadAttention in model {model.name!r} (nor a keras-hub "
+                         "TransformerEncoder/TransformerDecoder or keras_yoso TransformerEncoderBlock).")
+    input_tensors = None
+    if max_length is not None:
+        old_length = _learned_length(model)
+        if old_length is None:
+            raise ValueError(f"replace_attention(max_length={max_length}) extends learned position embeddings, and "
+                             f"model {model.name!r} has none (keras-hub PositionEmbedding or "
+                             "TokenAndPositionEmbedding, or a keras Embedding named '...position...').")
+
+        def resized(tensor):
+            shape = tuple(tensor.shape)
+            if len(shape) >= 2 and shape[1] == old_length:
+                shape = (shape[0], max_length, *shape[2:])
+            return keras.Input(batch_shape=shape, dtype=tensor.dtype, name=tensor.name)
+
+        if isinstance(model, Functional):
+            input_tensors = keras.tree.map_structure(resized, model.input)
+    rewrite = _Rewrite(attention, attention_kwargs, max_length)
+    new_model = keras.models.clone_model(model, input_tensors=input_tensors, clone_function=rewrite.clone,
+                                         recursive=True)
+    rewrite.copy_weights()
+    return new_model
