@@ -117,6 +117,18 @@ class Batches(keras.utils.PyDataset):
         labels[:len(members)] = self.labels[members]
         return ids, labels
 
+    def keras_input(self):
+        """What `fit`, `evaluate` and `predict` take: these batches, or on TensorFlow a tf.data.Dataset of
+        them whose signature leaves the length free. (Keras would infer a PyDataset's signature from its
+        first two batches and then refuse a batch of another bucket's length.)"""
+        if keras.backend.backend() != "tensorflow":
+            return self
+        import tensorflow as tf
+
+        signature = (tf.TensorSpec((None, None), tf.int32), tf.TensorSpec((None,), tf.int32))
+        dataset = tf.data.Dataset.from_generator(lambda: (self[i] for i in range(len(self))), output_signature=signature)
+        return dataset.apply(tf.data.experimental.assert_cardinality(len(self)))
+
     def real_rows(self, item):
         """How many rows of item `item` are examples (the rest: padding rows of evaluation on a mesh)."""
         step = self.first_step + item

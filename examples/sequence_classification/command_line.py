@@ -42,18 +42,25 @@ def add_model_arguments(parser, *, lra_task, max_length, hash_code_len, num_hash
                             "embeddings. Default: %(default)s")
     model.add_argument("--max-length", type=int, default=max_length,
                        help="tokens kept per sequence (longer ones are truncated). Default: %(default)s")
+    add_training_arguments(parser, lra_preset=lra_preset)
+
+
+def add_training_arguments(parser, *, lra_preset=None, batch_size=32, learning_rate=1e-4, export=True):
+    """Adds the training and run options of training.train_and_export (with --preset lra when
+    `lra_preset` is given; --export when `export`, else no SavedModel is written)."""
     train = parser.add_argument_group("training")
-    train.add_argument("--preset", choices=("lra",), default=None,
-                       help="lra: the paper's LRA training of this task, appendix Table 4: "
-                            + ", ".join(f"{key.replace('_', '-')} {value}" for key, value in lra_preset.items())
-                            + ". Explicit options still win.")
+    if lra_preset is not None:
+        train.add_argument("--preset", choices=("lra",), default=None,
+                           help="lra: the paper's LRA training of this task, appendix Table 4: "
+                                + ", ".join(f"{key.replace('_', '-')} {value}" for key, value in lra_preset.items())
+                                + ". Explicit options still win.")
     train.add_argument("--steps", type=int, default=None,
                        help="optimizer steps in all (batches). Default: --epochs passes over the training split")
     train.add_argument("--epochs", type=int, default=1, help="passes over the training split when --steps is not "
                                                              "given. Default: %(default)s")
-    train.add_argument("--batch-size", type=int, default=32,
+    train.add_argument("--batch-size", type=int, default=batch_size,
                        help="Default: %(default)s (the LRA value of Table 4 is 32: --preset lra)")
-    train.add_argument("--learning-rate", type=float, default=1e-4,
+    train.add_argument("--learning-rate", type=float, default=learning_rate,
                        help="peak Adam learning rate, linear warmup then linear decay to 0. "
                             "Default: %(default)s (the LRA value of Table 4 is 1e-4: --preset lra)")
     train.add_argument("--warmup-steps", type=int, default=None,
@@ -78,11 +85,14 @@ def add_model_arguments(parser, *, lra_task, max_length, hash_code_len, num_hash
     run.add_argument("--output-dir", default=None,
                      help="where model.keras, metrics.json, history.png and (TensorFlow) saved_model/ go. "
                           "Default: runs/<task>-<attention>-<Keras backend>")
-    run.add_argument("--export", choices=("portable", "custom_op", "none"), default="portable",
-                     help="TensorFlow backend: the SavedModel of raw strings. portable: YOSO runs on the composite "
-                          "in the graph, so it serves with TensorFlow and tensorflow-text alone (no keras_yoso); "
-                          "custom_op: the C++ kernels, faster, and the serving process must `import keras_yoso` "
-                          "before loading (docs/benchmarks.md measures both). Default: %(default)s")
+    if export:
+        run.add_argument("--export", choices=("portable", "custom_op", "none"), default="portable",
+                         help="TensorFlow backend: the SavedModel of raw strings. portable: YOSO runs on the composite "
+                              "in the graph, so it serves with TensorFlow and tensorflow-text alone (no keras_yoso); "
+                              "custom_op: the C++ kernels, faster, and the serving process must `import keras_yoso` "
+                              "before loading (docs/benchmarks.md measures both). Default: %(default)s")
+    else:
+        parser.set_defaults(export="none")
     run.add_argument("--verbose", action="store_true", help="keep TensorFlow's C++ start-up logs")
 
 
@@ -93,23 +103,31 @@ def default_output_dir(task, attention):
 
 def check_model_arguments(parser, args):
     """parser.error() naming the first option with an invalid value."""
-    positive = ("num_hashes", "hash_code_len", "num_layers", "hidden_dim", "ffn_dim", "num_heads", "max_length",
-                "epochs", "batch_size")
-    for name in positive + ("steps", "eval_every", "stop_after_steps"):
-        value = getattr(args, name)
-        if value is not None and value < 1:
-            parser.error(f"--{name.replace('_', '-')} must be >= 1, got {value}")
+    for name in ("num_hashes", "hash_code_len", "num_layers", "hidden_dim", "ffn_dim", "num_heads", "max_length"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    check_training_arguments(parser, args)
     if args.conv_window is not None and args.conv_window < 1:
         parser.error(f"--conv-window must be >= 1, got {args.conv_window}")
     if args.conv_window is not None and args.attention != "yoso":
         parser.error(f"--conv-window (YOSO-C) needs --attention yoso, got --attention {args.attention}")
     if args.hidden_dim % args.num_heads:
         parser.error(f"--hidden-dim {args.hidden_dim} must be a multiple of --num-heads {args.num_heads}")
-    for name in ("dropout", "validation_fraction", "warmup_fraction"):
-        if not 0.0 <= getattr(args, name) < 1.0:
-            parser.error(f"--{name.replace('_', '-')} must be in [0, 1), got {getattr(args, name)}")
+    if not 0.0 <= args.dropout < 1.0:
+        parser.error(f"--dropout must be in [0, 1), got {args.dropout}")
     if args.embedding_scale <= 0:
         parser.error(f"--embedding-scale must be > 0, got {args.embedding_scale}")
+
+
+def check_training_arguments(parser, args):
+    """parser.error() naming the first training or run option with an invalid value."""
+    for name in ("epochs", "batch_size", "steps", "eval_every", "stop_after_steps"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            parser.error(f"--{name.replace('_', '-')} must be >= 1, got {value}")
+    for name in ("validation_fraction", "warmup_fraction"):
+        if not 0.0 <= getattr(args, name) < 1.0:
+            parser.error(f"--{name.replace('_', '-')} must be in [0, 1), got {getattr(args, name)}")
     if args.learning_rate <= 0:
         parser.error(f"--learning-rate must be > 0, got {args.learning_rate}")
     if args.warmup_steps is not None and args.warmup_steps < 0:
@@ -122,7 +140,7 @@ def parse_args(parser, argv, lra_preset):
     """Parsed arguments, with --preset lra filling the options not given explicitly; parser.error()
     (exit 2) naming the first invalid option."""
     args = parser.parse_args(argv)
-    if args.preset == "lra":
+    if getattr(args, "preset", None) == "lra":
         parser.set_defaults(**lra_preset)
         args = parser.parse_args(argv)
     check_model_arguments(parser, args)

@@ -10,9 +10,9 @@ def evaluate(classifier, batches):
     loss of keras.losses.sparse_categorical_crossentropy (probabilities clipped to [1e-7, 1 - 1e-7])."""
     callbacks = [_OneStepInFlight()] if keras.distribution.distribution() is not None else []
     if batches.row_multiple == 1:
-        loss, accuracy = classifier.evaluate(batches, verbose=0, callbacks=callbacks)
+        loss, accuracy = classifier.evaluate(batches.keras_input(), verbose=0, callbacks=callbacks)
         return float(loss), float(accuracy)
-    probabilities = classifier.predict(batches, verbose=0, callbacks=callbacks)
+    probabilities = classifier.predict(batches.keras_input(), verbose=0, callbacks=callbacks)
     rows, labels, offset = [], [], 0
     for item in range(len(batches)):
         batch_labels, real = batches[item][1], batches.real_rows(item)

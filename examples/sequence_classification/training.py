@@ -19,22 +19,23 @@ from .outputs import RunResult, finish_run
 from .progress import IntervalMetrics, ProgressLines, process_cpu_seconds, progress_every
 
 
-def train_and_export(task, args, tokenizer, class_names, train, validation, test):
+def train_and_export(task, args, tokenizer, class_names, train, validation, test, build=None):
     """Trains (resuming from --checkpoint-dir), evaluates on `test` once --steps are done, writes the
     outputs to `args.output_dir`; a RunResult (finished=False when --stop-after-steps stopped it).
 
     With --mesh, all of it (building or loading the model, training, evaluation, saving) runs
     under its `keras_yoso.distribution.SequenceParallel` (`mesh_distribution`); the returned
     classifier's variables stay on the mesh's devices (call it under that distribution, or load
-    model.keras, which any process can use without one)."""
+    model.keras, which any process can use without one). `build`: a function returning the uncompiled
+    classifier (token ids `[batch, length]` -> class probabilities); default: model.build_classifier."""
     distribution = mesh_distribution(args)
     if distribution is None:
-        return _train_and_export(task, args, tokenizer, class_names, train, validation, test)
+        return _train_and_export(task, args, tokenizer, class_names, train, validation, test, build)
     with distribution.scope():
-        return _train_and_export(task, args, tokenizer, class_names, train, validation, test)
+        return _train_and_export(task, args, tokenizer, class_names, train, validation, test, build)
 
 
-def _train_and_export(task, args, tokenizer, class_names, train, validation, test):
+def _train_and_export(task, args, tokenizer, class_names, train, validation, test, build):
     keras.utils.set_random_seed(args.seed)
     os.makedirs(args.output_dir, exist_ok=True)
     encoded = {name: tokenizer.encode(split.texts) for name, split in
@@ -47,7 +48,7 @@ def _train_and_export(task, args, tokenizer, class_names, train, validation, tes
 
     classifier, state = checkpoint.load()
     if classifier is None:
-        classifier = build_classifier(tokenizer.vocab_size, len(class_names), args)
+        classifier = build() if build else build_classifier(tokenizer.vocab_size, len(class_names), args)
         schedule = LinearWarmupLinearDecay(args.learning_rate, args.warmup_steps, args.steps)
         classifier.compile(optimizer=DenseGradientAdam(schedule), loss="sparse_categorical_crossentropy",
                            metrics=["accuracy"], jit_compile="auto")
@@ -75,7 +76,8 @@ def _train_and_export(task, args, tokenizer, class_names, train, validation, tes
         callbacks = [interval]
         if not interactive:
             callbacks.append(ProgressLines(state["step"], args.steps, progress_every(args)))
-        classifier.fit(batches, epochs=1, shuffle=False, callbacks=callbacks, verbose=1 if interactive else 0)
+        classifier.fit(batches.keras_input(), epochs=1, shuffle=False, callbacks=callbacks,
+                       verbose=1 if interactive else 0)
         state["train_seconds"] += time.perf_counter() - start
         state["train_cpu_seconds"] += process_cpu_seconds() - start_cpu
         state["step"] = until

