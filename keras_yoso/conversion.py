@@ -4,8 +4,9 @@ Every `keras.layers.MultiHeadAttention` (subclasses included) of a Functional or
 nested models included, becomes a keras_yoso attention with the same projections; keras-hub's
 `TransformerEncoder`/`TransformerDecoder` become `keras_yoso.hub`'s (the same layers with the
 attention swapped); keras_yoso's `TransformerEncoderBlock` takes the new attention by name. With
-`max_length`, learned position embeddings are extended as Longformer extends RoBERTa's (Beltagy et
-al. 2020, sec. 5): the trained rows are copied in order, again and again, up to the new length.
+`max_length`, learned position embeddings are extended as Longformer extended RoBERTa's (Beltagy et
+al. 2020; the long-sequence survey, "Longformer": "initialized by copying the 512 positional
+embeddings from RoBERTa eight times"): the trained rows are copied in order, again and again.
 """
 
 import sys
@@ -126,6 +127,9 @@ def _extended_rows(table, length):
     return np.concatenate([table] * repeats, axis=0)[:length]
 
 
+_REPLACED = ("attention", "hub_encoder", "hub_decoder", "block")  # the kinds whose attention is replaced
+
+
 class _Rewrite:
     """The clone function of `keras.models.clone_model` for replace_attention, and the weight copy."""
 
@@ -166,17 +170,19 @@ class _Rewrite:
         return new
 
     def copy_weights(self):
-        """Each new layer takes its original's weights by path. Weights only the new attention has (YOSO's
-        hash functions, LinearRelativeAttention's relative positions) keep their initial values; a trained
-        weight with no place in the new layer is an error, never dropped."""
+        """Each new layer takes its original's trained weights by path. The replaced attentions' own weights
+        (YOSO's hash functions, drawn from the new seed; LinearRelativeAttention's relative positions) keep
+        their initial values; a trained weight with no place in the new layer is an error, never dropped."""
         for old, new, kind in self.pairs:
             sources = {_relative_path(v, old): v for v in old.weights}
             used = set()
             for variable in new.weights:
+                if kind in _REPLACED and not variable.trainable:
+                    continue  # the new attention's own state (YOSO's hash functions): from its seed
                 path = _relative_path(variable, new)
                 source = sources.get(path)
                 if source is None:
-                    if kind in ("attention", "hub_encoder", "hub_decoder", "block"):
+                    if kind in _REPLACED:
                         continue
                     raise ValueError(f"replace_attention: layer {new.name!r} has a weight {path!r} that "
                                      f"{old.name!r} lacks.")
@@ -229,8 +235,8 @@ def replace_attention(model, attention="yoso", max_length=None, **attention_kwar
         max_length: None, or the new number of learned positions: keras-hub's `PositionEmbedding`
             and `TokenAndPositionEmbedding` and any `keras.layers.Embedding` whose name contains
             "position" get `max_length` rows, the trained rows copied in order and repeated
-            (Longformer, sec. 5; a shorter length keeps the first rows), and inputs whose length
-            axis (axis 1) was the old number of positions get `max_length`.
+            (Longformer's initialization; a shorter length keeps the first rows), and a Functional model's
+            inputs whose length axis (axis 1) was the old number of positions get `max_length`.
         **attention_kwargs: The new attention's own arguments (e.g. `num_hashes`, `hash_code_len`,
             `use_expectation` for YOSO; `max_relative_position`, `causal` for LinearRelative). The
             replaced layer's arguments (num_heads, key_dim, ...) cannot be set here. With `seed=s`,
@@ -248,7 +254,7 @@ def replace_attention(model, attention="yoso", max_length=None, **attention_kwar
     max_length = _validation.integer(max_length, "max_length", 1, allow_none=True)
     attention_kwargs = checked_attention_kwargs(attention, attention_kwargs, "attention_kwargs")
     _check_rewritable(model, f"model {model.name!r}")
-    if not any(_kind(layer) in ("attention", "hub_encoder", "hub_decoder", "block")
+    if not any(_kind(layer) in _REPLACED
                for layer in model._flatten_layers(include_self=False, recursive=True)):
         raise ValueError(f"replace_attention found no MultiHeadAttention in model {model.name!r} (nor a keras-hub "
                          "TransformerEncoder/TransformerDecoder or keras_yoso TransformerEncoderBlock).")

@@ -287,3 +287,15 @@ def test_keras_hub_encoder_decoder_with_cross_attention_and_token_position_embed
     assert converted.get_layer("embed").get_config()["sequence_length"] == 20
     long_ids = [np.random.default_rng(s).integers(1, 50, (2, 20)) for s in (1, 2)]
     assert to_numpy(converted(long_ids)).shape == (2, 20, WIDTH)
+
+
+def test_a_yoso_model_converts_again_with_other_hash_settings_keeping_its_projections():
+    inputs = keras.Input((LENGTH, WIDTH))
+    model = keras.Model(inputs, YosoAttention(2, 8, num_hashes=4, name="attention")(inputs, inputs))
+    model(_features()[0])
+    converted = replace_attention(model, "yoso", num_hashes=8)
+    old, new = _weights_by_path(model.get_layer("attention")), _weights_by_path(converted.get_layer("attention"))
+    assert converted.get_layer("attention").num_hashes == 8
+    assert not np.array_equal(new["hash_functions"], old["hash_functions"])  # drawn from the new layer's seed
+    for path in ("query/kernel", "key/kernel", "value/kernel", "attention_output/kernel"):
+        np.testing.assert_array_equal(new[path], old[path])
