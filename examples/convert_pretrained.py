@@ -23,7 +23,8 @@ tokenizer.json or vocab.txt. Nothing is downloaded at run time. The script
     softmax  the same pretrained model as it is (softmax attention), inputs truncated to its 512 positions
     scratch  the YOSO model of `yoso` with random weights (no pretraining)
 docs/results.md compares them ("Pretrained BERT converted to YOSO"; benchmarks/convert_pretrained.py
-runs the comparison). Runs on TensorFlow, JAX and PyTorch (KERAS_BACKEND).
+runs the comparison, and with --fidelity measures the converted models before fine-tuning). Runs on
+TensorFlow, JAX and PyTorch (KERAS_BACKEND).
 """
 
 import argparse
