@@ -86,46 +86,10 @@ def plot(records, learning_rates, path, title):
 
 
 def fidelity(args):
-    """Before any fine-tuning: how close the converted model's sentence embeddings (the mean of its token
-    vectors, as sentence-transformers pools) are to the pretrained softmax model's, on --fidelity
-    texts (IMDB test reviews with --data-dir, else built-in documents) cut to 512 tokens. Rows: YOSO at
-    a few (m, tau), and YOSO-E (the expectation, no sampling). Prints the mean cosine similarity."""
-    sys.path.insert(0, os.path.dirname(EXAMPLE))
-    import convert_pretrained  # imports Keras first (quietly), then keras_hub below
-    import keras
-    import keras_hub
-    import numpy as np
-
-    import keras_yoso
-
-    if args.data_dir:
-        texts = convert_pretrained.load_imdb(args.data_dir)[1].texts[:args.fidelity]
-    else:
-        texts = convert_pretrained.long_range_data.generate_documents(args.fidelity, 0, length=510)[0]
-    ids = convert_pretrained.PretrainedTokenizer(args.pretrained, 512).encode(texts)
-    backbone = keras_hub.models.BertBackbone.from_preset(args.pretrained)
-
-    def embeddings(model):
-        rows = []
-        for row in ids:
-            out = model({"token_ids": row[None], "segment_ids": np.zeros_like(row[None]),
-                         "padding_mask": np.ones_like(row[None], bool)})["sequence_output"]
-            rows.append(keras.ops.convert_to_numpy(out)[0].mean(axis=0))
-        rows = np.stack(rows)
-        return rows / np.linalg.norm(rows, axis=1, keepdims=True)
-
-    reference = embeddings(backbone)
-    settings = [("YOSO m=32, tau=8", dict(num_hashes=32, hash_code_len=8)),
-                ("YOSO m=32, tau=6", dict(num_hashes=32, hash_code_len=6)),
-                ("YOSO m=128, tau=8", dict(num_hashes=128, hash_code_len=8)),
-                ("YOSO-E tau=8 (expectation)", dict(use_expectation=True, hash_code_len=8))]
-    print(f"| converted attention | mean cosine to softmax's embedding ({len(ids)} texts, <= 512 tokens) |")
-    print("| --- | ---: |")
-    for name, kwargs in settings:
-        converted = keras_yoso.replace_attention(backbone, "yoso", seed=0, **kwargs)
-        print(f"| {name} | {float(np.mean(np.sum(embeddings(converted) * reference, axis=1))):.3f} |", flush=True)
-    shuffled = np.roll(reference, 1, axis=0)
-    print(f"| (softmax, another text's embedding) | {float(np.mean(np.sum(shuffled * reference, axis=1))):.3f} |")
+    """examples/convert_pretrained.py --fidelity: the converted models before any fine-tuning."""
+    command = [sys.executable, EXAMPLE, "--pretrained", args.pretrained, "--fidelity", str(args.fidelity)]
+    subprocess.run(command + (["--data-dir", args.data_dir] if args.data_dir else []), check=True,
+                   cwd=os.path.dirname(EXAMPLE))
 
 
 def main(argv=None):

@@ -110,6 +110,47 @@ def load_task(args, length):
     return "imdb", IMDB_CLASS_NAMES, pick(train, args.train_examples), pick(test, args.test_examples)
 
 
+def report_fidelity(args):
+    """--fidelity N: before any fine-tuning, how close the converted model's sentence embeddings (the
+    mean of its token vectors, as sentence-transformers pools) are to the pretrained softmax model's,
+    on N texts (IMDB test reviews with --data-dir, else built-in documents) cut to its positions
+    (512). Rows: YOSO at a few (m, tau), and YOSO-E (the expectation, no sampling). Prints the mean
+    cosine similarity."""
+    import keras_hub
+
+    import keras_yoso
+
+    backbone = keras_hub.models.BertBackbone.from_preset(args.pretrained)
+    length = backbone.max_sequence_length  # the pretrained model's own context
+    if args.data_dir:
+        texts = load_imdb(args.data_dir)[1].texts[:args.fidelity]
+    else:
+        texts = long_range_data.generate_documents(args.fidelity, 0, length=length - 2)[0]
+    ids = PretrainedTokenizer(args.pretrained, length).encode(texts)
+
+    def embeddings(model):
+        rows = []
+        for row in ids:
+            out = model({"token_ids": row[None], "segment_ids": np.zeros_like(row[None]),
+                         "padding_mask": np.ones_like(row[None], bool)})["sequence_output"]
+            rows.append(keras.ops.convert_to_numpy(out)[0].mean(axis=0))
+        rows = np.stack(rows)
+        return rows / np.linalg.norm(rows, axis=1, keepdims=True)
+
+    reference = embeddings(backbone)
+    settings = [("YOSO m=32, tau=8", dict(num_hashes=32, hash_code_len=8)),
+                ("YOSO m=32, tau=6", dict(num_hashes=32, hash_code_len=6)),
+                ("YOSO m=128, tau=8", dict(num_hashes=128, hash_code_len=8)),
+                ("YOSO-E tau=8 (expectation)", dict(use_expectation=True, hash_code_len=8))]
+    print(f"| converted attention | mean cosine to softmax's embedding ({len(ids)} texts, <= {length} tokens) |")
+    print("| --- | ---: |")
+    for name, kwargs in settings:
+        converted = keras_yoso.replace_attention(backbone, "yoso", seed=0, **kwargs)
+        print(f"| {name} | {float(np.mean(np.sum(embeddings(converted) * reference, axis=1))):.3f} |", flush=True)
+    shuffled = np.roll(reference, 1, axis=0)
+    print(f"| (softmax, another text's embedding) | {float(np.mean(np.sum(shuffled * reference, axis=1))):.3f} |")
+
+
 def parse_args(argv):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -129,11 +170,14 @@ def parse_args(argv):
     parser.add_argument("--train-examples", type=int, default=512,
                         help="training documents (then --validation-fraction of them held out). Default: %(default)s")
     parser.add_argument("--test-examples", type=int, default=256, help="Default: %(default)s")
+    parser.add_argument("--fidelity", type=int, default=None, metavar="N",
+                        help="instead of training: print how close the converted models' embeddings are to the "
+                             "pretrained softmax model's on N texts (before fine-tuning), then exit")
     add_training_arguments(parser, batch_size=8, learning_rate=5e-5, export=False)
     args = parser.parse_args(argv)
     check_training_arguments(parser, args)
-    for name in ("max_length", "num_hashes", "hash_code_len", "train_examples", "test_examples"):
-        if getattr(args, name) < 1:
+    for name in ("max_length", "num_hashes", "hash_code_len", "train_examples", "test_examples", "fidelity"):
+        if getattr(args, name) is not None and getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     if not os.path.exists(os.path.join(args.pretrained, "config.json")):
         parser.error(f"--pretrained {args.pretrained} holds no config.json (a Hugging Face checkpoint folder)")
@@ -143,6 +187,9 @@ def parse_args(argv):
 def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
     import keras_yoso.hub  # noqa: F401  (registers the converted layers: checkpoints and model.keras load)
+
+    if args.fidelity:
+        return report_fidelity(args)
 
     backbone = load_backbone(args)
     task, class_names, train, test = load_task(args, args.max_length)  # the same documents in every mode

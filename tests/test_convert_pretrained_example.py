@@ -114,6 +114,14 @@ def test_pretrained_tokenizer_gives_cls_words_sep_truncated(checkpoint):
     assert len(ids[1]) == 6 and ids[1][-1] == 3
 
 
+def test_fidelity_prints_the_cosine_of_each_converted_attention_to_softmax(checkpoint, capsys):
+    directory, _ = checkpoint
+    convert_pretrained.main(["--pretrained", directory, "--fidelity", "3"])
+    rows = {line.split("|")[1].strip(): float(line.split("|")[2]) for line in capsys.readouterr().out.splitlines()
+            if line.startswith("| YOSO") or line.startswith("| (softmax")}
+    assert len(rows) == 5 and all(-1.0 <= value <= 1.0 for value in rows.values())
+
+
 def test_bad_options_are_refused_naming_the_option(checkpoint, tmp_path, capsys):
     directory, _ = checkpoint
     with pytest.raises(SystemExit):
