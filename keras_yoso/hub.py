@@ -16,9 +16,9 @@ import keras
 import keras_hub
 from keras_hub.src.layers.modeling.transformer_layer_utils import merge_padding_and_attention_mask
 
-from keras_yoso.conversion import attention_like
-from keras_yoso.conversion import checked_attention_kwargs
 from keras_yoso.layers.attention_registry import attention_class
+from keras_yoso.layers.attention_registry import attention_like
+from keras_yoso.layers.attention_registry import checked_attention_kwargs
 
 def _replace_sublayer(owner, attribute, attention, attention_kwargs, query_shape, value_shape):
     """Puts an `attention` layer like `owner.<attribute>` (built by keras-hub) in its place, built."""

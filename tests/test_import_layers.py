@@ -12,6 +12,7 @@ PACKAGE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "keras_
 # Roles from the top down (docs/architecture.md): a module's role is the first prefix that matches it.
 ROLES = [
     ("package", ["keras_yoso"]),
+    ("conversion", ["keras_yoso.conversion", "keras_yoso.hub"]),
     ("models", ["keras_yoso.models"]),
     ("layers", ["keras_yoso.layers"]),
     ("public ops", ["keras_yoso.ops", "keras_yoso.ops.yoso", "keras_yoso.ops.hashing",
