@@ -20,6 +20,7 @@ from keras_yoso.layers.attention_registry import attention_class
 from keras_yoso.layers.attention_registry import attention_like
 from keras_yoso.layers.attention_registry import checked_attention_kwargs
 
+
 def _replace_sublayer(owner, attribute, attention, attention_kwargs, query_shape, value_shape):
     """Puts an `attention` layer like `owner.<attribute>` (built by keras-hub) in its place, built."""
     old = getattr(owner, attribute)
