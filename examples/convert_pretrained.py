@@ -35,8 +35,8 @@ import sys
 import numpy as np
 
 from sequence_classification import (PAD_ID, MaskedMeanPooling, Split,  # imports Keras first, quietly
-                                     add_training_arguments, check_training_arguments, hold_out,
-                                     train_and_export)
+                                     add_training_arguments, check_positive_arguments, check_training_arguments,
+                                     hold_out, train_and_export)
 
 import keras  # noqa: E402,I100
 import long_range_data  # noqa: E402
@@ -176,9 +176,8 @@ def parse_args(argv):
     add_training_arguments(parser, batch_size=8, learning_rate=5e-5, export=False)
     args = parser.parse_args(argv)
     check_training_arguments(parser, args)
-    for name in ("max_length", "num_hashes", "hash_code_len", "train_examples", "test_examples", "fidelity"):
-        if getattr(args, name) is not None and getattr(args, name) < 1:
-            parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    check_positive_arguments(parser, args, ("max_length", "num_hashes", "hash_code_len", "train_examples",
+                                            "test_examples", "fidelity"))
     if not os.path.exists(os.path.join(args.pretrained, "config.json")):
         parser.error(f"--pretrained {args.pretrained} holds no config.json (a Hugging Face checkpoint folder)")
     return args

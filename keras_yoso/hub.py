@@ -83,15 +83,18 @@ class TransformerDecoder(_ReplacedAttention, keras_hub.layers.TransformerDecoder
 
     def build(self, decoder_sequence_shape, encoder_sequence_shape=None):
         super().build(decoder_sequence_shape, encoder_sequence_shape)
-        # Softmax ("softmax", a MultiHeadAttention) keeps keras-hub's causal mask and caches; the others are
-        # built causal.
-        self._causal_attention = not issubclass(attention_class(self.attention), keras.layers.MultiHeadAttention)
         causal = {"causal": True} if self._causal_attention else {}
         _replace_sublayer(self, "_self_attention_layer", self.attention, {**self.attention_kwargs, **causal},
                           decoder_sequence_shape, decoder_sequence_shape)
         if self._cross_attention_layer is not None:
             _replace_sublayer(self, "_cross_attention_layer", self.attention, self.attention_kwargs,
                               decoder_sequence_shape, encoder_sequence_shape)
+
+    @property
+    def _causal_attention(self):
+        """Whether the self-attention is built causal: every attention but softmax ("softmax", a
+        MultiHeadAttention), which keeps keras-hub's causal mask and caches."""
+        return not issubclass(attention_class(self.attention), keras.layers.MultiHeadAttention)
 
     def _compute_self_attention_mask(self, decoder_sequence, decoder_padding_mask, decoder_attention_mask,
                                      use_causal_mask, self_attention_cache, self_attention_cache_update_index):

@@ -67,7 +67,8 @@ with _native_stderr_silenced("--verbose" not in sys.argv):  # TensorFlow may be 
 # The public names, as the importers use them (`from sequence_classification import Split`).
 from .batches import Batches, Split, bucket_boundaries, hold_out  # noqa: E402,F401
 from .command_line import (ATTENTIONS, add_model_arguments, add_training_arguments,  # noqa: E402,F401
-                           check_model_arguments, check_training_arguments, default_output_dir, parse_args)
+                           check_model_arguments, check_positive_arguments, check_training_arguments,
+                           default_output_dir, parse_args)
 from .device_mesh import (MESH_AXES, add_mesh_argument, check_mesh_arguments, mesh_devices,  # noqa: E402,F401
                           mesh_distribution, mesh_length_multiple, mesh_rows, parse_mesh)
 from .evaluation import evaluate  # noqa: E402,F401

@@ -101,14 +101,20 @@ def default_output_dir(task, attention):
     return os.path.join("runs", f"{task}-{attention}-{keras.backend.backend()}")
 
 
+def check_positive_arguments(parser, args, names):
+    """parser.error() naming the first of the options `names` (attribute names) below 1; None passes."""
+    for name in names:
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            parser.error(f"--{name.replace('_', '-')} must be >= 1, got {value}")
+
+
 def check_model_arguments(parser, args):
     """parser.error() naming the first option with an invalid value."""
-    for name in ("num_hashes", "hash_code_len", "num_layers", "hidden_dim", "ffn_dim", "num_heads", "max_length"):
-        if getattr(args, name) < 1:
-            parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    check_positive_arguments(parser, args, ("num_hashes", "hash_code_len", "num_layers", "hidden_dim", "ffn_dim",
+                                            "num_heads", "max_length"))
     check_training_arguments(parser, args)
-    if args.conv_window is not None and args.conv_window < 1:
-        parser.error(f"--conv-window must be >= 1, got {args.conv_window}")
+    check_positive_arguments(parser, args, ("conv_window",))
     if args.conv_window is not None and args.attention != "yoso":
         parser.error(f"--conv-window (YOSO-C) needs --attention yoso, got --attention {args.attention}")
     if args.hidden_dim % args.num_heads:
@@ -121,10 +127,7 @@ def check_model_arguments(parser, args):
 
 def check_training_arguments(parser, args):
     """parser.error() naming the first training or run option with an invalid value."""
-    for name in ("epochs", "batch_size", "steps", "eval_every", "stop_after_steps"):
-        value = getattr(args, name)
-        if value is not None and value < 1:
-            parser.error(f"--{name.replace('_', '-')} must be >= 1, got {value}")
+    check_positive_arguments(parser, args, ("epochs", "batch_size", "steps", "eval_every", "stop_after_steps"))
     for name in ("validation_fraction", "warmup_fraction"):
         if not 0.0 <= getattr(args, name) < 1.0:
             parser.error(f"--{name.replace('_', '-')} must be in [0, 1), got {getattr(args, name)}")
@@ -140,7 +143,7 @@ def parse_args(parser, argv, lra_preset):
     """Parsed arguments, with --preset lra filling the options not given explicitly; parser.error()
     (exit 2) naming the first invalid option."""
     args = parser.parse_args(argv)
-    if getattr(args, "preset", None) == "lra":
+    if args.preset == "lra":
         parser.set_defaults(**lra_preset)
         args = parser.parse_args(argv)
     check_model_arguments(parser, args)
