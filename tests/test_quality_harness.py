@@ -181,7 +181,9 @@ def test_modes_and_keras_hub_errors(monkeypatch):
         attentions.build_attention("linformer", 2, 8, True, 16, seed=0)
     with pytest.raises(ValueError, match="causal only"):
         attentions.build_attention("gated_deltanet", 2, 8, False, 16, seed=0)
-    monkeypatch.setitem(sys.modules, "keras_hub", None)  # as if keras-hub were not installed
+    # As if keras-hub were not installed: its submodules too, which tests that import keras_hub leave loaded.
+    for name in ["keras_hub"] + [name for name in sys.modules if name.startswith("keras_hub.")]:
+        monkeypatch.setitem(sys.modules, name, None)
     with pytest.raises(ImportError, match="pip install keras-hub"):
         attentions.build_attention("gated_deltanet", 2, 8, True, 16, seed=0)
 
