@@ -124,11 +124,12 @@ def multiply_adds(method, length, heads, key_dim, hash_code_len=8):
 
     Projections: 4 dense [width, width] maps, x3 for forward, dX and dW. MHA core, per head:
     QK^T and PV forward, dV, dP, dQ and dK backward, 6 n^2 key_dim. YOSO-m core, per head and
-    hash: lsh_cumulation forward and its transpose for dV (4 n key_dim), and the two weighted
-    cumulations of the lower-bound backward (dQ, dK). Those take, per bucket of n_b queries and
-    n_b keys (uniform codes: n_b = n / 2^tau), the cheaper of the pair product n_b^2 (W + D) and
-    the table product 2 n_b W D (W = D = key_dim), as the CPU kernel does. Hashing (sign bits of
-    Hadamard transforms: additions) is not counted.
+    hash: lsh_cumulation forward and its transpose for dV (4 n key_dim), and the fused lower-bound
+    backward (dQ and dK, the primitive lower_bound_gradients). It takes, per bucket of n_b queries
+    and n_b keys (uniform codes: n_b = n / 2^tau), the cheaper of the pair products n_b^2 (W + 2 D)
+    (each pair's weight once, applied to both sides) and the two tables' 4 n_b W D (W = D =
+    key_dim), as the CPU kernel does. Hashing (sign bits of Hadamard transforms: additions) is not
+    counted.
     """
     width = heads * key_dim
     projections = 3 * 4 * length * width * width
@@ -138,8 +139,8 @@ def multiply_adds(method, length, heads, key_dim, hash_code_len=8):
         return None
     num_hashes, buckets = int(method.split("-")[1]), 2 ** hash_code_len
     per_bucket = length / buckets
-    weighted = buckets * min(per_bucket ** 2 * 2 * key_dim, 2 * per_bucket * key_dim * key_dim)
-    return projections + heads * num_hashes * (4 * length * key_dim + 2 * weighted)
+    backward = buckets * min(per_bucket ** 2 * 3 * key_dim, 4 * per_bucket * key_dim * key_dim)
+    return projections + heads * num_hashes * (4 * length * key_dim + backward)
 
 
 def run_one(backend, method, implementation, length, repeats, heads, key_dim, num_layers, timeout):

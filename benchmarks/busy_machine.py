@@ -4,7 +4,8 @@ A busy machine: while the loaded rows run, one competing process per core (--bus
 pure-Python loop; the spinners stop by themselves after --timeout seconds and are killed when the
 row is done. Each row times, in fresh processes (benchmarks/attention_scaling.py's, so the same
 layer and timing): one YosoAttention layer forward+backward (yoso-32: 4 heads x 64, num_hashes=32,
-hash_code_len=8, batch 1, length --length; median of --repeats after a warm-up), quiet and loaded,
+hash_code_len=8, batch 1, length --length; median of --repeats after a warm-up) and, for the slowdown
+to compare with, keras.layers.MultiHeadAttention of the same sizes (unless --no-mha), quiet and loaded,
 per backend and per environment variant (--variants: "default" or comma-separated VAR=VALUE
 settings, e.g. OMP_WAIT_POLICY=PASSIVE, set before the process starts). With --quick-start it
 also times the wall clock of the README quick start, `python examples/long_text_classifier.py`
@@ -64,10 +65,16 @@ def environment(variant):
                 os.environ[name] = value
 
 
-def layer_seconds(backend, args):
-    """{"status", "seconds"}: the median forward+backward of one yoso-32 layer, in a fresh process."""
-    r = run_one(backend, "yoso-32", "auto", args.length, args.repeats, args.heads, args.key_dim, 0, args.timeout)
+def layer_seconds(backend, args, method="yoso-32"):
+    """{"status", "seconds"}: the median forward+backward of one yoso-32 layer (or of attention_scaling.py's
+    `method`), in a fresh process."""
+    r = run_one(backend, method, "auto", args.length, args.repeats, args.heads, args.key_dim, 0, args.timeout)
     return {"status": r["status"], "seconds": r.get("seconds"), "implementation": r.get("implementation")}
+
+
+def mha_seconds(backend, args):
+    """layer_seconds of keras.layers.MultiHeadAttention (same sizes): the slowdown YOSO's is held to."""
+    return layer_seconds(backend, args, "mha")
 
 
 @contextlib.contextmanager
@@ -112,6 +119,8 @@ def main():
     parser.add_argument("--key-dim", type=int, default=64)
     parser.add_argument("--busy", type=int, default=os.cpu_count() or 1,
                         help="competing spinning processes in the loaded rows (default: one per core)")
+    parser.add_argument("--no-mha", action="store_true",
+                        help="skip the keras.layers.MultiHeadAttention rows (the slowdown to compare with)")
     parser.add_argument("--quick-start", action="store_true",
                         help="also time the README quick start (python examples/long_text_classifier.py)")
     parser.add_argument("--steps", type=int, default=None, help="--steps of the quick start (default: its own)")
@@ -131,8 +140,8 @@ def main():
         with package(tree):
             announce_package(args.backends, expect_custom_ops=True)
 
-    workloads = [("layer fwd+bwd", layer_seconds)] + ([("quick start", quick_start_seconds)] if args.quick_start
-                                                      else [])
+    workloads = [("layer fwd+bwd", layer_seconds)] + ([("MHA fwd+bwd", mha_seconds)] if not args.no_mha else [])
+    workloads += [("quick start", quick_start_seconds)] if args.quick_start else []
     print(f"{args.busy} busy process(es) in the loaded rows; layer: n = {args.length}, {args.heads} heads x "
           f"{args.key_dim}, m = 32, tau = 8, batch 1")
     header = (f"{'backend':<11} {'package':<9} {'variant':<26} {'workload':<14} {'quiet s':>9} {'loaded s':>9} "

@@ -106,7 +106,7 @@ def test_serving_latency_quick_serves_both_exports_and_writes_json_and_png(tmp_p
 def test_layer_profile_at_a_tiny_length_prints_every_part_and_writes_png(tmp_path):
     proc = _run("layer_profile.py", tmp_path, "--length", "64", "--repeats", "1")
     _assert_wrote(proc, tmp_path, "layer_profile.png")
-    for part in ("YosoAttention fwd+bwd", "MultiHeadAttention fwd+bwd", "one weighted_lsh_cumulation"):
+    for part in ("YosoAttention fwd+bwd", "MultiHeadAttention fwd+bwd", "eq. 4 dQ and dK", "one weighted_lsh_cumulation"):
         assert part in proc.stdout, proc.stdout
 
 

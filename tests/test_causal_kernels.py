@@ -224,6 +224,36 @@ def test_tf_raw_op_gradients_run_the_transposed_cumulations_in_the_opposite_dire
 
 
 @pytest.mark.skipif(BACKEND != "tensorflow", reason="TensorFlow raw ops only")
+@pytest.mark.parametrize("causal", [0, 1])
+def test_tf_fused_lower_bound_raw_op_has_the_gradient_of_its_two_weighted_cumulations(causal):
+    # YosoLowerBoundGradients = (W(qm, qc, dY, km, kc, V, K), W(km, kc, V, qm, qc, dY, Q)): a graph that
+    # differentiates it (a second-order gradient) gets the sum of the two cumulations' gradients.
+    import tensorflow as tf
+
+    from keras_yoso.ops.providers import tensorflow as tf_provider
+
+    lib = tf_provider.library()
+    t = _inputs(13, "random", 8, 16)
+    qm, km = (tf.constant(m, tf.float32) for m in _masks(t))
+    rng = np.random.default_rng(14)
+    q, k = tf.constant(t["qw"]), tf.constant(t["kw"])
+    v, dy = tf.constant(t["v"]), tf.constant(rng.normal(size=(2, t["qc"].shape[2], 16)).astype(np.float32))
+    g_q, g_k = (tf.constant(rng.normal(size=x.shape).astype(np.float32)) for x in (q, k))
+    nb = t["num_buckets"]
+    with tf.GradientTape(persistent=True) as tape:
+        tape.watch([q, k, v, dy])
+        fused = lib.yoso_lower_bound_gradients(qm, t["qc"], q, km, t["kc"], k, v, dy, num_buckets=nb, causal=causal)
+        two = (lib.yoso_weighted_lsh_cumulation(qm, t["qc"], dy, km, t["kc"], v, k, num_buckets=nb, causal=causal),
+               lib.yoso_weighted_lsh_cumulation(km, t["kc"], v, qm, t["qc"], dy, q, num_buckets=nb, causal=-causal))
+    for a, b in zip(fused, two):
+        _close(a, b)
+    got = tape.gradient(fused, [q, k, v, dy], output_gradients=[g_q, g_k])
+    want = tape.gradient(two, [q, k, v, dy], output_gradients=[g_q, g_k])
+    for a, b in zip(got, want):
+        _close(a, b)
+
+
+@pytest.mark.skipif(BACKEND != "tensorflow", reason="TensorFlow raw ops only")
 def test_tf_shape_function_rejects_causal_lengths_that_differ_while_the_graph_is_built():
     import tensorflow as tf
 

@@ -34,8 +34,8 @@ def _valid_call(rng, primitive):
     nb = 2 ** tau
     rows = {"x": (b, nq, d), "query": (b, nq, d), "key": (b, nk, d), "value": (b, nk, d),
             "query_weight": (b, nq, w), "key_weight": (b, nk, w), "tables": (b, m, nb, d)}
-    if primitive.name == "collision_cumulation":
-        rows["query_weight"], rows["key_weight"] = (b, nq, w), (b, nk, w)
+    if primitive.name == "lower_bound_gradients":
+        rows["value"], rows["output_gradient"] = (b, nk, w), (b, nq, w)
     inputs = {}
     for spec in primitive.inputs:
         side = nq if spec.name.startswith("query") else nk
@@ -52,7 +52,7 @@ def _valid_call(rng, primitive):
         else:
             inputs[spec.name] = rng.standard_normal(rows[spec.name]).astype(np.float32)
     attributes = {"num_hashes": m, "hash_code_len": tau, "num_buckets": nb, "causal": 0, "epsilon": 1e-6}
-    if primitive.name in ("lsh_cumulation", "weighted_lsh_cumulation") and nq == nk:
+    if primitive.name in ("lsh_cumulation", "weighted_lsh_cumulation", "lower_bound_gradients") and nq == nk:
         attributes["causal"] = int(rng.integers(-1, 2))
     return inputs, {a.name: attributes[a.name] for a in primitive.attributes}
 

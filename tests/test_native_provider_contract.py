@@ -114,6 +114,29 @@ def test_yoso_cumulation_gradients_through_autodiff_match_reference_and_composit
         _assert_close(grad, composite, gradient_tol)
 
 
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("tau,length", [(1, 150), (7, 300)])
+@pytest.mark.parametrize("dtype,tol", DTYPES)
+def test_fused_lower_bound_backward_matches_reference_on_table_and_pair_buckets(tau, length, causal, dtype, tol):
+    # tau = 1: two buckets of ~75 queries and keys each, cheaper through the per-bucket tables; tau = 7:
+    # buckets of ~2, pair by pair. Widths 20 and 24 are not whole register tiles (16 floats).
+    rng = np.random.default_rng(7)
+    q, k = unit_rows(rng, (2, length, 20)), unit_rows(rng, (2, length, 20))
+    v, dy = rng.normal(size=(2, length, 24)), rng.normal(size=(2, length, 24))
+    qc, kc = _codes(rng, 2, 5, length, tau), _codes(rng, 2, 5, length, tau)
+    qm, km = random_mask(rng, "random", 2, length), random_mask(rng, "random", 2, length)
+
+    def attention(a, b, c):
+        a, b, c = (keras.ops.cast(t, dtype) for t in (a, b, c))
+        return ops.yoso_cumulation(a, b, c, qc, kc, tau, qm, km, implementation="custom_op", causal=causal)
+
+    _, (dq, dk, dv) = vjp(attention, [q, k, v], dy.astype(np.float32))
+    want = ref.yoso_lower_bound_gradients(*(rounded(a, dtype) for a in (q, k, v)), qc, kc, tau,
+                                          rounded(dy, dtype), qm, km, causal=causal)
+    for got, expected in zip((dq, dk, dv), want):
+        _assert_close(got, expected, tol)
+
+
 @pytest.mark.parametrize("side", ["query_codes", "key_codes"])
 def test_out_of_range_codes_are_refused_naming_the_codes_by_every_op(side):
     rng = np.random.default_rng(6)

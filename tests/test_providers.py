@@ -14,8 +14,8 @@ from keras_yoso.ops.providers import composite
 
 
 class _Recording(base.Provider):
-    """The composite's primitives under other declarations, recording the widths of the weighted
-    cumulations it runs."""
+    """The composite's primitives under other declarations, recording the per-bucket table widths
+    (weight width, value width) of the weighted cumulations and lower-bound backwards it runs."""
 
     name = "custom_op"
     supports_jit = True
@@ -28,6 +28,9 @@ class _Recording(base.Provider):
         if name == "weighted_lsh_cumulation":
             query_weight, value = arguments[2], arguments[6]
             self.weighted_widths.append((int(query_weight.shape[2]), int(value.shape[2])))
+        if name == "lower_bound_gradients":  # tables [W, d]: value width by query width
+            query, value = arguments[2], arguments[6]
+            self.weighted_widths.append((int(value.shape[2]), int(query.shape[2])))
         return composite.PROVIDER.run(name, *arguments)
 
 
@@ -53,7 +56,7 @@ def test_a_provider_table_limit_splits_the_lower_bound_gradient_into_columns_tha
     want_dq, want_dk, _ = ref.yoso_lower_bound_gradients(q, k, v, qc, kc, 3, cotangent)
     np.testing.assert_allclose(dq, want_dq, rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(dk, want_dk, rtol=1e-4, atol=1e-4)
-    # Every weighted cumulation fit the declared table (64 x 16 floats): the 40 key columns in 3 blocks.
+    # Every per-bucket table fit the declared one (64 x 16 floats): the 40 key columns in 3 blocks.
     assert provider.weighted_widths and all(w * d <= 64 * 16 for w, d in provider.weighted_widths)
 
 

@@ -266,5 +266,5 @@ def test_torch_compile_traces_yoso_attention_without_graph_breaks():
     targets = {str(node.target) for graphs in (backend.fw_graphs, backend.bw_graphs) for graph in graphs
                for node in graph.graph.nodes}
     assert {"keras_yoso.hadamard_interleaved_hash_codes.default", "keras_yoso.gaussian_hash_codes.default",
-            "keras_yoso.lsh_cumulation.default", "keras_yoso.weighted_lsh_cumulation.default",
+            "keras_yoso.lsh_cumulation.default", "keras_yoso.lower_bound_gradients.default",
             "keras_yoso.collision_cumulation.default"} <= targets

@@ -127,6 +127,10 @@ def _collision_shape(shapes, attributes):
     return (tuple(shapes["query"]),)
 
 
+def _lower_bound_shapes(shapes, attributes):
+    return tuple(shapes["query"]), tuple(shapes["key"])
+
+
 def _step_shapes(shapes, attributes):
     return _cumulation_shape(shapes, attributes) + (tuple(shapes["tables"]),)
 
@@ -165,6 +169,13 @@ PRIMITIVES = {p.name: p for p in (
                _input("value", "rows")),
               _CUMULATION_ATTRIBUTES, _VALUE_OUT, _cumulation_shape, "YosoWeightedLshCumulation",
               "causal.directed_weighted_lsh_cumulation"),
+    Primitive("lower_bound_gradients",
+              (_input("query_mask", "mask"), _input("query_codes", "codes"), _input("query", "rows"),
+               _input("key_mask", "mask"), _input("key_codes", "codes"), _input("key", "rows"),
+               _input("value", "rows"), _input("output_gradient", "rows")),
+              _CUMULATION_ATTRIBUTES, (Output("query_gradient", "query"), Output("key_gradient", "query")),
+              _lower_bound_shapes, "YosoLowerBoundGradients", "causal.directed_lower_bound_gradients",
+              gpu_kernel=False),
     Primitive("collision_cumulation",
               (_input("query_mask", "mask"), _input("query_codes", "codes"), _input("query", "rows"),
                _input("query_weight", "rows"), _input("key_mask", "mask"), _input("key_codes", "codes"),

@@ -243,7 +243,9 @@ def yoso_cumulation(query, key, value, query_codes, key_codes, hash_code_len, qu
 
     - backward="lower_bound" (eq. 4): dV_j = (1/m) sum_i c_ij dY_i,
       dQ_i = (tau/2)(1/m) sum_j c_ij <dY_i, V_j> K_j, dK_j = (tau/2)(1/m) sum_i c_ij <dY_i, V_j> Q_i,
-      two weighted cumulations: linear in the lengths.
+      one pass per hash that sorts the codes once and computes each colliding pair's weight
+      <dY_i, V_j> once for both dQ and dK (the primitive lower_bound_gradients): linear in the
+      lengths.
     - backward="collision" (*YOSO, appendix eq. 2 restricted to colliding pairs): over pairs
       colliding in >= 1 hash, each once, w_ij = <dY_i, V_j> tau (1 - acos(x)/pi)^(tau-1)
       / (pi sqrt(1 - x^2 + eps)), x = <Q_i, K_j> clipped to [-1, 1], eps = 1e-6;

@@ -268,6 +268,27 @@ inline std::string CheckWeightedLshCumulation(const Shape& query_mask, const Sha
   return error.empty() ? CheckBucketTable(d->weight_dim, d->value_dim) : error;
 }
 
+// lower_bound_gradients: query [B, Nq, d], key [B, Nk, d], value [B, Nk, W], output_gradient
+// [B, Nq, W], the per-bucket table W * d within its limit, causal as in CheckLshCumulation; fills d
+// (d.weight_dim = W, d.value_dim = d: the outputs are [B, Nq, d] and [B, Nk, d]).
+inline std::string CheckLowerBoundGradients(const Shape& query_mask, const Shape& query_codes,
+                                            const Shape& query, const Shape& key_mask,
+                                            const Shape& key_codes, const Shape& key,
+                                            const Shape& value, const Shape& output_gradient,
+                                            int64_t num_buckets, CumulationDims* d, int64_t causal) {
+  std::string error = CheckLshCumulation(query_mask, query_codes, key_mask, key_codes, value,
+                                         num_buckets, d, causal);
+  if (!error.empty()) return error;
+  d->weight_dim = d->value_dim;
+  error = CheckShape(output_gradient, "output_gradient", "[batch, num_queries, value_dim]",
+                     {d->batch, d->num_queries, d->weight_dim});
+  if (error.empty()) error = CheckShape(query, "query", "[batch, num_queries, dim]", {d->batch, d->num_queries, -1});
+  if (!error.empty()) return error;
+  d->value_dim = query.dims[2];
+  error = CheckShape(key, "key", "[batch, num_keys, dim]", {d->batch, d->num_keys, d->value_dim});
+  return error.empty() ? CheckBucketTable(d->weight_dim, d->value_dim) : error;
+}
+
 // collision_cumulation: query [B, Nq, d], query_weight [B, Nq, W], key [B, Nk, d],
 // key_weight [B, Nk, W]; fills d (d.vector_dim = d, d.weight_dim = W: the output is [B, Nq, d]).
 inline std::string CheckCollisionCumulation(const Shape& query_mask, const Shape& query_codes,

@@ -247,6 +247,42 @@ struct WeightedLshCumulation {
   }
 };
 
+// The eq. 4 lower-bound backward in one pass: query [B, Nq, d], key [B, Nk, d], value [B, Nk, W]
+// and the upstream output_gradient [B, Nq, W] -> query_gradient [B, Nq, d], key_gradient
+// [B, Nk, d], unscaled (the two weighted cumulations it replaces; weighted_cpu.h).
+struct LowerBoundGradients {
+  static constexpr const char* kName = "lower_bound_gradients";
+  static constexpr std::array<InputSpec, 8> kInputs{{{"query_mask", Kind::kMask, 2},
+                                                     {"query_codes", Kind::kCodes, 3},
+                                                     {"query", Kind::kRows, 3},
+                                                     {"key_mask", Kind::kMask, 2},
+                                                     {"key_codes", Kind::kCodes, 3},
+                                                     {"key", Kind::kRows, 3},
+                                                     {"value", Kind::kRows, 3},
+                                                     {"output_gradient", Kind::kRows, 3}}};
+  static constexpr auto kAttributes = kCumulationAttributes;
+  static constexpr std::array<OutputSpec, 2> kOutputs{
+      {{"query_gradient", Kind::kRows, 3, "[batch, num_queries, dim]"},
+       {"key_gradient", Kind::kRows, 3, "[batch, num_keys, dim]"}}};
+  static constexpr int kFloatInput = 2;
+  using Dims = CumulationDims;
+
+  static std::string Check(const Shape* in, const AttributeValue* a, Dims* d, Shape* out) {
+    const std::string error = CheckLowerBoundGradients(in[0], in[1], in[2], in[3], in[4], in[5], in[6], in[7],
+                                                       a[0].int_value, d, a[1].int_value);
+    out[0] = MakeShape({d->batch, d->num_queries, d->value_dim});
+    out[1] = MakeShape({d->batch, d->num_keys, d->value_dim});
+    return error;
+  }
+  template <typename T, typename ParallelFor>
+  static void Run(const Dims& d, const AttributeValue* a, const TensorRef* in, const TensorRef* out,
+                  ParallelFor&& pf) {
+    LowerBoundGradientsCpu<T>(d, a[1].int_value, In<float>(in[0]), In<int32_t>(in[1]), In<T>(in[2]),
+                              In<float>(in[3]), In<int32_t>(in[4]), In<T>(in[5]), In<T>(in[6]), In<T>(in[7]),
+                              Out<T>(out[0]), Out<T>(out[1]), pf);
+  }
+};
+
 // The *YOSO collision estimator (appendix eq. 2 on colliding pairs): query [B, Nq, d],
 // query_weight [B, Nq, W], key [B, Nk, d], key_weight [B, Nk, W] -> output [B, Nq, d]
 // (collision_cpu.h).
@@ -296,6 +332,7 @@ struct CollisionCumulation {
   X(lsh_cumulation, LshCumulation)                                      \
   X(lsh_cumulation_step, LshCumulationStep)                             \
   X(weighted_lsh_cumulation, WeightedLshCumulation)                     \
+  X(lower_bound_gradients, LowerBoundGradients)                         \
   X(collision_cumulation, CollisionCumulation)
 
 }  // namespace keras_yoso

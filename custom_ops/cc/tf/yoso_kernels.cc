@@ -350,9 +350,11 @@ class HadamardHashCodesOp : public OpKernel {
   KY_REGISTER_PRIMITIVE("YosoWeightedLshCumulation", DEVICE_NAME, DeviceType, WeightedLshCumulation, T) \
   KY_REGISTER_PRIMITIVE("YosoCollisionCumulation", DEVICE_NAME, DeviceType, CollisionCumulation, T)
 
-// CPU kernels only (no GPU launcher): the decoding step.
-#define KY_REGISTER_CPU_ONLY(T) \
-  KY_REGISTER_PRIMITIVE("YosoLshCumulationStep", DEVICE_CPU, CPUDevice, LshCumulationStep, T)
+// CPU kernels only (no GPU launcher): the decoding step and the fused lower-bound backward (on a
+// GPU the backward runs as two weighted cumulations, providers/tensorflow.py).
+#define KY_REGISTER_CPU_ONLY(T)                                                                 \
+  KY_REGISTER_PRIMITIVE("YosoLshCumulationStep", DEVICE_CPU, CPUDevice, LshCumulationStep, T) \
+  KY_REGISTER_PRIMITIVE("YosoLowerBoundGradients", DEVICE_CPU, CPUDevice, LowerBoundGradients, T)
 
 KY_REGISTER(DEVICE_CPU, CPUDevice, float)
 KY_REGISTER(DEVICE_CPU, CPUDevice, Eigen::half)

@@ -238,6 +238,39 @@ Weighted LSH cumulation: YosoLshCumulation with pair (i, j) weighted by
 <query_weight[b,i], key_weight[b,j]>; causal as in YosoLshCumulation.
 )doc");
 
+REGISTER_OP("YosoLowerBoundGradients")
+    .Input("query_mask: float")
+    .Input("query_codes: int32")
+    .Input("query: T")
+    .Input("key_mask: float")
+    .Input("key_codes: int32")
+    .Input("key: T")
+    .Input("value: T")
+    .Input("output_gradient: T")
+    .Output("query_gradient: T")
+    .Output("key_gradient: T")
+    .Attr("num_buckets: int")
+    .Attr("causal: int = 0")
+    .Attr("T: {float, half, bfloat16}")
+    .SetShapeFn([](InferenceContext* c) {
+      TF_RETURN_IF_ERROR(NumBucketsAttr(c));
+      // output_gradient [B, Nq, W] against value [B, Nk, W]; query [B, Nq, d] against key [B, Nk, d].
+      TF_RETURN_IF_ERROR(CumulationShape(c, 1, {2, 7}, 3, 4, {5, 6}, {{2, 5}, {6, 7}}, 2));
+      TF_RETURN_IF_ERROR(CausalAttr(c, 1, 4));
+      ShapeHandle key;
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(5), 3, &key));
+      c->set_output(1, key);
+      const DimensionHandle value_dim = c->Dim(c->input(6), 2);
+      const DimensionHandle dim = c->Dim(c->input(2), 2);
+      if (!c->ValueKnown(value_dim) || !c->ValueKnown(dim)) return absl::OkStatus();
+      return Invalid(CheckBucketTable(c->Value(value_dim), c->Value(dim)));
+    })
+    .Doc(R"doc(
+The eq. 4 lower-bound backward in one pass (unscaled): with s_ij = [qc == kc] <dY_i, V_j> over kept
+pairs, query_gradient_i = qmask_i/m sum_h sum_j s_ij K_j and key_gradient_j = kmask_j/m sum_h sum_i
+s_ij Q_i; causal as in YosoLshCumulation (dQ over keys j <= i, dK over queries i >= j).
+)doc");
+
 REGISTER_OP("YosoCollisionCumulation")
     .Input("query_mask: float")
     .Input("query_codes: int32")

@@ -9,6 +9,7 @@ from keras_yoso.ops.composite.chunking import f32
 from keras_yoso.ops.composite.chunking import has_zero_dim
 from keras_yoso.ops.composite.chunking import hash_chunk
 from keras_yoso.ops.composite.chunking import known
+from keras_yoso.ops.composite.cumulation import lower_bound_gradients
 from keras_yoso.ops.composite.cumulation import lsh_cumulation
 from keras_yoso.ops.composite.cumulation import weighted_lsh_cumulation
 from keras_yoso.ops.composite.masking import bucket_ids
@@ -174,3 +175,17 @@ def directed_weighted_lsh_cumulation(query_mask, query_codes, query_weight, key_
                                  num_buckets, causal)
     return weighted_lsh_cumulation(query_mask, query_codes, query_weight, key_mask, key_codes, key_weight, value,
                                    num_buckets)
+
+
+def directed_lower_bound_gradients(query_mask, query_codes, query, key_mask, key_codes, key, value, output_gradient,
+                                   num_buckets, causal=0):
+    """The primitive lower_bound_gradients: (dQ, dK) of eq. 4, unscaled (the caller multiplies by
+    tau / 2), in one pass (cumulation.lower_bound_gradients) or, causal, as two weighted cumulations
+    (dQ_i over keys j <= i, dK_j over queries i >= j)."""
+    if causal:
+        return (causal_cumulation(query_mask, query_codes, output_gradient, key_mask, key_codes, value, key,
+                                  num_buckets, causal),
+                causal_cumulation(key_mask, key_codes, value, query_mask, query_codes, output_gradient, query,
+                                  num_buckets, -causal))
+    return lower_bound_gradients(query_mask, query_codes, query, key_mask, key_codes, key, value, output_gradient,
+                                 num_buckets, 1.0)

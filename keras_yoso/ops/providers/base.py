@@ -3,7 +3,7 @@
 A provider runs the primitives of the table `keras_yoso.ops._spec` on one backend's tensors:
 `run(name, *inputs, *attributes)`, in the table's order (the C ABI's: masks float32 or bool
 `[B, N]` first on each side, codes int32 `[B, m, N]`, then the float tensors), plus
-`lower_bound_gradients`, the two weighted cumulations of the eq. 4 backward. `keras_yoso.ops`
+`lower_bound_gradients`, the eq. 4 backward (the primitive of that name, scaled). `keras_yoso.ops`
 wraps them with the checks, the gradients (`keras.ops.custom_gradient`) and the dtype casts, and
 asks the provider's declarations, never its identity, what to do around a call: whether to check
 the codes first, whether num_hashes must be known while tracing, whether a weighted cumulation's
@@ -31,7 +31,7 @@ from keras_yoso import _validation
 
 class Provider:
     """Base class of the providers. Subclasses set the declarations and implement `run`
-    (`lower_bound_gradients` has a default: two weighted cumulations, eq. 4)."""
+    (`lower_bound_gradients` has a default: the primitive lower_bound_gradients, eq. 4)."""
 
     # What `keras_yoso.ops.implementation_in_use` reports for it: "custom_op" or "composite".
     name = "custom_op"
@@ -94,13 +94,24 @@ class Provider:
 
     def lower_bound_gradients(self, query_mask, query_codes, query, key_mask, key_codes, key, value,
                               output_gradient, num_buckets, scale, causal=0):
-        """(dQ, dK) of the eq. 4 lower bound: two weighted cumulations (see composite/cumulation.py);
-        causal: dQ_i over keys j <= i, dK_j over queries i >= j."""
-        dq = self.run("weighted_lsh_cumulation", query_mask, query_codes, output_gradient, key_mask, key_codes, value,
-                      key, num_buckets, causal)
-        dk = self.run("weighted_lsh_cumulation", key_mask, key_codes, value, query_mask, query_codes, output_gradient,
-                      query, num_buckets, -causal)
+        """(dQ, dK) of the eq. 4 lower bound, each pair's weight <dY_i, V_j> computed once (the
+        primitive lower_bound_gradients), times `scale`; causal: dQ_i over keys j <= i, dK_j over
+        queries i >= j."""
+        dq, dk = self.run("lower_bound_gradients", query_mask, query_codes, query, key_mask, key_codes, key, value,
+                          output_gradient, num_buckets, causal)
         return scale * dq, scale * dk
+
+
+def lower_bound_by_weighted_cumulations(provider, query_mask, query_codes, query, key_mask, key_codes, key, value,
+                                        output_gradient, num_buckets, scale, causal=0):
+    """Provider.lower_bound_gradients as two weighted cumulations (dQ = W(dY, V; K), dK = W(V, dY; Q)),
+    for a provider that runs weighted_lsh_cumulation but not lower_bound_gradients somewhere (the
+    TensorFlow op library on a GPU)."""
+    dq = provider.run("weighted_lsh_cumulation", query_mask, query_codes, output_gradient, key_mask, key_codes, value,
+                      key, num_buckets, causal)
+    dk = provider.run("weighted_lsh_cumulation", key_mask, key_codes, value, query_mask, query_codes, output_gradient,
+                      query, num_buckets, -causal)
+    return scale * dq, scale * dk
 
 
 def _inner(declaration):

@@ -6,7 +6,6 @@ import importlib
 from keras import ops
 
 from keras_yoso.ops import _spec
-from keras_yoso.ops.composite.cumulation import lower_bound_gradients
 from keras_yoso.ops.composite.linear_relative import chunk_rows
 from keras_yoso.ops.composite.linear_relative import total_rows
 from keras_yoso.ops.providers import base
@@ -33,14 +32,6 @@ class _CompositeProvider(base.Provider):
 
     def run(self, name, *arguments):
         return _function(name)(*arguments)
-
-    def lower_bound_gradients(self, query_mask, query_codes, query, key_mask, key_codes, key, value,
-                              output_gradient, num_buckets, scale, causal=0):
-        if causal:
-            return super().lower_bound_gradients(query_mask, query_codes, query, key_mask, key_codes, key, value,
-                                                 output_gradient, num_buckets, scale, causal)
-        return lower_bound_gradients(query_mask, query_codes, query, key_mask, key_codes, key, value,
-                                     output_gradient, num_buckets, scale)
 
     def linear_relative_total(self, phi_q, phi_k, v, scores, horizon, causal, chunk_size):
         """The rows [B, Lq, dv + 1] of Scaleformer's eq. 10 (numerator | denominator): kernel term plus

@@ -102,6 +102,12 @@ class TensorFlowProvider(base.Provider):
         result = _raw_op(primitive)(*tensors, **attributes, **primitive.raw_op_attributes)
         return result if len(primitive.outputs) == 1 else tuple(result)
 
+    def lower_bound_gradients(self, *arguments):
+        """The fused eq. 4 backward has a CPU kernel only: on a GPU, two weighted cumulations."""
+        if _runs_on_gpu():
+            return base.lower_bound_by_weighted_cumulations(self, *arguments)
+        return super().lower_bound_gradients(*arguments)
+
 
 PROVIDER = TensorFlowProvider()
 
@@ -131,6 +137,18 @@ def _register_gradients():
         d_qw, d_kw, d_value = PROVIDER.weighted_lsh_cumulation_gradients(
             qm, qc, qw, km, kc, kw, value, tf.cast(dy, value.dtype), op.get_attr("num_buckets"), _causal(op))
         return [None, None, d_qw, None, None, d_kw, d_value]
+
+    @tf.RegisterGradient("YosoLowerBoundGradients")
+    def _lower_bound_gradients_grad(op, d_query_gradient, d_key_gradient):
+        # The op is the two weighted cumulations W(qm, qc, dY, km, kc, V, K) and W(km, kc, V, qm, qc, dY, Q):
+        # the sum of their gradients.
+        qm, qc, query, km, kc, key, value, dy = op.inputs
+        num_buckets, causal = op.get_attr("num_buckets"), _causal(op)
+        d_dy, d_value, d_key = PROVIDER.weighted_lsh_cumulation_gradients(
+            qm, qc, dy, km, kc, value, key, tf.cast(d_query_gradient, dy.dtype), num_buckets, causal)
+        d_value_2, d_dy_2, d_query = PROVIDER.weighted_lsh_cumulation_gradients(
+            km, kc, value, qm, qc, dy, query, tf.cast(d_key_gradient, dy.dtype), num_buckets, -causal)
+        return [None, None, d_query, None, None, d_key, d_value + d_value_2, d_dy + d_dy_2]
 
     for name in ("YosoGaussianHashCodes", "YosoHadamardHashCodes", "YosoCollisionCumulation"):
         tf.no_gradient(name)
