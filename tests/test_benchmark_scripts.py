@@ -157,13 +157,15 @@ def test_sequence_parallel_measurement_quick_matches_the_formulas(tmp_path):
     assert verdicts["custom_calls_per_shard"], verdicts
 
 
-def test_busy_machine_quick_times_the_layer_quiet_and_loaded_and_writes_json_and_png(tmp_path):
+def test_busy_machine_quick_times_the_layer_and_mha_quiet_and_loaded_and_writes_json_and_png(tmp_path):
     proc = _run("busy_machine.py", tmp_path, "--quick", "--backends", BACKEND)
     _assert_wrote(proc, tmp_path, "busy_machine.json", "busy_machine.png")
-    (row,) = json.loads((tmp_path / "busy_machine.json").read_text())["rows"]
-    assert (row["backend"], row["variant"], row["workload"]) == (BACKEND, "default", "layer fwd+bwd")
-    assert row["quiet"]["status"] == row["loaded"]["status"] == "ok", row
-    assert row["quiet"]["seconds"] > 0 and row["loaded"]["seconds"] > 0
+    rows = json.loads((tmp_path / "busy_machine.json").read_text())["rows"]
+    assert [(r["backend"], r["variant"], r["workload"]) for r in rows] == [
+        (BACKEND, "default", "layer fwd+bwd"), (BACKEND, "default", "MHA fwd+bwd")]
+    for row in rows:
+        assert row["quiet"]["status"] == row["loaded"]["status"] == "ok", row
+        assert row["quiet"]["seconds"] > 0 and row["loaded"]["seconds"] > 0
 
 
 def test_hash_fidelity_at_tiny_sizes_prints_every_method_and_writes_json_and_png(tmp_path):

@@ -185,15 +185,11 @@ KY_CPU_CLONES inline void CausalWeightedCumulationHashes(
   float* const* tile_rows = s->tile_rows.data();
   const float** shifted = s->shifted_rows.data();
 
-  const float* qm = query_mask + b * d.num_queries;
-  const float* km = key_mask + b * d.num_keys;
   const float* qw = query_weight + b * d.num_queries * w;
   const float* kw = key_weight + b * d.num_keys * w;
   const float* v = value + b * d.num_keys * dim;
   for (int64_t h = h0; h < h1; ++h) {
-    const int32_t* qc = query_codes + (b * d.num_hashes + h) * d.num_queries;
-    const int32_t* kc = key_codes + (b * d.num_hashes + h) * d.num_keys;
-    SharedBuckets bucket = SortBuckets(qc, qm, d.num_queries, kc, km, d.num_keys, d.num_buckets, causal < 0, s);
+    SharedBuckets bucket = SortBuckets(d, b, h, query_mask, query_codes, key_mask, key_codes, causal < 0, s);
     while (bucket.Next()) {
       // One bucket: queries[qa, qb) and keys[ka, kb), both in walk order.
       const int64_t nq = bucket.qb - bucket.qa, nk = bucket.kb - bucket.ka;

@@ -248,8 +248,8 @@ inline void PrepareWeightedScratch(const CumulationDims& d, int64_t w, int64_t p
   }
 }
 
-// The buckets of one (row, hash) of a weighted walk, in ascending code order. SortBuckets
-// sorts the kept queries and keys by code (SortPositionsByCode into s->queries / s->keys;
+// The buckets of one (row, hash) of a weighted walk, in ascending code order. SortBuckets(d, b, h, ...)
+// sorts the kept queries and keys of batch row b and hash h by code (SortPositionsByCode into s->queries / s->keys;
 // inside a code, descending positions when `descending`); each Next() then finds the next
 // code both sides hold: the bucket s->queries[qa, qb) and s->keys[ka, kb). An iterator,
 // not a callback, so the bucket's work stays in the caller's KY_CPU_CLONES code.
@@ -280,11 +280,15 @@ struct SharedBuckets {
   }
 };
 
-inline SharedBuckets SortBuckets(const int32_t* qc, const float* qm, int64_t num_queries, const int32_t* kc,
-                                 const float* km, int64_t num_keys, int64_t num_buckets, bool descending,
-                                 WeightedScratch* s) {
-  SortPositionsByCode(qc, qm, num_queries, num_buckets, &s->queries, &s->sort_buffer, descending);
-  SortPositionsByCode(kc, km, num_keys, num_buckets, &s->keys, &s->sort_buffer, descending);
+inline SharedBuckets SortBuckets(const CumulationDims& d, int64_t b, int64_t h, const float* query_mask,
+                                 const int32_t* query_codes, const float* key_mask, const int32_t* key_codes,
+                                 bool descending, WeightedScratch* s) {
+  const float* qm = query_mask + b * d.num_queries;
+  const float* km = key_mask + b * d.num_keys;
+  const int32_t* qc = query_codes + (b * d.num_hashes + h) * d.num_queries;
+  const int32_t* kc = key_codes + (b * d.num_hashes + h) * d.num_keys;
+  SortPositionsByCode(qc, qm, d.num_queries, d.num_buckets, &s->queries, &s->sort_buffer, descending);
+  SortPositionsByCode(kc, km, d.num_keys, d.num_buckets, &s->keys, &s->sort_buffer, descending);
   return SharedBuckets{qc, kc, s->queries.data(), s->keys.data(), static_cast<int64_t>(s->queries.size()),
                        static_cast<int64_t>(s->keys.size())};
 }

@@ -28,15 +28,11 @@ KY_CPU_CLONES inline void WeightedCumulationHashes(
   const float* const* key_weight_rows = s->key_weight_rows.data();
   float* const* table_rows = s->table_rows.data();
 
-  const float* qm = query_mask + b * d.num_queries;
-  const float* km = key_mask + b * d.num_keys;
   const float* qw = query_weight + b * d.num_queries * w;
   const float* kw = key_weight + b * d.num_keys * w;
   const float* v = value + b * d.num_keys * dim;
   for (int64_t h = h0; h < h1; ++h) {
-    const int32_t* qc = query_codes + (b * d.num_hashes + h) * d.num_queries;
-    const int32_t* kc = key_codes + (b * d.num_hashes + h) * d.num_keys;
-    SharedBuckets bucket = SortBuckets(qc, qm, d.num_queries, kc, km, d.num_keys, d.num_buckets, false, s);
+    SharedBuckets bucket = SortBuckets(d, b, h, query_mask, query_codes, key_mask, key_codes, false, s);
     while (bucket.Next()) {
       // One bucket: queries[qa, qb) and keys[ka, kb).
       const int64_t nq = bucket.qb - bucket.qa;
@@ -128,16 +124,12 @@ KY_CPU_CLONES inline void LowerBoundGradientHashes(
   float** dk_rows = s->key_acc_rows.data();
   const float** value_rows = s->value_rows.data();
 
-  const float* qm = query_mask + b * d.num_queries;
-  const float* km = key_mask + b * d.num_keys;
   const float* q = query + b * d.num_queries * padded;
   const float* dy = output_gradient + b * d.num_queries * w;
   const float* k = key + b * d.num_keys * padded;
   const float* v = value + b * d.num_keys * w;
   for (int64_t h = h0; h < h1; ++h) {
-    const int32_t* qc = query_codes + (b * d.num_hashes + h) * d.num_queries;
-    const int32_t* kc = key_codes + (b * d.num_hashes + h) * d.num_keys;
-    SharedBuckets bucket = SortBuckets(qc, qm, d.num_queries, kc, km, d.num_keys, d.num_buckets, false, walk);
+    SharedBuckets bucket = SortBuckets(d, b, h, query_mask, query_codes, key_mask, key_codes, false, walk);
     while (bucket.Next()) {
       // One bucket: queries [qa, qb) and keys [ka, kb) of the sorted lists.
       const int64_t nq = bucket.qb - bucket.qa, nk = bucket.kb - bucket.ka;
