@@ -73,6 +73,7 @@ def _inputs():
         "query": unit_rows(LQ),
         "key": unit_rows(LK),
         "tables": rng.standard_normal((B, NUM_HASHES, 2**TAU, VDIM)).astype(f32),
+        "output_gradient": rng.standard_normal((B, LQ, VDIM)).astype(f32),
     }
 
 
