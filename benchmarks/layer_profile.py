@@ -126,8 +126,8 @@ def main():
 
         print(json.dumps({"path": os.path.dirname(keras_yoso.__file__), "parts": profile(args.length, args.repeats)}))
         return
-    packages = [("now", None)] + ([("before", os.path.abspath(args.baseline))] if args.baseline else [])
     if args.baseline:
+        packages = [("now", None), ("before", os.path.abspath(args.baseline))]
         runs = {label: [] for label, _ in packages}
         for _ in range(args.rounds):
             for label, tree in packages:

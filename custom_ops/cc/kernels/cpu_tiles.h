@@ -215,7 +215,7 @@ constexpr int64_t kCausalColumns = 64;
 // Working memory of one WeightedLshCumulationCpu worker. Dp = D rounded up to kLanes.
 struct WeightedScratch {
   std::vector<int64_t> queries, keys, sort_buffer;  // positions sorted by code
-  std::vector<int64_t> key_offsets;                 // [kKeyChunk]: a chunk's key rows
+  std::vector<const float*> key_rows;               // [kKeyChunk]: a chunk's key weight rows
   std::vector<float> key_weights;                   // [W, kKeyChunk]: their weights, transposed
   std::vector<float> values;                        // [kKeyChunk, Dp]: their values, if D != Dp
   std::vector<float> table;                         // [W, Dp]: K^T V of a bucket
@@ -233,7 +233,7 @@ struct WeightedScratch {
 // weight width w and padded value width Dp, and points the row tables into them.
 inline void PrepareWeightedScratch(const CumulationDims& d, int64_t w, int64_t padded, bool copy_values,
                                    WeightedScratch* s) {
-  s->key_offsets.resize(kKeyChunk);
+  s->key_rows.resize(kKeyChunk);
   s->key_weights.assign(w * kKeyChunk, 0.0f);
   s->values.assign(copy_values ? kKeyChunk * padded : 0, 0.0f);
   s->table.resize(w * padded);
@@ -326,6 +326,31 @@ KY_CPU_INLINE void Transpose16(Vec16* rows) {
 #define KY_HAS_TRANSPOSE16 0
 #endif
 
+// dst[c * dst_stride + j] = rows[j][c] for j < count and c < width: rows gathered from anywhere,
+// transposed. Whole 16 x 16 blocks go through registers (16 loads, 64 shuffles, 16 stores, not
+// 256 scalar moves); the rest element by element.
+KY_CPU_INLINE void TransposeRows(const float* const* rows, int64_t count, int64_t width, float* dst,
+                                 int64_t dst_stride) {
+  int64_t j0 = 0, c_whole = 0;
+#if KY_HAS_TRANSPOSE16
+  c_whole = width / 16 * 16;
+  for (; j0 + 16 <= count; j0 += 16) {
+    for (int64_t c0 = 0; c0 < c_whole; c0 += 16) {
+      Vec16 block[16];
+      for (int r = 0; r < 16; ++r) std::memcpy(&block[r], rows[j0 + r] + c0, sizeof(Vec16));
+      Transpose16(block);
+      for (int r = 0; r < 16; ++r) std::memcpy(dst + (c0 + r) * dst_stride + j0, &block[r], sizeof(Vec16));
+    }
+    for (int64_t c = c_whole; c < width; ++c) {
+      for (int64_t j = j0; j < j0 + 16; ++j) dst[c * dst_stride + j] = rows[j][c];
+    }
+  }
+#endif
+  for (int64_t c = 0; c < width; ++c) {
+    for (int64_t j = j0; j < count; ++j) dst[c * dst_stride + j] = rows[j][c];
+  }
+}
+
 // Loads the keys s->keys[start, start + chunk) of a weighted walk for the products:
 // s->value_rows[j] -> their values (copied padded to Dp when D != Dp), and their
 // weights transposed into s->key_weights (row k: feature k of the chunk's keys).
@@ -335,7 +360,7 @@ KY_CPU_INLINE void LoadKeyChunk(int64_t start, int64_t chunk, const float* kw, c
   // Local pointers: the stores below must not make the compiler re-read the vectors' fields.
   const int64_t* keys = s->keys.data();
   const int64_t num_k = static_cast<int64_t>(s->keys.size());
-  int64_t* offsets = s->key_offsets.data();
+  const float** key_rows = s->key_rows.data();
   float* key_weights = s->key_weights.data();
   float* values = s->values.data();
   const float** value_rows = s->value_rows.data();
@@ -346,7 +371,7 @@ KY_CPU_INLINE void LoadKeyChunk(int64_t start, int64_t chunk, const float* kw, c
       PrefetchRow(v + ahead * dim, dim);
     }
     const int64_t key = keys[start + j];
-    offsets[j] = key * w;
+    key_rows[j] = kw + key * w;
     if (copy_values) {
       std::copy(v + key * dim, v + (key + 1) * dim, values + j * padded);
       value_rows[j] = values + j * padded;
@@ -354,22 +379,7 @@ KY_CPU_INLINE void LoadKeyChunk(int64_t start, int64_t chunk, const float* kw, c
       value_rows[j] = v + key * dim;
     }
   }
-  int64_t j0 = 0;
-#if KY_HAS_TRANSPOSE16
-  // Whole 16 x 16 blocks through registers (16 loads, 64 shuffles, 16 stores, not 256 scalar moves).
-  for (; j0 + 16 <= chunk && w % 16 == 0; j0 += 16) {
-    for (int64_t k0 = 0; k0 < w; k0 += 16) {
-      Vec16 block[16];
-      for (int r = 0; r < 16; ++r) std::memcpy(&block[r], kw + offsets[j0 + r] + k0, sizeof(Vec16));
-      Transpose16(block);
-      for (int r = 0; r < 16; ++r) std::memcpy(key_weights + (k0 + r) * kKeyChunk + j0, &block[r], sizeof(Vec16));
-    }
-  }
-#endif
-  for (int64_t k = 0; k < w; ++k) {
-    float* dst = key_weights + k * kKeyChunk;
-    for (int64_t j = j0; j < chunk; ++j) dst[j] = kw[offsets[j] + k];
-  }
+  TransposeRows(key_rows, chunk, w, key_weights, kKeyChunk);
 }
 
 }  // namespace internal

@@ -157,10 +157,7 @@ KY_CPU_CLONES inline void LowerBoundGradientHashes(
         std::fill_n(s->query_table.data(), w * padded, 0.0f);
         for (int64_t r0 = 0; r0 < nq; r0 += kKeyChunk) {
           const int64_t chunk = std::min(kKeyChunk, nq - r0);
-          for (int64_t c = 0; c < w; ++c) {
-            float* dst = s->gradient_chunk.data() + c * kKeyChunk;
-            for (int64_t r = 0; r < chunk; ++r) dst[r] = gradient_rows[r0 + r][c];
-          }
+          TransposeRows(gradient_rows + r0, chunk, w, s->gradient_chunk.data(), kKeyChunk);
           MultiplyAccumulate(s->query_table_rows.data(), s->gradient_chunk_rows.data(), w, chunk,
                              query_rows + r0, padded);
         }
@@ -185,11 +182,7 @@ KY_CPU_CLONES inline void LowerBoundGradientHashes(
         std::fill_n(walk->pair_weights.data(), nq * kKeyChunk, 0.0f);
         MultiplyAccumulate(pair_rows, gradient_rows, nq, w, walk->key_weight_rows.data(), RoundUp(chunk, kLanes));
         MultiplyAccumulate(dq_rows, pair_rows, nq, chunk, walk->value_rows.data(), padded);
-        float* transposed = s->transposed_pairs.data();
-        for (int64_t r = 0; r < nq; ++r) {
-          const float* row = pair_rows[r];
-          for (int64_t c = 0; c < chunk; ++c) transposed[c * nq + r] = row[c];
-        }
+        TransposeRows(pair_rows, nq, chunk, s->transposed_pairs.data(), nq);
         MultiplyAccumulate(dk_rows + (k0 - bucket.ka), s->transposed_rows.data(), chunk, nq, query_rows,
                            padded);
       }
