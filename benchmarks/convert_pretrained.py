@@ -7,7 +7,9 @@ Runs examples/convert_pretrained.py once per --mode (yoso, softmax, scratch), le
 in its own process with the same data, steps and batch size (the arguments after `--` go to every run),
 then prints a table of test accuracy (each seed, mean, and the training seconds) and writes
 <out>/convert_pretrained.png and <out>/results.json. A run whose metrics.json exists is not run again,
-so an interrupted sweep continues where it stopped. Without --data-dir: the built-in long-range task.
+so an interrupted sweep continues where it stopped. Without --data-dir: the built-in long-range task, with
+the most that softmax's window (the checkpoint's positions) allows on each seed's test documents, printed
+under the table and drawn in the figure.
 """
 
 import argparse
@@ -59,7 +61,26 @@ def table(records, learning_rates, seeds):
     return "\n".join(lines)
 
 
-def plot(records, learning_rates, path, title):
+def truncation_ceilings(records):
+    """{seed: the expected accuracy of the best model that reads only the softmax runs' window} on the
+    built-in task's test documents of that seed (long_range_data.truncation_ceiling): the most softmax at
+    the checkpoint's positions can reach. The documents are regenerated as examples/convert_pretrained.py's
+    load_task makes them, at the length of the seed's yoso or scratch run (softmax's args hold its window)."""
+    sys.path.insert(0, os.path.dirname(EXAMPLE))
+    import long_range_data
+
+    ceilings = {}
+    for (mode, learning_rate, seed), record in records.items():
+        long_run = next((records[(other, learning_rate, seed)] for other in ("yoso", "scratch")
+                         if (other, learning_rate, seed) in records), None)
+        if mode == "softmax" and long_run and seed not in ceilings:
+            texts, _ = long_range_data.generate_documents(record["args"]["test_examples"], [seed, 1],
+                                                          length=max(8, long_run["args"]["max_length"] - 2))
+            ceilings[seed] = long_range_data.truncation_ceiling(texts, record["args"]["max_length"] - 2)
+    return ceilings
+
+
+def plot(records, learning_rates, path, title, ceiling=None):
     import matplotlib
 
     matplotlib.use("Agg")
@@ -78,6 +99,9 @@ def plot(records, learning_rates, path, title):
                                         "YOSO from scratch"])
     axis.set_ylabel("test accuracy (%): bars mean, dots seeds")
     axis.axhline(50, color="gray", linestyle=":", linewidth=1)
+    if ceiling is not None:
+        axis.axhline(100 * ceiling, color="C3", linestyle="--", linewidth=1,
+                     label=f"the best softmax's window allows ({100 * ceiling:.1f}%)")
     axis.set_title(title)
     axis.legend()
     figure.tight_layout()
@@ -122,11 +146,17 @@ def main(argv=None):
     title = (f"{task}: {first['num_train_examples']} training documents, {first['steps']} steps, "
              f"{first['keras_backend']}")
     print(table(records, args.learning_rates, args.seeds))
+    ceilings = {} if args.data_dir else truncation_ceilings(records)
+    if ceilings:
+        window = next(r["args"]["max_length"] - 2 for (m, _, _), r in records.items() if m == "softmax")
+        print(f"softmax reads each document's first {window} words: the best any such model can do on the test "
+              "documents is " + ", ".join(f"{100 * c:.1f}% (seed {s})" for s, c in ceilings.items()))
     with open(os.path.join(args.out, "results.json"), "w", encoding="utf-8") as f:
         json.dump([{"mode": m, "learning_rate": lr, "seed": s, **{k: r[k] for k in (
             "test_accuracy", "test_loss", "train_seconds", "steps", "num_train_examples", "num_test_examples",
             "keras_backend", "yoso_ops", "args")}} for (m, lr, s), r in records.items()], f, indent=2)
-    plot(records, args.learning_rates, os.path.join(args.out, "convert_pretrained.png"), title)
+    plot(records, args.learning_rates, os.path.join(args.out, "convert_pretrained.png"), title,
+         sum(ceilings.values()) / len(ceilings) if ceilings else None)
     print(f"figure: {os.path.join(args.out, 'convert_pretrained.png')}")
 
 

@@ -145,6 +145,9 @@ def test_benchmark_sweep_prints_a_table_and_writes_results_and_figure(checkpoint
     assert process.returncode == 0, process.stderr[-3000:]
     assert re.search(r"^\| yoso \| 0\.001 \| \d+\.\d% \| \d+\.\d% \|", process.stdout, re.M), process.stdout
     assert re.search(r"^\| softmax \| 0\.001 \|", process.stdout, re.M)
+    texts, _ = long_range_data.generate_documents(8, [0, 1], length=94)  # the test documents of seed 0
+    ceiling = long_range_data.truncation_ceiling(texts, POSITIONS - 2)  # softmax reads [CLS], 62 words, [SEP]
+    assert f"first {POSITIONS - 2} words" in process.stdout and f"is {100 * ceiling:.1f}% (seed 0)" in process.stdout
     with open(out / "results.json") as f:
         assert [(r["mode"], r["seed"]) for r in json.load(f)] == [("yoso", 0), ("softmax", 0)]
     assert (out / "convert_pretrained.png").stat().st_size > 0

@@ -402,6 +402,24 @@ def test_builtin_documents_are_long_balanced_and_labelled_by_the_tag_of_their_to
     assert long_range_data.generate_documents(3, seed=5)[0] != long_range_data.generate_documents(3, seed=6)[0]
 
 
+def test_truncation_ceiling_is_certain_where_the_own_tag_is_read_and_a_coin_elsewhere():
+    texts, labels = long_range_data.generate_documents(300, seed=3, length=400)
+    tags = long_range_data.TAGS
+    own_tag_index = []
+    for text in texts:
+        words = text.split()
+        topic = 0 if next(w for w in words if w not in tags[0] + tags[1]) in long_range_data.TOPICS[0] else 1
+        own_tag_index.append(next(i for i, word in enumerate(words) if word in tags[topic]))
+    for window in (0, 50, 100, 250, 400):
+        seen = np.mean(np.array(own_tag_index) < window)
+        assert long_range_data.truncation_ceiling(texts, window) == pytest.approx(seen + (1 - seen) / 2)
+    assert long_range_data.truncation_ceiling(texts, 0) == 0.5 and long_range_data.truncation_ceiling(texts, 400) == 1
+    long_texts, _ = long_range_data.generate_documents(4000, seed=4, length=2046)
+    assert 0.57 < long_range_data.truncation_ceiling(long_texts, 510) < 0.60  # a 512-position BERT: about 0.583
+    with pytest.raises(ValueError, match="words must be >= 0, got -1"):
+        long_range_data.truncation_ceiling(texts, -1)
+
+
 def test_no_imdb_data_exits_naming_the_public_download_and_the_layouts(tmp_path):
     with pytest.raises(SystemExit) as exit_info:
         imdb_data.load_imdb(str(tmp_path))
