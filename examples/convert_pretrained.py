@@ -16,7 +16,9 @@ tokenizer.json or vocab.txt. Nothing is downloaded at run time. The script
 3. fine-tunes a classifier (the backbone, the mean of its token vectors as sentence-transformers pools
    them, a softmax layer) on the built-in long-range task at 2,048 words (long_range_data.py: two tags
    on average 1,000 words apart decide the label), or on IMDB reviews with --data-dir;
-4. prints progress, and writes model.keras, metrics.json and history.png to --output-dir.
+4. prints progress, and writes model.keras, metrics.json and history.png to --output-dir. On the built-in
+   task, metrics.json's args also hold truncation_ceiling: the best accuracy a model that reads only the
+   checkpoint's positions (softmax) can reach on the test documents (long_range_data.truncation_ceiling).
 
 --mode picks the model; the training, data and budget are the same for all three:
     yoso     the pretrained model with YOSO attention at --max-length (default)
@@ -192,6 +194,12 @@ def main(argv=None):
 
     backbone = load_backbone(args)
     task, class_names, train, test = load_task(args, args.max_length)  # the same documents in every mode
+    if task == "tags":  # what the checkpoint's own positions allow at most, recorded with every mode's metrics
+        with open(os.path.join(args.pretrained, "config.json"), encoding="utf-8") as f:
+            window = min(args.max_length, json.load(f)["max_position_embeddings"]) - 2  # less [CLS] and [SEP]
+        args.truncation_ceiling = long_range_data.truncation_ceiling(test.texts, window)
+        print(f"a model that reads only the first {window} words (softmax at the checkpoint's positions) can reach "
+              f"at most {args.truncation_ceiling:.1%} on these {len(test)} test documents", flush=True)
     if args.mode == "softmax":
         args.max_length = min(args.max_length, backbone.max_sequence_length)
     train, validation = hold_out(train, args.validation_fraction, args.seed)
