@@ -194,14 +194,15 @@ def main(argv=None):
 
     backbone = load_backbone(args)
     task, class_names, train, test = load_task(args, args.max_length)  # the same documents in every mode
-    if task == "tags":  # what the checkpoint's own positions allow at most, recorded with every mode's metrics
-        with open(os.path.join(args.pretrained, "config.json"), encoding="utf-8") as f:
-            window = min(args.max_length, json.load(f)["max_position_embeddings"]) - 2  # less [CLS] and [SEP]
-        args.truncation_ceiling = long_range_data.truncation_ceiling(test.texts, window)
-        print(f"a model that reads only the first {window} words (softmax at the checkpoint's positions) can reach "
+    with open(os.path.join(args.pretrained, "config.json"), encoding="utf-8") as f:
+        softmax_length = min(args.max_length, json.load(f)["max_position_embeddings"])  # the checkpoint's positions
+    if task == "tags":  # what softmax's window allows at most, recorded with every mode's metrics
+        words = softmax_length - 2  # less [CLS] and [SEP]
+        args.truncation_ceiling = long_range_data.truncation_ceiling(test.texts, words)
+        print(f"a model that reads only the first {words} words (softmax at the checkpoint's positions) can reach "
               f"at most {args.truncation_ceiling:.1%} on these {len(test)} test documents", flush=True)
     if args.mode == "softmax":
-        args.max_length = min(args.max_length, backbone.max_sequence_length)
+        args.max_length = softmax_length
     train, validation = hold_out(train, args.validation_fraction, args.seed)
     args.attention = f"{args.mode} (pretrained {os.path.basename(os.path.normpath(args.pretrained))})"
     args.output_dir = args.output_dir or os.path.join("runs", f"convert-{task}-{args.mode}-{keras.backend.backend()}")

@@ -57,7 +57,6 @@ def generate_documents(count, seed, length=2048):
     return [" ".join(words[row]) for row in ids], labels.astype(np.int32)
 
 
-
 def truncation_ceiling(texts, words):
     """The expected accuracy, on `texts` (documents of generate_documents), of the best model that reads
     only each document's first `words` words (e.g. a model truncated to its positions).
