@@ -191,6 +191,7 @@ def _skip_unless_backend_installed(backend):
 
 
 PROGRAMS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "programs")
+_REPOSITORY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def run_python(code, cwd, backend=None, env=None, timeout=300):
@@ -239,6 +240,16 @@ def _program_result(name, args, cwd, backend, env, timeout):
     path = os.path.join(PROGRAMS, f"{name}.py")
     assert os.path.isfile(path), f"no program {path}"
     return _run_interpreter([path, *(str(a) for a in args)], cwd, backend, env, timeout)
+
+
+def run_tests_with_a_failed_native_library(module, deselect):
+    """Runs the test module tests/<module> in a fresh pytest on this backend with the native library
+    failing to load and the custom ops expected (the plugin tests/programs/failed_native_library.py),
+    stopping at the first failure, `deselect` (a test of that module) left out; returns the
+    completed process."""
+    environment = {"PYTHONPATH": os.pathsep.join(filter(None, [PROGRAMS, os.environ.get("PYTHONPATH")]))}
+    return _run_interpreter(["-m", "pytest", f"tests/{module}", "-p", "failed_native_library", "-x", "-q",
+                             "--deselect", f"tests/{module}::{deselect}"], _REPOSITORY, None, environment, 600)
 
 
 def _run_interpreter(arguments, cwd, backend, env, timeout):

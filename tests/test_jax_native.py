@@ -3,7 +3,8 @@ only it has, the gradients and results inside jax.jit and under jax.vmap, half p
 inside jit, thread safety, the YosoAttention layer under jit (the contract every native provider
 keeps is tests/test_native_provider_contract.py).
 
-Runs only on the JAX backend with the native kernels loaded.
+Runs on the JAX backend where the native kernels are expected (tests/conftest.py): there a library
+that failed to load makes these tests fail, never skip.
 """
 
 import concurrent.futures
@@ -12,20 +13,19 @@ import keras
 import numpy as np
 import pytest
 
-if keras.backend.backend() != "jax":
-    pytest.skip("JAX backend only", allow_module_level=True)
+from conftest import CUSTOM_OPS_EXPECTED
 
-from keras_yoso import ops  # noqa: E402
-from keras_yoso.ops.providers import jax as jax_provider  # noqa: E402
-
-if jax_provider.PROVIDER.load_error():
-    pytest.skip(f"JAX native kernels not loaded: {jax_provider.PROVIDER.load_error()}", allow_module_level=True)
+if keras.backend.backend() != "jax" or not CUSTOM_OPS_EXPECTED:
+    pytest.skip("JAX backend with the native kernels expected only", allow_module_level=True)
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
 import numpy_reference as ref  # noqa: E402
-from conftest import cast, random_mask, rounded, to_numpy, unit_rows  # noqa: E402
+from conftest import cast, random_mask, rounded, run_tests_with_a_failed_native_library  # noqa: E402
+from conftest import to_numpy, unit_rows  # noqa: E402
+from keras_yoso import ops  # noqa: E402
+from keras_yoso.ops.providers import jax as jax_provider  # noqa: E402
 from keras_yoso import _validation  # noqa: E402
 from keras_yoso.layers import YosoAttention  # noqa: E402
 
@@ -49,6 +49,17 @@ def _inputs(seed=0, batch=B, masks=True):
         kc=rng.integers(0, 2 ** TAU, size=(batch, M, NK)).astype(np.int32),
         qm=random_mask(rng, "random" if masks else "none", batch, NQ),
         km=random_mask(rng, "random" if masks else "none", batch, NK))
+
+
+def test_the_native_kernels_are_loaded():
+    assert jax_provider.PROVIDER.load_error() is None, jax_provider.PROVIDER.load_error()
+
+
+def test_a_native_library_that_failed_to_load_fails_this_module_instead_of_skipping_it():
+    result = run_tests_with_a_failed_native_library(
+        "test_jax_native.py", "test_a_native_library_that_failed_to_load_fails_this_module_instead_of_skipping_it")
+    assert result.returncode == 1 and " failed" in result.stdout, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "FAILED tests/test_jax_native.py::test_the_native_kernels_are_loaded" in result.stdout, result.stdout
 
 
 def test_native_kernels_are_what_auto_runs_on_jax_cpu():

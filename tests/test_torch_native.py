@@ -11,15 +11,18 @@ import threading
 import numpy as np
 import pytest
 
-from conftest import BACKEND, random_mask, run_python, to_numpy, trainable_gradients, unit_rows
+from conftest import BACKEND, CUSTOM_OPS_EXPECTED, random_mask, run_python, run_tests_with_a_failed_native_library
+from conftest import to_numpy, trainable_gradients, unit_rows
 from keras_yoso import YosoAttention
 from keras_yoso import _validation
 from keras_yoso import ops
 from keras_yoso.ops import _dispatch
 from keras_yoso.ops.providers import composite
 
-pytestmark = pytest.mark.skipif(BACKEND != "torch" or not ops.custom_ops_available(),
-                                reason="PyTorch backend with the native library only")
+# Skips only off PyTorch or where the native kernels are not expected (tests/conftest.py): where they
+# are expected, a library that failed to load makes these tests fail.
+pytestmark = pytest.mark.skipif(BACKEND != "torch" or not CUSTOM_OPS_EXPECTED,
+                                reason="PyTorch backend with the native kernels expected only")
 
 if BACKEND == "torch":
     import torch
@@ -66,6 +69,17 @@ def _op_samples(dtype):
         ("weighted_lsh_cumulation", (qm, qc, qw, km, kc, kw, v, 16)),
         ("collision_cumulation", (qm, qc, q, qw, km, kc, k, kw, 4, EPSILON)),
     ]
+
+
+def test_the_native_kernels_are_loaded():
+    assert torch_provider.PROVIDER.load_error() is None, torch_provider.PROVIDER.load_error()
+
+
+def test_a_native_library_that_failed_to_load_fails_this_module_instead_of_skipping_it():
+    result = run_tests_with_a_failed_native_library(
+        "test_torch_native.py", "test_a_native_library_that_failed_to_load_fails_this_module_instead_of_skipping_it")
+    assert result.returncode == 1 and " failed" in result.stdout, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "FAILED tests/test_torch_native.py::test_the_native_kernels_are_loaded" in result.stdout, result.stdout
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
