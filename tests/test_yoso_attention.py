@@ -253,3 +253,18 @@ def test_layers_saved_with_the_legacy_hash_reload_and_hash_with_it(tmp_path):
     default(x, x)
     default.set_weights(legacy.layers[-1].get_weights())
     assert not np.allclose(to_numpy(default(x, x)), to_numpy(legacy(x)), atol=1e-4)
+
+
+@pytest.mark.parametrize("arguments", [
+    dict(conv_window=3, backward="collision", hash_method="gaussian", implementation="composite"),
+    dict(use_expectation=True, hash_method="hadamard"),
+    dict(causal=True),
+])
+def test_every_yoso_setting_is_a_read_only_property_equal_to_its_config_entry(arguments):
+    layer = YosoAttention(2, 4, **SMALL, **arguments)
+    config = layer.get_config()
+    for name in ("num_hashes", "hash_code_len", "use_expectation", "conv_window", "backward", "hash_method",
+                 "implementation", "causal"):
+        assert getattr(layer, name) == config[name], name
+        with pytest.raises(AttributeError):
+            setattr(layer, name, "changed")

@@ -96,6 +96,10 @@ class YosoAttention(MultiHeadAttentionBase):
     `keras_yoso.export_portable(model, path)` exports the composite instead
     (the SavedModel loads with TensorFlow alone).
 
+    Settings. Each YOSO argument below (`num_hashes`, `hash_code_len`,
+    `use_expectation`, `conv_window`, `backward`, `hash_method`,
+    `implementation`, `causal`) is a read-only property of the same name.
+
     Args:
         num_heads: Number of attention heads.
         key_dim: Size of each attention head for query and key.
@@ -252,6 +256,21 @@ class YosoAttention(MultiHeadAttentionBase):
     @property
     def implementation(self):
         return self._implementation
+
+    @property
+    def causal(self):
+        """The constructor's `causal`: whether a call without `use_causal_mask` is causal."""
+        return self._causal
+
+    @property
+    def backward(self):
+        """The gradient estimator of sampled YOSO: "lower_bound" (eq. 4) or "collision" (*YOSO)."""
+        return self._backward
+
+    @property
+    def hash_method(self):
+        """The hash family of the layer: one of `keras_yoso._validation.HASH_METHODS`."""
+        return self._hash_method
 
     def get_config(self):
         config = {
