@@ -16,11 +16,11 @@ from keras_yoso import distribution
 from keras_yoso import layers
 from keras_yoso import models
 from keras_yoso import ops
-from keras_yoso._validation import check_token_ids
 from keras_yoso.conversion import replace_attention
 from keras_yoso.layers import LinearRelativeAttention
 from keras_yoso.layers import TransformerEncoderBlock
 from keras_yoso.layers import YosoAttention
+from keras_yoso.models import check_token_ids
 
 __version__ = "0.2.0"
 

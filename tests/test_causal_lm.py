@@ -171,3 +171,13 @@ def test_token_ids_out_of_the_vocabulary_raise_value_error_naming_the_range_in_c
     with pytest.raises(ValueError, match=expected.format("prompt", "prompt")):
         model.generate(tokens, 2)
     assert np.isfinite(to_numpy(model(np.clip(tokens, 0, 49)))).all()
+
+
+def test_check_token_ids_is_defined_in_a_public_module_and_exported_by_the_package_and_models():
+    import keras_yoso
+
+    assert keras_yoso.check_token_ids is keras_yoso.models.check_token_ids
+    module = keras_yoso.check_token_ids.__module__
+    assert not any(part.startswith("_") for part in module.split(".")), module
+    with pytest.raises(ValueError, match=r"argument `ids`: expected token ids in \[0, vocabulary_size\) = \[0, 5\)"):
+        keras_yoso.check_token_ids(np.array([[0, 5]]), 5, "ids")

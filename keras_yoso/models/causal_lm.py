@@ -8,6 +8,7 @@ from keras import ops
 from keras_yoso import _backend
 from keras_yoso import _validation
 from keras_yoso.layers.transformer_encoder_block import TransformerEncoderBlock
+from keras_yoso.models.token_ids import check_token_ids
 
 SAMPLERS = ("greedy", "random")
 
@@ -75,7 +76,7 @@ class CausalLM(keras.Model):
         return self.token_embedding(token_ids) + self.position_embedding(positions)[None]
 
     def call(self, token_ids, training=None):
-        _validation.check_token_ids(token_ids, self.vocabulary_size)
+        check_token_ids(token_ids, self.vocabulary_size)
         x = self._embed(token_ids, 0)
         for block in self.blocks:
             x = block(x, training=training)
@@ -108,7 +109,7 @@ class CausalLM(keras.Model):
         noise drawn from `seed` before the loop) or a callable `logits [B, V] -> ids [B]` written in
         keras.ops (it runs inside the compiled loop).
         """
-        _validation.check_token_ids(prompt, self.vocabulary_size, "prompt")
+        check_token_ids(prompt, self.vocabulary_size, "prompt")
         prompt = ops.cast(ops.convert_to_tensor(prompt), "int32")
         shape = _backend.static_shape(prompt)
         if len(shape) != 2 or not shape[1]:
