@@ -2,17 +2,21 @@
 
 `pip install .` compiles custom_ops/ into two libraries:
 
-- keras_yoso/_yoso_native*.so, the framework-neutral native library: the C ABI of the CPU
-  kernels (custom_ops/cc/c_api) and the XLA FFI handlers (custom_ops/cc/jax), built with only a
-  C++ compiler. The handlers need the header-only XLA FFI API, which the build takes from the
-  pinned jaxlib that custom_ops/pep517_backend.py adds to the build requirements; the library
-  does not link to jaxlib, torch or TensorFlow, so JAX (through XLA FFI) and PyTorch (through
-  ctypes and torch.library) use it whichever of them is installed, before or after keras-yoso.
+- keras_yoso/_yoso_native*.so, the framework-neutral native library: the C ABI of the kernels
+  (custom_ops/cc/c_api) and the XLA FFI handlers (custom_ops/cc/jax), built with a C++ compiler,
+  plus the CUDA kernels and the static CUDA runtime when nvcc is found (the runtime opens libcuda
+  only when a GPU entry first runs, so the library still loads on machines without CUDA). The
+  handlers need the header-only XLA FFI API, which the build takes from the pinned jaxlib that
+  custom_ops/pep517_backend.py adds to the build requirements; the library does not link to
+  jaxlib, torch or TensorFlow, so JAX (through XLA FFI) and PyTorch (through ctypes and
+  torch.library) use it whichever of them is installed, before or after keras-yoso.
 - keras_yoso/_yoso_ops*.so, the TensorFlow op library, when TensorFlow is importable at build
   time, with the compile and link flags TensorFlow reports (tf.sysconfig). When nvcc is found
-  and KERAS_YOSO_CUDA is not "0", the CUDA kernels are compiled too (SASS for
-  KERAS_YOSO_CUDA_ARCHS, default 75;80;86;89;90, plus PTX for the newest) and GPU kernels are
-  registered.
+  and KERAS_YOSO_CUDA is not "0", GPU kernels are registered too.
+
+When nvcc is found and KERAS_YOSO_CUDA is not "0", the CUDA kernels (custom_ops/cc/kernels/*.cu)
+are compiled once (SASS for KERAS_YOSO_CUDA_ARCHS, default 75;80;86;89;90, plus PTX for the newest)
+and linked into both libraries.
 
 The package itself needs only Keras 3 and NumPy (JAX, PyTorch or TensorFlow as the Keras
 backend); the extras pull in the rest:
@@ -36,6 +40,7 @@ so a wheel holds the library of this build or none. It prints each compile and h
 
 import glob
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -49,7 +54,8 @@ from setuptools.command.build_ext import build_ext
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 KERNELS = os.path.join("custom_ops", "cc", "kernels")
-NATIVE_SOURCES = [os.path.join("custom_ops", "cc", "c_api", "yoso_c_api.cc")]
+C_API = os.path.join("custom_ops", "cc", "c_api")
+NATIVE_SOURCES = [os.path.join(C_API, "yoso_c_api.cc"), os.path.join(C_API, "yoso_c_api_device.cc")]
 XLA_FFI_SOURCES = [os.path.join("custom_ops", "cc", "jax", "yoso_xla_ffi.cc")]
 TF_GLUE = os.path.join("custom_ops", "cc", "tf")
 CC_SOURCES = [os.path.join(TF_GLUE, "yoso_kernels.cc"), os.path.join(TF_GLUE, "yoso_ops.cc")]
@@ -63,6 +69,12 @@ from pep517_backend import OLDEST_JAX, TENSORFLOW_REQUIREMENT  # noqa: E402  (th
 
 TENSORFLOW_TEXT = "tensorflow-text>=2.21,<2.22"
 KERAS_HUB = "keras-hub>=0.21"  # keras_hub.layers.TransformerEncoder/Decoder, BertBackbone from Hugging Face files
+
+
+def _version():
+    """keras_yoso/_version.py's __version__ (read, not imported: the package needs Keras)."""
+    with open(os.path.join(HERE, "keras_yoso", "_version.py"), encoding="utf-8") as f:
+        return re.search(r'^__version__ = "([^"]+)"$', f.read(), flags=re.M).group(1)
 
 
 def _find_cuda():
@@ -81,8 +93,12 @@ def _find_cuda():
     raise RuntimeError(f"found nvcc at {nvcc} but no CUDA headers; set CUDA_HOME to the toolkit root")
 
 
+def _cuda_archs():
+    return [a.strip() for a in os.environ.get("KERAS_YOSO_CUDA_ARCHS", DEFAULT_ARCHS).split(";") if a.strip()]
+
+
 def _gencode_flags():
-    archs = [a.strip() for a in os.environ.get("KERAS_YOSO_CUDA_ARCHS", DEFAULT_ARCHS).split(";") if a.strip()]
+    archs = _cuda_archs()
     flags = []
     for arch in archs:
         flags += ["-gencode", f"arch=compute_{arch},code=sm_{arch}"]
@@ -167,6 +183,11 @@ def _cxx():
     return os.environ.get("CXX", "g++")
 
 
+def _cuda_link_flags(cuda_home):
+    """The static CUDA runtime (it opens libcuda itself, at the first CUDA call)."""
+    return ["-L" + os.path.join(cuda_home, "lib64"), "-l:libcudart_static.a", "-lrt", "-ldl", "-lpthread"]
+
+
 class BuildLibraries(build_ext):
     """Builds the native library (C++ compiler only) and the TensorFlow op library (TF's own flags)."""
 
@@ -191,14 +212,40 @@ class BuildLibraries(build_ext):
             _say("no jaxlib headers at build time: the native library holds no XLA FFI handlers "
                  "(JAX then runs the composite; PyTorch is unaffected)")
         flags = ["-O3", "-fPIC", "-std=c++17", "-fvisibility=hidden", "-pthread",
-                 "-I" + os.path.join(HERE, KERNELS), "-I" + os.path.join(HERE, "custom_ops", "cc", "c_api")]
+                 "-I" + os.path.join(HERE, KERNELS), "-I" + os.path.join(HERE, C_API)]
         if include:
             flags += ["-isystem", include]  # XLA's headers: their warnings are not ours
-        # Export the ky_* entries only (template instantiations and ifunc resolvers stay local).
-        exports = os.path.join(HERE, "custom_ops", "cc", "c_api", "exports.map")
-        self._compile_and_link(sources, flags, ["-pthread", "-Wl,--version-script=" + exports], out_path, build_dir)
-        _say(f"built {out_path} (C ABI{' + XLA FFI handlers' if include else ''}) in "
-             f"{time.perf_counter() - start:.0f} s")
+        # Export the ky_* entries only (template instantiations, ifunc resolvers and the static CUDA
+        # runtime stay local).
+        link = ["-pthread", "-Wl,--version-script=" + os.path.join(HERE, C_API, "exports.map")]
+        nvcc, cuda_home = _find_cuda()
+        cuda_jobs = {}
+        if cuda_home:
+            flags += ["-DKY_WITH_CUDA=1", f'-DKY_CUDA_ARCHS="{";".join(_cuda_archs())}"',
+                      "-isystem", os.path.join(cuda_home, "include")]
+            cuda_jobs = self._cuda_jobs(nvcc)
+            link += _cuda_link_flags(cuda_home)
+        self._compile_and_link(sources, flags, link, out_path, build_dir, cuda_jobs)
+        parts = ["C ABI"] + (["XLA FFI handlers"] if include else []) + (["CUDA kernels"] if cuda_home else [])
+        _say(f"built {out_path} ({' + '.join(parts)}) in {time.perf_counter() - start:.0f} s")
+
+    def _cuda_jobs(self, nvcc):
+        """{source: (nvcc command, object)} of the CUDA kernels, or {} where an earlier library of this
+        build already compiled them with the same command (the object is reused, not rebuilt)."""
+        cuda_dir = os.path.join(os.path.abspath(self.build_temp), "_cuda")
+        jobs = {}
+        for src in CUDA_SOURCES:
+            obj = os.path.join(cuda_dir, os.path.basename(src) + ".o")
+            cmd = [nvcc, "-c", src, "-o", obj, "-O3", "-std=c++17", "-Xcompiler", "-fPIC",
+                   "-I" + os.path.join(HERE, KERNELS)] + _gencode_flags()
+            jobs[src] = (cmd, obj)
+        compiled = getattr(self, "_compiled_cuda", {})
+        if all(compiled.get(src) == cmd for src, (cmd, _) in jobs.items()):
+            return {src: (None, obj) for src, (_, obj) in jobs.items()}
+        shutil.rmtree(cuda_dir, ignore_errors=True)
+        os.makedirs(cuda_dir)
+        self._compiled_cuda = {src: cmd for src, (cmd, _) in jobs.items()}
+        return jobs
 
     def _build_tf_ops(self, out_path, build_dir):
         import tensorflow as tf
@@ -210,22 +257,17 @@ class BuildLibraries(build_ext):
         if cuda_home:
             common += ["-DGOOGLE_CUDA=1", "-I" + os.path.join(cuda_home, "include")]
         extra_jobs = {}
-        if cuda_home:
-            std = next((f for f in compile_flags if f.startswith(("--std=", "-std="))), "-std=c++17")
-            for src in CUDA_SOURCES:
-                obj = os.path.join(build_dir, os.path.basename(src) + ".o")
-                extra_jobs[src] = ([nvcc, "-c", src, "-o", obj, "-O3", std.replace("--std", "-std"),
-                                    "-Xcompiler", "-fPIC", "-I" + os.path.join(HERE, KERNELS)] + _gencode_flags(), obj)
         link = tf.sysconfig.get_link_flags()
         if cuda_home:
-            link += ["-L" + os.path.join(cuda_home, "lib64"), "-l:libcudart_static.a", "-lrt", "-ldl", "-lpthread"]
+            extra_jobs = self._cuda_jobs(nvcc)
+            link += _cuda_link_flags(cuda_home)
         self._compile_and_link(CC_SOURCES, common, link, out_path, build_dir, extra_jobs)
         _say(f"built {out_path} ({'CPU + CUDA' if cuda_home else 'CPU only'}) in {time.perf_counter() - start:.0f} s")
 
     @staticmethod
     def _compile_and_link(sources, flags, link_flags, out_path, build_dir, extra_jobs=None):
-        """Compiles `sources` with `flags` (plus extra_jobs {source: (cmd, object)}) in parallel, then
-        links them into the shared library `out_path`."""
+        """Compiles `sources` with `flags` (plus extra_jobs {source: (cmd, object)}; cmd None: the object
+        is already built) in parallel, then links them into the shared library `out_path`."""
         os.makedirs(build_dir)
         os.makedirs(os.path.dirname(out_path), exist_ok=True)
         jobs, objects = {}, []
@@ -234,7 +276,8 @@ class BuildLibraries(build_ext):
             jobs[src] = [_cxx(), "-c", src, "-o", obj] + flags
             objects.append(obj)
         for src, (cmd, obj) in (extra_jobs or {}).items():
-            jobs[src] = cmd
+            if cmd is not None:
+                jobs[src] = cmd
             objects.append(obj)
         _compile_all(jobs, max(1, int(os.environ.get("KERAS_YOSO_JOBS", os.cpu_count() or 1))))
         link = [_cxx(), "-shared", "-o", out_path] + objects + link_flags
@@ -243,7 +286,7 @@ class BuildLibraries(build_ext):
 
 setup(
     name="keras-yoso",
-    version="0.2.0",
+    version=_version(),
     description="Linear-cost attention for long sequences in Keras 3 (TensorFlow, JAX, PyTorch): YOSO and Scaleformer",
     long_description=open(os.path.join(HERE, "README.md"), encoding="utf-8").read(),
     long_description_content_type="text/markdown",

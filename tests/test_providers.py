@@ -9,13 +9,15 @@ from conftest import BACKEND, CUSTOM_OPS_EXPECTED, DATA_ERROR, to_numpy, unit_ro
 from keras_yoso import YosoAttention
 from keras_yoso import ops
 from keras_yoso.ops import _dispatch
+from keras_yoso.ops import _spec
 from keras_yoso.ops.providers import base
 from keras_yoso.ops.providers import composite
 
 
 class _Recording(base.Provider):
     """The composite's primitives under other declarations, recording the per-bucket table widths
-    (weight width, value width) of the weighted cumulations and lower-bound backwards it runs."""
+    (weight width, value width) of the weighted cumulations and lower-bound backwards it runs, and
+    the names of the primitives it runs."""
 
     name = "custom_op"
     supports_jit = True
@@ -23,8 +25,10 @@ class _Recording(base.Provider):
     def __init__(self, **declarations):
         self.__dict__.update(declarations)
         self.weighted_widths = []
+        self.ran = []
 
     def run(self, name, *arguments):
+        self.ran.append(name)
         if name == "weighted_lsh_cumulation":
             query_weight, value = arguments[2], arguments[6]
             self.weighted_widths.append((int(query_weight.shape[2]), int(value.shape[2])))
@@ -73,7 +77,7 @@ def test_codes_are_checked_only_for_providers_that_do_not_check_them(install):
 
 def test_a_provider_refusing_the_device_sends_auto_to_the_composite_and_custom_op_to_an_error(install):
     class _OnlyElsewhere(_Recording):
-        def device_error(self, tensors, causal=0):
+        def device_error(self, tensors, causal=0, primitives=()):
             return "the inputs are on a device these kernels do not serve" if tensors else None
 
     install(_OnlyElsewhere())
@@ -112,3 +116,64 @@ def test_weighted_cumulation_is_held_to_the_table_limit_the_provider_declares(in
     with pytest.raises(ValueError, match=r"weight_dim \* value_dim = 4 \* 5 floats .* limit of 16 floats"):
         ops.weighted_lsh_cumulation(codes, weight, codes, weight, value, 2, implementation="custom_op")
     to_numpy(ops.weighted_lsh_cumulation(codes, weight, codes, weight, value[:, :, :4], 2, implementation="custom_op"))
+
+
+class _OnGpu(_Recording):
+    """A native provider whose calls all run on "gpu", where it serves the primitives `_spec` lists there."""
+
+    def device_of(self, tensors):
+        return "gpu"
+
+    def devices(self):
+        return ("cpu", "gpu")
+
+
+def test_the_eq4_backward_runs_as_two_weighted_cumulations_where_the_fused_kernel_is_not_on_the_device(install):
+    provider = install(_OnGpu())
+    rng = np.random.default_rng(1)
+    q, k = unit_rows(rng, (1, 6, 8)), unit_rows(rng, (1, 7, 8))
+    v = rng.standard_normal((1, 7, 5)).astype(np.float32)
+    qc, kc = rng.integers(0, 4, (1, 3, 6)).astype(np.int32), rng.integers(0, 4, (1, 3, 7)).astype(np.int32)
+    cotangent = rng.standard_normal((1, 6, 5)).astype(np.float32)
+    _, (dq, dk, _) = vjp(lambda a, b, c: ops.yoso_cumulation(a, b, c, qc, kc, 2, implementation="custom_op"),
+                         [q, k, v], cotangent)
+    assert "lower_bound_gradients" not in provider.ran
+    assert provider.ran.count("weighted_lsh_cumulation") == 2
+    want_dq, want_dk, _ = ref.yoso_lower_bound_gradients(q, k, v, qc, kc, 2, cotangent)
+    np.testing.assert_allclose(dq, want_dq, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(dk, want_dk, rtol=1e-4, atol=1e-4)
+
+
+def test_a_primitive_without_a_kernel_on_the_device_sends_auto_to_the_composite_and_custom_op_to_an_error(install):
+    install(_OnGpu())
+    codes = np.zeros((1, 2, 3), np.int32)
+    value, tables = np.ones((1, 3, 2), np.float32), np.zeros((1, 2, 4, 2), np.float32)
+    assert _dispatch.provider("auto", (value,), 0, ("lsh_cumulation",)).name == "custom_op"
+    assert _dispatch.provider("auto", (value,), 0, ("lsh_cumulation_step",)) is composite.PROVIDER
+    with pytest.raises(ValueError, match="lsh_cumulation_step has no gpu kernel"):
+        ops.lsh_cumulation_step(codes, codes, value, tables, implementation="custom_op")
+    # The CUDA kernels take causal = 0 only.
+    assert _dispatch.provider("auto", (value,), 1, ("lsh_cumulation",)) is composite.PROVIDER
+    with pytest.raises(ValueError, match="lsh_cumulation has no gpu kernel with causal != 0"):
+        ops.lsh_cumulation(codes, codes, value, 4, implementation="custom_op", causal=True)
+    to_numpy(ops.lsh_cumulation(codes, codes, value, 4, implementation="auto", causal=True))
+
+
+def test_a_device_the_native_kernels_do_not_serve_is_named(install):
+    class _OnTpu(_OnGpu):
+        def device_of(self, tensors):
+            return "tpu"
+
+    install(_OnTpu())
+    codes, value = np.zeros((1, 2, 3), np.int32), np.ones((1, 3, 2), np.float32)
+    with pytest.raises(ValueError, match="run on cpu and gpu; this call runs on tpu"):
+        ops.lsh_cumulation(codes, codes, value, 4, implementation="custom_op")
+
+
+def test_the_kernels_table_names_the_provider_of_each_primitive_on_each_device(install):
+    install(_OnGpu())
+    table = _dispatch.kernels_table()
+    assert set(table) == set(_spec.PRIMITIVES)
+    for name, row in table.items():
+        assert row == {device: "custom_op" if device in _spec.PRIMITIVES[name].devices else "composite"
+                       for device in _spec.DEVICES}, name

@@ -78,6 +78,18 @@ def test_the_cc_primitive_list_is_the_table():
     assert set(_cc_primitives()) == set(_spec.PRIMITIVES)
 
 
+def test_the_primitives_with_a_cuda_kernel_are_those_the_table_lists_on_the_gpu():
+    macro = re.search(r"#define KY_GPU_PRIMITIVES\(X\)(.*?)\n\n", _read("kernels", "yoso_gpu_primitives.h"),
+                      flags=re.S)
+    gpu = re.findall(r"X\((\w+), \w+\)", macro.group(1))
+    assert sorted(gpu) == sorted(name for name, p in _spec.PRIMITIVES.items() if "gpu" in p.devices)
+    assert all(set(p.devices) <= set(_spec.DEVICES) and "cpu" in p.devices for p in _spec.PRIMITIVES.values())
+    # TensorFlow registers a GPU kernel for exactly the raw ops of those primitives.
+    body = re.search(r"#define KY_REGISTER\(DEVICE_NAME, DeviceType, T\)(.*?)\n\n", _read("tf", "yoso_kernels.cc"),
+                     flags=re.S).group(1)
+    assert sorted(set(re.findall(r'"(Yoso\w+)"', body))) == sorted(_spec.raw_ops("gpu"))
+
+
 def _registered_ops():
     """op name -> ([(input, type)], {attr: "type[ = default]"}, [(output, type)]) of every REGISTER_OP."""
     source = _read("tf", "yoso_ops.cc")

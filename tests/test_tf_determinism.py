@@ -194,11 +194,13 @@ def test_a_causal_call_bound_for_a_gpu_runs_the_composite_under_auto_and_is_refu
     if not CUSTOM_OPS_EXPECTED:
         pytest.skip("no custom ops expected (KERAS_YOSO_DISABLE_CUSTOM_OPS=1): 'auto' is always the composite")
     monkeypatch.setattr(tf_provider.tf.config, "list_physical_devices", lambda kind=None: ["GPU:0"])
+    monkeypatch.setattr(tf_provider, "_library_devices", lambda: ("cpu", "gpu"))  # as when built with nvcc
+    primitives = ("lsh_cumulation",)
     with tf.device(device) if device else contextlib.nullcontext():
-        assert _dispatch.provider("auto", (), causal=1).name == expected
-        assert _dispatch.provider("auto", (), causal=0).name == "custom_op"
+        assert _dispatch.provider("auto", (), 1, primitives).name == expected
+        assert _dispatch.provider("auto", (), 0, primitives).name == "custom_op"
         if expected == "composite":
-            with pytest.raises(ValueError, match="causal cumulations .* CPU kernels only"):
-                _dispatch.provider("custom_op", (), causal=1)
+            with pytest.raises(ValueError, match="lsh_cumulation has no gpu kernel with causal != 0"):
+                _dispatch.provider("custom_op", (), 1, primitives)
         else:
-            assert _dispatch.provider("custom_op", (), causal=1).name == "custom_op"
+            assert _dispatch.provider("custom_op", (), 1, primitives).name == "custom_op"

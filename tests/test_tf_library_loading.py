@@ -35,9 +35,9 @@ def test_import_registers_cpu_kernels_for_every_op():
 @pytest.mark.skipif(os.environ.get("KERAS_YOSO_EXPECT_GPU_KERNELS") != "1",
                     reason="set KERAS_YOSO_EXPECT_GPU_KERNELS=1 when the build had nvcc (CI does)")
 def test_gpu_kernels_are_registered_when_built_with_nvcc():
-    for name in _spec.raw_ops(gpu_kernel=True):
+    for name in _spec.raw_ops("gpu"):
         assert "GPU" in _devices(name), name
-    for name in _spec.raw_ops(gpu_kernel=False):  # CPU only: TensorFlow places them on the CPU itself
+    for name in _spec.raw_ops("cpu", only=True):  # CPU only: TensorFlow places them on the CPU itself
         assert "GPU" not in _devices(name), name
 
 

@@ -2,11 +2,12 @@
 
 A *provider* (`providers/base.py`) runs the primitives of every op and declares what it can do.
 There is the composite (`providers/composite.py`: `keras.ops`, every backend) and one native provider
-per backend (`_NATIVE_PROVIDERS`): TensorFlow's op library, and the native library's CPU kernels
-on JAX (XLA FFI) and PyTorch (torch.library). The public functions of `keras_yoso.ops` ask
-`provider(implementation, tensors)` per call, wrap the primitives with gradients
-(`keras.ops.custom_gradient`) and read the provider's declarations; the layers ask
-`supports_jit(implementation)`.
+per backend (`_NATIVE_PROVIDERS`): TensorFlow's op library, and the native library's CPU and CUDA
+kernels on JAX (XLA FFI) and PyTorch (torch.library). The public functions of `keras_yoso.ops` ask
+`provider(implementation, tensors, causal, primitives)` per call, naming the primitives the call
+runs, wrap them with gradients (`keras.ops.custom_gradient`) and read the provider's declarations;
+the layers ask `supports_jit(implementation)`. `kernels_table()` says, per primitive and device,
+which provider "auto" takes.
 """
 
 import contextlib
@@ -15,6 +16,7 @@ import importlib
 
 from keras_yoso import _backend
 from keras_yoso import _validation
+from keras_yoso.ops import _spec
 from keras_yoso.ops.parallel import sequence_sharded
 from keras_yoso.ops.parallel import mesh
 from keras_yoso.ops.providers import composite
@@ -75,15 +77,16 @@ def custom_ops_available():
     return native_provider()[0] is not None
 
 
-def provider(implementation, tensors=(), causal=0):
-    """The provider that runs an op called with `implementation` on `tensors`.
+def provider(implementation, tensors=(), causal=0, primitives=()):
+    """The provider that runs an op called with `implementation` on `tensors`, running `primitives`
+    (names of `_spec.PRIMITIVES`) on the device of `tensors`.
 
     "custom_op": the backend's native kernels (RuntimeError when they are not loaded, ValueError
-    naming the device when they cannot take `tensors`, e.g. CPU kernels and CUDA tensors, or a
-    `causal` call where they have no causal kernel);
+    naming the device when they do not serve it, or the first of `primitives` without a kernel
+    there, e.g. a `causal` call on a GPU);
     "composite": `keras.ops`; "auto": the native kernels when loaded, usable in the current
     context (not inside a TensorFlow XLA graph, not where determinism needs the composite) and
-    able to take `tensors`, else the composite.
+    running every one of `primitives` on the device of `tensors`, else the composite.
     """
     _validation.choice(implementation, "implementation", _validation.IMPLEMENTATIONS)
     if implementation == "composite" or _composite_only_active():
@@ -92,13 +95,23 @@ def provider(implementation, tensors=(), causal=0):
     if implementation == "custom_op":
         if native is None:
             raise RuntimeError(f"implementation='custom_op' but the keras_yoso native kernels are not loaded: {error}")
-        device_error = native.device_error(tensors, causal)
+        device_error = native.device_error(tensors, causal, primitives)
         if device_error:
             raise ValueError(f"implementation='custom_op' cannot run here: {device_error}")
         return native
-    if native is None or not native.usable_here() or native.device_error(tensors, causal):
+    if native is None or not native.usable_here() or native.device_error(tensors, causal, primitives):
         return composite.PROVIDER
     return native
+
+
+def kernels_table(causal=0):
+    """{primitive: {device: provider name}}: for each primitive of `_spec.PRIMITIVES` and each device
+    of `_spec.DEVICES`, what "auto" runs it on there in this process ("custom_op" or "composite") for
+    a call with `causal`, outside any compiled function."""
+    native, _ = native_provider()
+    return {name: {device: "custom_op" if native is not None and native.runs(name, device, causal) else "composite"
+                   for device in _spec.DEVICES}
+            for name in _spec.PRIMITIVES}
 
 
 def supports_jit(implementation="auto"):

@@ -11,6 +11,12 @@ TensorFlow op library (providers/tensorflow.py), the axis roles of the tensors o
 `tests/test_spec.py` reads yoso_primitives.h and the REGISTER_OPs of the TensorFlow op library and
 holds them to this table.
 
+`devices` says where each primitive has a kernel: "cpu" (the C++ kernels: `ky_run`) and "gpu" (the
+CUDA kernels: `ky_run_device`, custom_ops/cc/kernels/yoso_gpu_primitives.h's KY_GPU_PRIMITIVES);
+a provider runs a primitive on a device where the row lists it and the provider's kernels are
+loaded for that device (`providers/base.Provider.runs`). The CUDA kernels take `causal = 0` only
+(`CAUSAL_DEVICES`).
+
 Every provider primitive (`providers/base.py`) takes its tensors and attributes in this order:
 masks float32 `[B, N]` (1 keeps a position), codes int32 `[B, m, N]`, float tensors `[B, N, F]`.
 Nothing here imports Keras or a framework, so CI scripts load this file alone.
@@ -50,21 +56,36 @@ def _input(name, kind, rank=None):
 Output = collections.namedtuple("Output", "name dtype")
 
 
+# The devices a primitive can have a kernel on, and those whose kernels take causal != 0.
+DEVICES = ("cpu", "gpu")
+CAUSAL_DEVICES = ("cpu",)
+
+
 class Primitive(collections.namedtuple("Primitive", "name inputs attributes outputs output_shapes raw_op composite "
-                                                    "raw_op_attributes in_place gpu_kernel",
-                                        defaults=({}, {}, True))):
+                                                    "raw_op_attributes in_place devices",
+                                        defaults=({}, {}, DEVICES))):
     """One native primitive `name` (`ky_run(name, ...)` of the C ABI): `inputs` (Input, in the ABI's order), `attributes` (Attribute,
     after the inputs), `outputs` (Output, after the attributes), `output_shapes` (a function of
     (input shapes by name, attributes by name) -> one shape per output), the TensorFlow raw op that
     runs it, `composite`: its keras.ops reference, "family.function" in keras_yoso.ops.composite
     (the composite provider runs it; same arguments), the raw-op attributes that select it there, `in_place`: input name -> output name
-    that may share its buffer (the output is that input updated), and `gpu_kernel`: whether the
-    TensorFlow op library registers a CUDA kernel for it (when built with nvcc)."""
+    that may share its buffer (the output is that input updated), and `devices`: the devices of `DEVICES`
+    it has a kernel on ("gpu": a CUDA kernel in the native library and the TensorFlow op library,
+    when they were built with nvcc)."""
+
+    def runs_on(self, device, causal=0):
+        """True when the primitive has a kernel on `device` ("cpu", "gpu") for a call with `causal`."""
+        return device in self.devices and (not causal or device in CAUSAL_DEVICES)
 
     @property
     def handler(self):
         """The XLA FFI handler's symbol in the native library."""
         return f"ky_xla_{self.name}"
+
+    @property
+    def cuda_handler(self):
+        """The XLA FFI CUDA handler's symbol in the native library (registered for platform "CUDA")."""
+        return f"ky_xla_cuda_{self.name}"
 
     @property
     def target(self):
@@ -162,7 +183,7 @@ PRIMITIVES = {p.name: p for p in (
                _input("key_codes", "codes"), _input("value", "rows"), _input("tables", "tables")),
               (), _VALUE_OUT + (Output("tables_out", "float32"),), _step_shapes, "YosoLshCumulationStep",
               "decoding.lsh_cumulation_step", {},
-              {"tables": "tables_out"}, gpu_kernel=False),
+              {"tables": "tables_out"}, devices=("cpu",)),
     Primitive("weighted_lsh_cumulation",
               (_input("query_mask", "mask"), _input("query_codes", "codes"), _input("query_weight", "rows"),
                _input("key_mask", "mask"), _input("key_codes", "codes"), _input("key_weight", "rows"),
@@ -175,7 +196,7 @@ PRIMITIVES = {p.name: p for p in (
                _input("value", "rows"), _input("output_gradient", "rows")),
               _CUMULATION_ATTRIBUTES, (Output("query_gradient", "query"), Output("key_gradient", "query")),
               _lower_bound_shapes, "YosoLowerBoundGradients", "causal.directed_lower_bound_gradients",
-              gpu_kernel=False),
+              devices=("cpu",)),
     Primitive("collision_cumulation",
               (_input("query_mask", "mask"), _input("query_codes", "codes"), _input("query", "rows"),
                _input("query_weight", "rows"), _input("key_mask", "mask"), _input("key_codes", "codes"),
@@ -190,11 +211,11 @@ def hash_primitive(method):
     return PRIMITIVES[f"{method}_hash_codes"]
 
 
-def raw_ops(gpu_kernel=None):
-    """The TensorFlow raw ops of the op library, each once, in table order (gpu_kernel=True: those
-    with a CUDA kernel; False: those with a CPU kernel only)."""
+def raw_ops(device=None, only=False):
+    """The TensorFlow raw ops of the op library, each once, in table order: every one (device None),
+    those with a kernel on `device`, or (only=True) those with no kernel but on `device`."""
     return list(dict.fromkeys(p.raw_op for p in PRIMITIVES.values()
-                              if gpu_kernel is None or p.gpu_kernel == gpu_kernel))
+                              if device is None or (p.devices == (device,) if only else device in p.devices)))
 
 
 def roles(name):

@@ -148,7 +148,7 @@ def lsh_cumulation(query_codes, key_codes, value, num_buckets, query_mask=None, 
     num_buckets = _validation.num_buckets(num_buckets)
     causal = _direction(causal)
     value = _validation.float_tensor(value, "value", 3)
-    provider = _dispatch.provider(implementation, (value,), causal)
+    provider = _dispatch.provider(implementation, (value,), causal, ("lsh_cumulation",))
     qc, kc, qm, km, _, (value,) = _prepare_sides(query_codes, key_codes, query_mask, key_mask, [],
                                                  [("value", value)], num_buckets, provider, causal=causal)
     return _dispatch.on_mesh(provider, lambda p, *t: _lsh(p, *t, num_buckets, causal), (qm, qc, km, kc, value),
@@ -205,7 +205,7 @@ def weighted_lsh_cumulation(query_codes, query_weight, key_codes, key_weight, va
     query_weight = _validation.float_tensor(query_weight, "query_weight", 3)
     key_weight = _validation.float_tensor(key_weight, "key_weight", 3)
     value = _validation.float_tensor(value, "value", 3)
-    provider = _dispatch.provider(implementation, (query_weight, key_weight, value))
+    provider = _dispatch.provider(implementation, (query_weight, key_weight, value), 0, ("weighted_lsh_cumulation",))
     widths = [([("query_weight", query_weight, 2), ("key_weight", key_weight, 2)],
                "weight widths (axis 2 of query_weight and key_weight)")]
     qc, kc, qm, km, (query_weight,), (key_weight, value) = _prepare_sides(
@@ -219,17 +219,18 @@ def weighted_lsh_cumulation(query_codes, query_weight, key_codes, key_weight, va
                              split_sequence=False)
 
 
-def _lower_bound_gradients(provider, qm, qc, q, km, kc, k, v, dy, num_buckets, scale, causal):
-    """(dQ, dK) of eq. 4. A provider's per-bucket table holds W * D floats (W: value width, D: key
-    width) up to its `max_bucket_table_floats`: wider heads are split into column blocks that fit,
-    so the backward never fails."""
+def _lower_bound_gradients(provider, qm, qc, q, km, kc, k, v, dy, num_buckets, scale, causal, fused):
+    """(dQ, dK) of eq. 4 (fused: the primitive lower_bound_gradients, else two weighted cumulations).
+    A provider's per-bucket table holds W * D floats (W: value width, D: key width) up to its
+    `max_bucket_table_floats`: wider heads are split into column blocks that fit, so the backward
+    never fails."""
     dim, value_dim = _backend.static_shape(q)[2], _backend.static_shape(v)[2]
     limit = provider.max_bucket_table_floats
     if limit is None or dim is None or value_dim is None or dim * value_dim <= limit:
-        return provider.lower_bound_gradients(qm, qc, q, km, kc, k, v, dy, num_buckets, scale, causal)
+        return provider.lower_bound_gradients(qm, qc, q, km, kc, k, v, dy, num_buckets, scale, causal, fused=fused)
     step = max(1, limit // max(1, value_dim))
     parts = [provider.lower_bound_gradients(qm, qc, q[:, :, c:c + step], km, kc, k[:, :, c:c + step], v, dy,
-                                            num_buckets, scale, causal) for c in range(0, dim, step)]
+                                            num_buckets, scale, causal, fused=fused) for c in range(0, dim, step)]
     return ops.concatenate([p[0] for p in parts], axis=-1), ops.concatenate([p[1] for p in parts], axis=-1)
 
 
@@ -278,7 +279,11 @@ def yoso_cumulation(query, key, value, query_codes, key_codes, hash_code_len, qu
     value = _validation.float_tensor(value, "value", 3)
     query = ops.cast(_validation.float_tensor(query, "query", 3), value.dtype)
     key = ops.cast(_validation.float_tensor(key, "key", 3), value.dtype)
-    provider = _dispatch.provider(implementation, (query, key, value), causal)
+    # eq. 4 runs fused (lower_bound_gradients) where the provider has that kernel on this device, else
+    # as two weighted cumulations; the collision estimator is its own primitive.
+    backward_primitive = "weighted_lsh_cumulation" if backward == "lower_bound" else "collision_cumulation"
+    provider = _dispatch.provider(implementation, (query, key, value), causal, ("lsh_cumulation", backward_primitive))
+    fused = provider.runs("lower_bound_gradients", provider.device_of((query, key, value)), causal)
     widths = [([("query", query, 2), ("key", key, 2)], "query and key widths (axis 2)")]
     qc, kc, qm, km, (query,), (key, value) = _prepare_sides(
         query_codes, key_codes, query_mask, key_mask, [("query", query)], [("key", key), ("value", value)],
@@ -293,7 +298,7 @@ def yoso_cumulation(query, key, value, query_codes, key_codes, hash_code_len, qu
                 dy = ops.cast(_upstream(args, upstream), v.dtype)
                 if backward == "lower_bound":
                     dq, dk = _lower_bound_gradients(provider, qm, qc, q, km, kc, k, v, dy, num_buckets, half_tau,
-                                                    causal)
+                                                    causal, fused)
                 else:
                     dq = provider.run("collision_cumulation", qm, qc, q, dy, km, kc, k, v, hash_code_len, epsilon)
                     dk = provider.run("collision_cumulation", km, kc, k, v, qm, qc, q, dy, hash_code_len, epsilon)
@@ -326,7 +331,7 @@ def collision_cumulation(query_codes, query, query_weight, key_codes, key, key_w
     query = ops.cast(_validation.float_tensor(query, "query", 3), dtype)
     key = ops.cast(_validation.float_tensor(key, "key", 3), dtype)
     key_weight = ops.cast(_validation.float_tensor(key_weight, "key_weight", 3), dtype)
-    provider = _dispatch.provider(implementation, (query, query_weight, key, key_weight))
+    provider = _dispatch.provider(implementation, (query, query_weight, key, key_weight), 0, ("collision_cumulation",))
     widths = [([("query", query, 2), ("key", key, 2)], "query and key widths (axis 2)"),
               ([("query_weight", query_weight, 2), ("key_weight", key_weight, 2)],
                "weight widths (axis 2 of query_weight and key_weight)")]
@@ -478,7 +483,7 @@ def lsh_cumulation_step(query_codes, key_codes, value, tables, query_mask=None, 
                          f"of two in [1, 2**{_validation.MAX_NUM_BUCKETS_LOG2}] known statically (axis 2), got shape "
                          f"{_backend.static_shape(tables)}") from None
     value = _validation.float_tensor(value, "value", 3)
-    provider = _dispatch.provider(implementation, (value, tables))
+    provider = _dispatch.provider(implementation, (value, tables), 1, ("lsh_cumulation_step",))
     qc, kc, qm, km, _, (value,) = _prepare_sides(query_codes, key_codes, query_mask, key_mask, [],
                                                  [("value", value)], num_buckets, provider, causal=1)
     checks = _validation.agree([("query_codes", qc, 0), ("tables", tables, 0)], "batch sizes (axis 0) of the codes "

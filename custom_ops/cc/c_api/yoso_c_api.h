@@ -1,4 +1,4 @@
-/* The C ABI of the keras-yoso CPU kernels: one entry that runs any primitive by name, no framework type.
+/* The C ABI of the keras-yoso kernels: one entry per device that runs any primitive by name, no framework type.
  *
  * One entry, ky_run, runs every primitive of custom_ops/cc/kernels/yoso_primitives.h by name. It
  * takes tensors as KyTensor views (data pointer, dtype code, shape; row-major, contiguous), checks
@@ -11,9 +11,15 @@
  * Returns KY_OK, or KY_INVALID_ARGUMENT / KY_INTERNAL with the error text (NUL-terminated,
  * truncated to error_size bytes) in `error`. Thread-safe: any number of callers at once.
  *
- * Callers: keras_yoso/ops/providers/native_library.py (ctypes: the PyTorch provider), the XLA FFI
- * handlers of custom_ops/cc/jax/yoso_xla_ffi.cc (the JAX provider). The TensorFlow op kernels run
- * the same primitives (Check, then Run) on TensorFlow's own thread pool.
+ * ky_run_device runs the primitives that have a CUDA kernel (yoso_gpu_primitives.h lists them) the
+ * same way on device tensors, on the caller's CUDA stream with a caller-allocated device workspace
+ * (ky_device_workspace_bytes says how large). The library loads without CUDA: the CUDA runtime is
+ * linked statically and opens the driver only when a GPU entry first runs.
+ *
+ * Callers: keras_yoso/ops/providers/native_library.py (ctypes: the PyTorch provider, CPU and CUDA),
+ * the XLA FFI handlers of custom_ops/cc/jax/yoso_xla_ffi.cc (the JAX provider, CPU and CUDA). The
+ * TensorFlow op kernels run the same primitives (Check, then Run or GpuRun<P>::Run) on TensorFlow's
+ * own thread pool and streams.
  */
 #ifndef KERAS_YOSO_C_API_YOSO_C_API_H_
 #define KERAS_YOSO_C_API_YOSO_C_API_H_
@@ -25,7 +31,7 @@ extern "C" {
 #endif
 
 /* Bumped whenever an entry's signature or KyTensor changes; native_library.py checks it. */
-#define KY_ABI_VERSION 6
+#define KY_ABI_VERSION 7
 
 /* dtype codes; the float codes match keras_yoso::ScalarType. */
 #define KY_FLOAT32 0
@@ -82,6 +88,35 @@ typedef struct KyAttribute {
 KY_EXPORT int32_t ky_run(const char* primitive, const KyTensor* inputs, int32_t num_inputs,
                          const KyAttribute* attributes, int32_t num_attributes, KyTensor* outputs,
                          int32_t num_outputs, int32_t num_threads, char* error, int64_t error_size);
+
+/* How the library was built, for bug reports: the C++ compiler and, when it holds CUDA kernels, the
+ * CUDA runtime version and the SM architectures (e.g. "compiler 12.2.0; CUDA runtime 13000 (static),
+ * SM 80;90"). A static string. */
+KY_EXPORT const char* ky_build_info(void);
+
+/* 1 when the library holds CUDA kernels (built with nvcc), else 0. */
+KY_EXPORT int32_t ky_device_kernels(void);
+
+/* 1 when the primitive named `primitive` has a CUDA kernel in this library, else 0. */
+KY_EXPORT int32_t ky_has_device_kernel(const char* primitive);
+
+/* The device workspace, in bytes, that ky_run_device needs for this call of `primitive` (inputs and
+ * attributes as for ky_run; the data pointers are not read). Checks the call as ky_run does (but the
+ * codes' values) and the GPU kernel's own limits (e.g. causal = 0); writes *bytes. */
+KY_EXPORT int32_t ky_device_workspace_bytes(const char* primitive, const KyTensor* inputs, int32_t num_inputs,
+                                            const KyAttribute* attributes, int32_t num_attributes, int64_t* bytes,
+                                            char* error, int64_t error_size);
+
+/* ky_run on the GPU: `inputs` and `outputs` hold device pointers (of the current CUDA device), the
+ * kernels are enqueued on `stream` (a cudaStream_t; NULL: the legacy default stream) and use the
+ * caller's device `workspace` of at least ky_device_workspace_bytes bytes. Checks as ky_run does;
+ * the codes are counted on the device, which synchronizes the stream once per codes input. Returns
+ * KY_OK, KY_INVALID_ARGUMENT (a bad call, a primitive without a CUDA kernel, a limit of the CUDA
+ * kernels) or KY_INTERNAL (a CUDA error, or a library built without CUDA kernels) with the message. */
+KY_EXPORT int32_t ky_run_device(const char* primitive, const KyTensor* inputs, int32_t num_inputs,
+                                const KyAttribute* attributes, int32_t num_attributes, KyTensor* outputs,
+                                int32_t num_outputs, void* workspace, int64_t workspace_bytes, void* stream,
+                                char* error, int64_t error_size);
 
 #ifdef __cplusplus
 }  /* extern "C" */

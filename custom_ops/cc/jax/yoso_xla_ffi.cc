@@ -1,10 +1,15 @@
-// XLA FFI handlers of the keras-yoso CPU kernels, for JAX (keras_yoso/ops/providers/jax.py).
+// XLA FFI handlers of the keras-yoso kernels, for JAX (keras_yoso/ops/providers/jax.py).
 //
-// Glue only, generic over the primitives: one handler ky_xla_<name> per primitive of KY_PRIMITIVES
-// (custom_ops/cc/kernels/yoso_primitives.h), which reads its buffers in the primitive's order and
-// its attributes by name, turns them into KyTensor views, calls ky_run of
-// custom_ops/cc/c_api/yoso_c_api.h (which checks everything and runs the kernel on the library's
-// own thread pool) and turns a failed call into an ffi::Error with ky_run's message.
+// Glue only, generic over the primitives: per primitive of KY_PRIMITIVES
+// (custom_ops/cc/kernels/yoso_primitives.h) a CPU handler ky_xla_<name> and a CUDA handler
+// ky_xla_cuda_<name>, each of which reads its buffers in the primitive's order and its attributes
+// by name, turns them into KyTensor views and calls the C ABI of custom_ops/cc/c_api/yoso_c_api.h,
+// which checks everything and runs the kernel: ky_run on the library's own thread pool, or
+// ky_run_device on XLA's CUDA stream with a workspace from XLA's scratch allocator. A failed call
+// becomes an ffi::Error with the C ABI's message. Both are registered under the same target name
+// (keras_yoso_<name>), for platform "cpu" and "CUDA"; XLA picks by the platform it lowers for. The
+// CUDA handlers compile without CUDA headers (the stream is an opaque pointer here), and the
+// Python side registers them only for primitives the library has CUDA kernels for.
 //
 // Batching: every argument has a core rank, the rank the primitive declares for it (codes 3,
 // masks 2, per-position tensors 3, hash parameters 2 or 3, decoding tables 4). The Python side calls these with
@@ -17,6 +22,7 @@
 #include <algorithm>
 #include <array>
 #include <cstdint>
+#include <cstdio>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -27,7 +33,9 @@
 
 namespace ffi = xla::ffi;
 
-#define KY_XLA_DECLARE(name, P) KY_EXPORT XLA_FFI_Error* ky_xla_##name(XLA_FFI_CallFrame* call_frame);
+#define KY_XLA_DECLARE(name, P)                                                  \
+  KY_EXPORT XLA_FFI_Error* ky_xla_##name(XLA_FFI_CallFrame* call_frame);        \
+  KY_EXPORT XLA_FFI_Error* ky_xla_cuda_##name(XLA_FFI_CallFrame* call_frame);
 extern "C" {
 KY_PRIMITIVES(KY_XLA_DECLARE)
 }
@@ -183,44 +191,100 @@ ffi::Error ReadAttributes(const ffi::Dictionary& attributes, AttributeValue* val
   return ffi::Error::Success();
 }
 
-// The handler of primitive P: its P::kInputs.size() buffers, P::kOutputs.size() results and
-// attributes, batched over the leading dims of vmap (RunBatched), each batch index one ky_run.
+// One call of primitive P as the C ABI takes it: its buffers as Operands (for RunBatched) and its
+// attributes as KyAttributes.
 template <typename P>
-ffi::Error Handler(ffi::RemainingArgs args, ffi::RemainingRets rets, ffi::Dictionary attributes) {
+struct Call {
+  std::array<Operand, P::kInputs.size()> inputs{};
+  std::array<Operand, P::kOutputs.size()> outputs{};
+  std::array<KyAttribute, P::kAttributes.size()> attributes{};
+  int64_t num_threads = 0;
+};
+
+// Reads the P::kInputs.size() buffers, P::kOutputs.size() results and the attributes of a call.
+template <typename P>
+ffi::Error ReadCall(ffi::RemainingArgs& args, ffi::RemainingRets& rets, const ffi::Dictionary& attributes,
+                    Call<P>* call) {
   constexpr size_t N = P::kInputs.size(), A = P::kAttributes.size(), M = P::kOutputs.size();
   if (args.size() != N || rets.size() != M) {
     return Invalid(std::string(P::kName) + " takes " + std::to_string(N) + " buffers and " + std::to_string(M) +
                    " results, got " + std::to_string(args.size()) + " and " + std::to_string(rets.size()));
   }
-  std::array<Operand, N> inputs{};
   for (size_t i = 0; i < N; ++i) {
     ffi::ErrorOr<ffi::AnyBuffer> buffer = args.get<ffi::AnyBuffer>(i);
     if (buffer.has_error()) return buffer.error();
-    inputs[i] = Operand{buffer.value(), P::kInputs[i].rank, P::kInputs[i].name};
+    call->inputs[i] = Operand{buffer.value(), P::kInputs[i].rank, P::kInputs[i].name};
   }
-  std::array<Operand, M> outputs{};
   for (size_t i = 0; i < M; ++i) {
     ffi::ErrorOr<ffi::Result<ffi::AnyBuffer>> buffer = rets.get<ffi::AnyBuffer>(i);
     if (buffer.has_error()) return buffer.error();
-    outputs[i] = Operand{*buffer.value(), P::kOutputs[i].rank, P::kOutputs[i].name};
+    call->outputs[i] = Operand{*buffer.value(), P::kOutputs[i].rank, P::kOutputs[i].name};
   }
   std::array<AttributeValue, A> values{};
-  int64_t num_threads = 0;
-  ffi::Error status = ReadAttributes<P>(attributes, values.data(), &num_threads);
+  ffi::Error status = ReadAttributes<P>(attributes, values.data(), &call->num_threads);
   if (status.failure()) return status;
-  std::array<KyAttribute, A> kv{};
-  for (size_t i = 0; i < A; ++i) kv[i] = KyAttribute{values[i].int_value, values[i].float_value};
-  return RunBatched(inputs, outputs, [&](std::array<KyTensor, N>& in, std::array<KyTensor, M>& out, char* error) {
-    return ky_run(P::kName, in.data(), static_cast<int32_t>(N), kv.data(), static_cast<int32_t>(A), out.data(),
-                  static_cast<int32_t>(M), Threads(num_threads), error, kErrorSize);
+  for (size_t i = 0; i < A; ++i) call->attributes[i] = KyAttribute{values[i].int_value, values[i].float_value};
+  return ffi::Error::Success();
+}
+
+// The CPU handler of primitive P: batched over the leading dims of vmap (RunBatched), each batch
+// index one ky_run.
+template <typename P>
+ffi::Error Handler(ffi::RemainingArgs args, ffi::RemainingRets rets, ffi::Dictionary attributes) {
+  constexpr int32_t N = P::kInputs.size(), A = P::kAttributes.size(), M = P::kOutputs.size();
+  Call<P> call;
+  ffi::Error status = ReadCall<P>(args, rets, attributes, &call);
+  if (status.failure()) return status;
+  return RunBatched(call.inputs, call.outputs, [&](std::array<KyTensor, N>& in, std::array<KyTensor, M>& out,
+                                                   char* error) {
+    return ky_run(P::kName, in.data(), N, call.attributes.data(), A, out.data(), M, Threads(call.num_threads), error,
+                  kErrorSize);
+  });
+}
+
+// The CUDA handler of primitive P: as Handler, each batch index one ky_run_device on XLA's stream,
+// with one workspace from XLA's scratch allocator (every batch index has the same shapes) that lives
+// until the handler returns.
+template <typename P>
+ffi::Error CudaHandler(void* stream, ffi::ScratchAllocator scratch, ffi::RemainingArgs args, ffi::RemainingRets rets,
+                       ffi::Dictionary attributes) {
+  constexpr int32_t N = P::kInputs.size(), A = P::kAttributes.size(), M = P::kOutputs.size();
+  Call<P> call;
+  ffi::Error status = ReadCall<P>(args, rets, attributes, &call);
+  if (status.failure()) return status;
+  std::optional<void*> workspace;
+  int64_t bytes = 0;
+  return RunBatched(call.inputs, call.outputs, [&](std::array<KyTensor, N>& in, std::array<KyTensor, M>& out,
+                                                   char* error) {
+    if (!workspace.has_value()) {
+      const int32_t sized = ky_device_workspace_bytes(P::kName, in.data(), N, call.attributes.data(), A, &bytes, error,
+                                                      kErrorSize);
+      if (sized != KY_OK) return sized;
+      workspace = scratch.Allocate(static_cast<size_t>(std::max<int64_t>(bytes, 1)), 256);
+      if (!workspace.has_value()) {
+        const std::string message = std::string(P::kName) + ": XLA's scratch allocator could not allocate a " +
+                                    std::to_string(bytes) + "-byte workspace";
+        std::snprintf(error, kErrorSize, "%s", message.c_str());
+        return KY_INTERNAL;
+      }
+    }
+    return ky_run_device(P::kName, in.data(), N, call.attributes.data(), A, out.data(), M, *workspace, bytes, stream,
+                         error, kErrorSize);
   });
 }
 
 }  // namespace
 }  // namespace keras_yoso
 
-#define KY_XLA_HANDLER(name, P)                                                       \
-  XLA_FFI_DEFINE_HANDLER_SYMBOL(ky_xla_##name, keras_yoso::Handler<keras_yoso::P>,    \
-                                ffi::Ffi::Bind().RemainingArgs().RemainingRets().Attrs());
+#define KY_XLA_HANDLER(name, P)                                                                      \
+  XLA_FFI_DEFINE_HANDLER_SYMBOL(ky_xla_##name, keras_yoso::Handler<keras_yoso::P>,                   \
+                                ffi::Ffi::Bind().RemainingArgs().RemainingRets().Attrs());            \
+  XLA_FFI_DEFINE_HANDLER_SYMBOL(ky_xla_cuda_##name, keras_yoso::CudaHandler<keras_yoso::P>,          \
+                                ffi::Ffi::Bind()                                                      \
+                                    .Ctx<ffi::PlatformStream<void*>>()                                \
+                                    .Ctx<ffi::ScratchAllocator>()                                     \
+                                    .RemainingArgs()                                                  \
+                                    .RemainingRets()                                                  \
+                                    .Attrs());
 KY_PRIMITIVES(KY_XLA_HANDLER)
 #undef KY_XLA_HANDLER

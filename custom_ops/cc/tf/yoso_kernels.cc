@@ -1,7 +1,9 @@
 // TensorFlow OpKernels of keras-yoso, generic over the primitives of yoso_primitives.h:
 // PrimitiveOp<Device, P, T> reads P's attributes, runs P::Check on the input shapes, checks the
-// codes, allocates the outputs, then runs P::Run on TF's CPU worker pool, or on a GPU the launcher
-// of yoso_gpu.h that GpuLaunch<P> names. No math and no per-primitive check lives here.
+// codes, allocates the outputs, then runs P::Run on TF's CPU worker pool, or on a GPU GpuRun<P>::Run
+// of yoso_gpu_primitives.h (the kernels floor's GPU run, which the C ABI's ky_run_device runs too)
+// on TF's stream with a workspace from TF's allocator. No math and no per-primitive code lives here
+// but the registrations.
 #define EIGEN_USE_THREADS
 #if GOOGLE_CUDA
 #define EIGEN_USE_GPU
@@ -18,7 +20,7 @@
 #include "yoso_primitives.h"
 #if GOOGLE_CUDA
 #include "tensorflow/core/util/determinism.h"
-#include "yoso_gpu.h"
+#include "yoso_gpu_primitives.h"
 #endif
 
 namespace keras_yoso {
@@ -144,17 +146,6 @@ Status CheckNondeterminismAllowed(const char* op_name) {
       "(bitwise reproducible), or use implementation=\"composite\"."));
 }
 
-// The CUDA kernels sum over every key: the causal cumulations (causal != 0) run on the CPU
-// kernels or, through keras_yoso.ops, on the composite (keras_yoso/ops/providers/tensorflow.py routes
-// causal calls on GPU tensors there).
-Status CheckGpuCausal(const char* op_name, int64_t causal) {
-  if (causal == 0) return absl::OkStatus();
-  return absl::UnimplementedError(absl::StrCat(
-      op_name, " has no GPU kernel for causal = ", causal,
-      " (the CUDA kernels take causal = 0 only). Run it on CPU, or call keras_yoso.ops, which "
-      "runs causal cumulations of GPU tensors on the composite."));
-}
-
 Status AllocateWorkspace(OpKernelContext* ctx, size_t bytes, Tensor* workspace) {
   return ctx->allocate_temp(tensorflow::DT_INT8,
                             TensorShape({static_cast<int64_t>(std::max<size_t>(bytes, 1))}),
@@ -190,71 +181,20 @@ struct Launch<CPUDevice, P, T> {
 };
 
 #if GOOGLE_CUDA
-template <typename T>
-struct Launch<GPUDevice, GaussianHashCodes, T> {
-  static Status Run(OpKernelContext* ctx, const HashDims& d, const AttributeValue*,
-                    const std::array<TensorRef, 2>& in, const std::array<TensorRef, 1>& out) {
-    return CudaStatus(GaussianHashCodesGpu(d, ScalarTypeOf<T>(), in[0].data, In<float>(in[1]),
-                                           Out<int32_t>(out[0]), StreamOf(ctx)),
-                      "GaussianHashCodesGpu");
-  }
-};
-
-template <bool kInterleaved, typename T>
-struct Launch<GPUDevice, HadamardHashCodesOf<kInterleaved>, T> {
-  static Status Run(OpKernelContext* ctx, const HashDims& d, const AttributeValue*,
-                    const std::array<TensorRef, 2>& in, const std::array<TensorRef, 1>& out) {
-    TF_RETURN_IF_ERROR(Invalid(CheckGpuHadamardPaddedDim(d.padded_dim)));
-    return CudaStatus(HadamardHashCodesGpu(d, ScalarTypeOf<T>(), in[0].data, In<float>(in[1]),
-                                           Out<int32_t>(out[0]), StreamOf(ctx)),
-                      "HadamardHashCodesGpu");
-  }
-};
-
-template <typename T>
-struct Launch<GPUDevice, LshCumulation, T> {
-  static Status Run(OpKernelContext* ctx, const CumulationDims& d, const AttributeValue* a,
-                    const std::array<TensorRef, 5>& in, const std::array<TensorRef, 1>& out) {
-    TF_RETURN_IF_ERROR(CheckGpuCausal("YosoLshCumulation", a[1].int_value));
-    TF_RETURN_IF_ERROR(CheckNondeterminismAllowed("YosoLshCumulation"));
+// The GPU run of P (GpuRun<P>, yoso_gpu_primitives.h): its own limits, TensorFlow's determinism
+// policy, a workspace from TensorFlow's allocator, the launch on TensorFlow's stream.
+template <typename P, typename T>
+struct Launch<GPUDevice, P, T> {
+  template <size_t N, size_t M>
+  static Status Run(OpKernelContext* ctx, const typename P::Dims& d, const AttributeValue* a,
+                    const std::array<TensorRef, N>& in, const std::array<TensorRef, M>& out) {
+    TF_RETURN_IF_ERROR(Invalid(GpuRun<P>::Check(d, a)));
+    if (!GpuRun<P>::kDeterministic) TF_RETURN_IF_ERROR(CheckNondeterminismAllowed(P::kName));
     Tensor ws;
-    const size_t bytes = LshCumulationWorkspaceBytes(d);
+    const size_t bytes = GpuRun<P>::WorkspaceBytes(d);
     TF_RETURN_IF_ERROR(AllocateWorkspace(ctx, bytes, &ws));
-    return CudaStatus(LshCumulationGpu(d, ScalarTypeOf<T>(), In<float>(in[0]), In<int32_t>(in[1]),
-                                       In<float>(in[2]), In<int32_t>(in[3]), in[4].data, out[0].data, ws.data(),
-                                       bytes, StreamOf(ctx)),
-                      "LshCumulationGpu");
-  }
-};
-
-template <typename T>
-struct Launch<GPUDevice, WeightedLshCumulation, T> {
-  static Status Run(OpKernelContext* ctx, const CumulationDims& d, const AttributeValue* a,
-                    const std::array<TensorRef, 7>& in, const std::array<TensorRef, 1>& out) {
-    TF_RETURN_IF_ERROR(CheckGpuCausal("YosoWeightedLshCumulation", a[1].int_value));
-    TF_RETURN_IF_ERROR(CheckNondeterminismAllowed("YosoWeightedLshCumulation"));
-    Tensor ws;
-    const size_t bytes = WeightedLshCumulationWorkspaceBytes(d);
-    TF_RETURN_IF_ERROR(AllocateWorkspace(ctx, bytes, &ws));
-    return CudaStatus(WeightedLshCumulationGpu(d, ScalarTypeOf<T>(), In<float>(in[0]), In<int32_t>(in[1]),
-                                               in[2].data, In<float>(in[3]), In<int32_t>(in[4]), in[5].data,
-                                               in[6].data, out[0].data, ws.data(), bytes, StreamOf(ctx)),
-                      "WeightedLshCumulationGpu");
-  }
-};
-
-template <typename T>
-struct Launch<GPUDevice, CollisionCumulation, T> {
-  static Status Run(OpKernelContext* ctx, const CumulationDims& d, const AttributeValue* a,
-                    const std::array<TensorRef, 8>& in, const std::array<TensorRef, 1>& out) {
-    Tensor ws;
-    const size_t bytes = CollisionCumulationWorkspaceBytes(d);
-    TF_RETURN_IF_ERROR(AllocateWorkspace(ctx, bytes, &ws));
-    return CudaStatus(CollisionCumulationGpu(d, ScalarTypeOf<T>(), static_cast<int>(a[0].int_value),
-                                             CollisionCumulation::Epsilon(a), In<float>(in[0]), In<int32_t>(in[1]),
-                                             in[2].data, in[3].data, In<float>(in[4]), In<int32_t>(in[5]),
-                                             in[6].data, in[7].data, out[0].data, ws.data(), bytes, StreamOf(ctx)),
-                      "CollisionCumulationGpu");
+    return CudaStatus(GpuRun<P>::Run(d, ScalarTypeOf<T>(), a, in.data(), out.data(), ws.data(), bytes, StreamOf(ctx)),
+                      P::kName);
   }
 };
 #endif  // GOOGLE_CUDA
@@ -338,7 +278,8 @@ class HadamardHashCodesOp : public OpKernel {
 
 }  // namespace
 
-// The raw op of each primitive (keras_yoso/ops/_spec.py's raw_op) on a device and float type.
+// The raw op of each primitive (keras_yoso/ops/_spec.py's raw_op) on a device and float type. The GPU
+// registrations are those of KY_GPU_PRIMITIVES (tests/test_spec.py holds them to _spec's devices).
 #define KY_REGISTER_PRIMITIVE(OP, DEVICE_NAME, DeviceType, P, T) \
   REGISTER_KERNEL_BUILDER(Name(OP).Device(DEVICE_NAME).TypeConstraint<T>("T"), PrimitiveOp<DeviceType, P, T>);
 
@@ -350,8 +291,8 @@ class HadamardHashCodesOp : public OpKernel {
   KY_REGISTER_PRIMITIVE("YosoWeightedLshCumulation", DEVICE_NAME, DeviceType, WeightedLshCumulation, T) \
   KY_REGISTER_PRIMITIVE("YosoCollisionCumulation", DEVICE_NAME, DeviceType, CollisionCumulation, T)
 
-// CPU kernels only (no GPU launcher): the decoding step and the fused lower-bound backward (on a
-// GPU the backward runs as two weighted cumulations, providers/tensorflow.py).
+// CPU kernels only (not in KY_GPU_PRIMITIVES): the decoding step and the fused lower-bound backward
+// (on a GPU keras_yoso.ops runs eq. 4 as two weighted cumulations, ops/yoso.py).
 #define KY_REGISTER_CPU_ONLY(T)                                                                 \
   KY_REGISTER_PRIMITIVE("YosoLshCumulationStep", DEVICE_CPU, CPUDevice, LshCumulationStep, T) \
   KY_REGISTER_PRIMITIVE("YosoLowerBoundGradients", DEVICE_CPU, CPUDevice, LowerBoundGradients, T)

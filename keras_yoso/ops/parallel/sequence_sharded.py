@@ -34,8 +34,8 @@ class SequenceShardedProvider(base.DelegatingProvider):
         raise ValueError(f"{name} has no sequence-parallel form here: call it outside "
                          "keras_yoso.distribution.SequenceParallel (YOSO's backward uses lower_bound_gradients).")
 
-    def lower_bound_gradients(self, *arguments):
-        dq, dk = self.inner.lower_bound_gradients(*arguments)
+    def lower_bound_gradients(self, *arguments, fused=True):
+        dq, dk = self.inner.lower_bound_gradients(*arguments, fused=fused)
         remote_dq, remote_dk = yoso_tables.lower_bound_remote(self.axis, self.size, *arguments)
         return f32(dq) + remote_dq, f32(dk) + remote_dk
 

@@ -12,11 +12,15 @@ providers:
 
 - `providers/composite.py`: `keras.ops`, every backend;
 - `providers/tensorflow.py`: the TensorFlow op library (C++ and CUDA kernels);
-- `providers/jax.py`: the native library's XLA FFI handlers (CPU);
-- `providers/torch.py`: the native library's C ABI as `torch.library` ops (CPU).
+- `providers/jax.py`: the native library's XLA FFI handlers (CPU and CUDA);
+- `providers/torch.py`: the native library's C ABI as `torch.library` ops (CPU and CUDA).
 
-`_dispatch.provider(implementation, tensors, causal)` is the one place that picks a provider for
-a call.
+Devices: a provider says where a call on given tensors would run (`device_of`: "cpu", "gpu", or
+another name), on which devices its kernels are loaded (`devices`), and so, with the devices column
+of `_spec`, whether it runs a primitive there (`runs`). `_dispatch.provider(implementation,
+tensors, causal, primitives)` is the one place that picks a provider for a call: the native one
+when it runs every primitive of the call on the call's device, else the composite ("auto") or an
+error naming the primitive and the device ("custom_op").
 
 The `causal` attribute of the cumulations (a Python int) restricts which keys count for a query,
 positions aligned (Nq == Nk, checked by ops/yoso.py): 0 every key, 1 keys j <= i (causal
@@ -27,14 +31,15 @@ over queries i >= j).
 import functools
 
 from keras_yoso import _validation
+from keras_yoso.ops import _spec
 
 
 class Provider:
-    """Base class of the providers. Subclasses set the declarations and implement `run`
-    (`lower_bound_gradients` has a default: the primitive lower_bound_gradients, eq. 4)."""
+    """Base class of the providers. Subclasses set the declarations (`name` among them: no default)
+    and implement `run` and, for the native ones, `device_of` and `devices`."""
 
     # What `keras_yoso.ops.implementation_in_use` reports for it: "custom_op" or "composite".
-    name = "custom_op"
+    name = None
     # The kernels reject codes outside [0, num_buckets) themselves (else ops/yoso.py checks them).
     checks_codes = True
     # num_hashes (axis 1 of the codes) must be known while a graph is traced.
@@ -58,10 +63,34 @@ class Provider:
         TensorFlow XLA graph, or under op determinism on a GPU)."""
         return True
 
-    def device_error(self, tensors, causal=0):
-        """None when the provider can take `tensors` where they live (for a `causal` call when causal
-        is nonzero), else a message naming the device (e.g. CPU kernels handed CUDA tensors). "auto"
-        then takes the composite; "custom_op" raises ValueError with this message."""
+    def device_of(self, tensors):
+        """The device a call on `tensors` would run on: "cpu", "gpu", or the backend's name of another
+        (e.g. "tpu", "mps"); the backend's default device when `tensors` say nothing."""
+        return "cpu"
+
+    def devices(self):
+        """The devices of `_spec.DEVICES` its kernels are loaded for in this process."""
+        return ("cpu",)
+
+    def runs(self, name, device, causal=0):
+        """True when primitive `name` runs here on `device` for a call with `causal`: the provider's
+        kernels are loaded for the device and the primitive has a kernel there (`_spec`)."""
+        return device in self.devices() and _spec.PRIMITIVES[name].runs_on(device, causal)
+
+    def device_error(self, tensors, causal=0, primitives=()):
+        """None when the provider runs each of `primitives` on the device of `tensors` (for a `causal`
+        call when causal is nonzero), else a message naming the device and, where the device is
+        served, the first primitive without a kernel there. "auto" then takes the composite;
+        "custom_op" raises ValueError with this message."""
+        device = self.device_of(tensors)
+        if device not in self.devices():
+            return (f"the keras_yoso native kernels of this process run on {' and '.join(self.devices())}; this call "
+                    f"runs on {device} (use implementation='composite' or 'auto' there)")
+        for name in primitives:
+            if not self.runs(name, device, causal):
+                why = " with causal != 0" if causal and _spec.PRIMITIVES[name].runs_on(device) else ""
+                return (f"{name} has no {device} kernel{why} in the keras_yoso native kernels "
+                        "(use implementation='composite' or 'auto' there)")
         return None
 
     def run(self, name, *arguments):
@@ -93,25 +122,27 @@ class Provider:
                     num_buckets, -causal))
 
     def lower_bound_gradients(self, query_mask, query_codes, query, key_mask, key_codes, key, value,
-                              output_gradient, num_buckets, scale, causal=0):
-        """(dQ, dK) of the eq. 4 lower bound, each pair's weight <dY_i, V_j> computed once (the
-        primitive lower_bound_gradients), times `scale`; causal: dQ_i over keys j <= i, dK_j over
-        queries i >= j."""
-        dq, dk = self.run("lower_bound_gradients", query_mask, query_codes, query, key_mask, key_codes, key, value,
-                          output_gradient, num_buckets, causal)
+                              output_gradient, num_buckets, scale, causal=0, fused=True):
+        """(dQ, dK) of the eq. 4 lower bound times `scale`; causal: dQ_i over keys j <= i, dK_j over
+        queries i >= j. fused=True: each pair's weight <dY_i, V_j> computed once for both (the
+        primitive lower_bound_gradients); False: two weighted cumulations, dQ = W(dY, V; K) and
+        dK = W(V, dY; Q), for a device where only weighted_lsh_cumulation has a kernel (the caller,
+        ops/yoso.py, chooses from `runs`)."""
+        if fused:
+            dq, dk = self.run("lower_bound_gradients", query_mask, query_codes, query, key_mask, key_codes, key, value,
+                              output_gradient, num_buckets, causal)
+            return scale * dq, scale * dk
+        dq = self.run("weighted_lsh_cumulation", query_mask, query_codes, output_gradient, key_mask, key_codes, value,
+                      key, num_buckets, causal)
+        dk = self.run("weighted_lsh_cumulation", key_mask, key_codes, value, query_mask, query_codes, output_gradient,
+                      query, num_buckets, -causal)
         return scale * dq, scale * dk
 
-
-def lower_bound_by_weighted_cumulations(provider, query_mask, query_codes, query, key_mask, key_codes, key, value,
-                                        output_gradient, num_buckets, scale, causal=0):
-    """Provider.lower_bound_gradients as two weighted cumulations (dQ = W(dY, V; K), dK = W(V, dY; Q)),
-    for a provider that runs weighted_lsh_cumulation but not lower_bound_gradients somewhere (the
-    TensorFlow op library on a GPU)."""
-    dq = provider.run("weighted_lsh_cumulation", query_mask, query_codes, output_gradient, key_mask, key_codes, value,
-                      key, num_buckets, causal)
-    dk = provider.run("weighted_lsh_cumulation", key_mask, key_codes, value, query_mask, query_codes, output_gradient,
-                      query, num_buckets, -causal)
-    return scale * dq, scale * dk
+    def linear_relative_total(self, phi_q, phi_k, v, scores, horizon, causal, chunk_size):
+        """The rows [B, Lq, dv + 1] of Scaleformer's eq. 10 (numerator | denominator): the kernel term
+        plus the relative term. LinearRelativeAttention has no native kernel: the composite provider
+        computes them, and the sequence-sharded provider adds the other blocks' terms."""
+        raise NotImplementedError(f"{type(self).__name__} has no linear_relative_total (no native kernel)")
 
 
 def _inner(declaration):
@@ -138,22 +169,33 @@ class DelegatingProvider(Provider):
     def usable_here(self):
         return self.inner.usable_here()
 
-    def device_error(self, tensors, causal=0):
-        return self.inner.device_error(tensors, causal)
+    def device_of(self, tensors):
+        return self.inner.device_of(tensors)
+
+    def devices(self):
+        return self.inner.devices()
+
+    def runs(self, name, device, causal=0):
+        return self.inner.runs(name, device, causal)
+
+    def device_error(self, tensors, causal=0, primitives=()):
+        return self.inner.device_error(tensors, causal, primitives)
 
     def run(self, name, *arguments):
         return self.inner.run(name, *arguments)
 
-    def lower_bound_gradients(self, *arguments):
-        return self.inner.lower_bound_gradients(*arguments)
+    def lower_bound_gradients(self, *arguments, fused=True):
+        return self.inner.lower_bound_gradients(*arguments, fused=fused)
 
 
 class NativeLibraryProvider(Provider):
     """What the native library's C ABI (custom_ops/cc/c_api) does, whichever framework calls it:
     it checks codes itself, takes any num_hashes at run time, builds per-bucket tables of at most
-    kMaxBucketTableFloats floats, runs inside compiled functions (XLA FFI, torch.compile) and sums
-    every output element in a fixed order. The JAX and PyTorch providers subclass it."""
+    kMaxBucketTableFloats floats, runs inside compiled functions (XLA FFI, torch.compile) and, on
+    the CPU, sums every output element in a fixed order (the CUDA table cumulations use float
+    atomics). The JAX and PyTorch providers subclass it."""
 
+    name = "custom_op"
     checks_codes = True
     needs_static_num_hashes = False
     max_bucket_table_floats = _validation.MAX_BUCKET_TABLE_FLOATS

@@ -33,9 +33,21 @@ class _CompositeProvider(base.Provider):
     def run(self, name, *arguments):
         return _function(name)(*arguments)
 
+    def device_of(self, tensors):
+        return "any"
+
+    def devices(self):
+        return ("any",)
+
+    def runs(self, name, device, causal=0):
+        """Every primitive, on every device the backend computes on."""
+        return True
+
+    def device_error(self, tensors, causal=0, primitives=()):
+        return None
+
     def linear_relative_total(self, phi_q, phi_k, v, scores, horizon, causal, chunk_size):
-        """The rows [B, Lq, dv + 1] of Scaleformer's eq. 10 (numerator | denominator): kernel term plus
-        relative term (composite/linear_relative.py); LinearRelativeAttention has no native kernel."""
+        """Provider.linear_relative_total: composite/linear_relative.py."""
         return total_rows(phi_q, phi_k, v, scores, horizon, causal, chunk_rows(chunk_size, ops.shape(phi_q)[1]))
 
 

@@ -1,10 +1,12 @@
-"""The JAX provider: the native library's CPU kernels as XLA FFI custom calls.
+"""The JAX provider: the native library's CPU and CUDA kernels as XLA FFI custom calls.
 
 A thin layer: each primitive is one `jax.ffi.ffi_call` of a handler of
 custom_ops/cc/jax/yoso_xla_ffi.cc, which hands the buffers to the C ABI
 (custom_ops/cc/c_api/yoso_c_api.h); the C ABI checks every input (shapes, dtypes, codes in
-[0, num_buckets), the per-bucket table limit) and runs the kernel on the library's own thread
-pool. The calls are ordinary XLA ops: they run eagerly, inside `jax.jit`, and under `jax.vmap`
+[0, num_buckets), the per-bucket table limit) and runs the kernel: on the CPU on the library's own
+thread pool, on a GPU on XLA's stream with XLA's scratch memory. Each target name is registered for
+platform "cpu" and, for the primitives the library has CUDA kernels for, "CUDA": XLA picks the
+handler of the platform it compiles for. The calls are ordinary XLA ops: they run eagerly, inside `jax.jit`, and under `jax.vmap`
 (`vmap_method="broadcast_all"`: the handlers loop over the extra leading dims). Gradients come
 from `keras_yoso.ops` (`keras.ops.custom_gradient`), as for every provider.
 
@@ -14,8 +16,10 @@ kernel runs when the compiled function runs, and the error is whatever JAX raise
 custom call at that point (jax 0.10: jax.errors.JaxRuntimeError, a RuntimeError,
 "INVALID_ARGUMENT: <the kernel's message>"; older jax: XlaRuntimeError).
 
-CPU only: `device_error` names the device when JAX computes elsewhere, so "auto" takes the
-composite there and "custom_op" raises.
+Devices: a call runs where its arrays live, or on JAX's default backend while tracing
+(`device_of`); "gpu" is served when the library has CUDA kernels and this jax has a CUDA backend
+(`devices`). Elsewhere (TPU, ROCm, a primitive without a CUDA kernel, a causal call on a GPU)
+"auto" takes the composite and "custom_op" raises, naming the device.
 """
 
 import threading
@@ -44,7 +48,8 @@ _registration = None  # None until tried; then "" (registered) or why not
 
 
 def _register():
-    """Registers the handlers as XLA FFI targets for the CPU, once. Returns "" or why not."""
+    """Registers the handlers as XLA FFI targets for the CPU (and CUDA, `_register_cuda`), once.
+    Returns "" or why not."""
     global _registration
     if _registration is not None:
         return _registration
@@ -72,6 +77,36 @@ def _registration_error():
             jax.ffi.register_ffi_target(primitive.target, capsule, platform="cpu")
     except Exception as exception:  # noqa: BLE001: any failure means "not usable", with its reason
         return f"registering the keras_yoso XLA FFI handlers failed: {exception}"
+    global _cuda_registration
+    _cuda_registration = _register_cuda()
+    return ""
+
+
+_cuda_registration = None  # None until the CPU handlers are registered; then "" (registered) or why not
+
+
+def _cuda_backend():
+    """True when this jax has a CUDA backend with devices."""
+    try:
+        return any(d.platform == "gpu" for d in jax.devices("gpu"))
+    except RuntimeError:  # no GPU backend
+        return False
+
+
+def _register_cuda():
+    """Registers the CUDA handlers of the primitives with a CUDA kernel, under the CPU handlers' target
+    names, platform "CUDA". Returns "" or why the GPU is not served."""
+    if not native_library.device_kernels():
+        return "the keras_yoso native library was built without CUDA kernels"
+    if not _cuda_backend():
+        return "this jax has no CUDA backend"
+    try:
+        for primitive in _spec.PRIMITIVES.values():
+            if native_library.has_device_kernel(primitive.name):
+                capsule = jax.ffi.pycapsule(native_library.handler(primitive.cuda_handler))
+                jax.ffi.register_ffi_target(primitive.target, capsule, platform="CUDA")
+    except Exception as exception:  # noqa: BLE001: any failure means "not usable", with its reason
+        return f"registering the keras_yoso XLA FFI CUDA handlers failed: {exception}"
     return ""
 
 
@@ -109,20 +144,21 @@ class JaxProvider(base.NativeLibraryProvider):
         it was built without the XLA FFI handlers, or this jax has no `jax.ffi`."""
         return _register() or None
 
-    def device_error(self, tensors, causal=0):
-        """A message naming the device when an input lives off the CPU or JAX computes on another
-        backend (the kernels run on CPU only); else None."""
-        for tensor in tensors:
-            if isinstance(tensor, jax.Array) and not isinstance(tensor, jax.core.Tracer):
-                devices = [d for d in tensor.devices() if d.platform != "cpu"]
-                if devices:
-                    return (f"the keras_yoso native kernels run on CPU only; the inputs are on {devices[0]} "
-                            "(use implementation='composite' or 'auto' there)")
-        backend = jax.default_backend()
-        if backend != "cpu":
-            return (f"the keras_yoso native kernels run on CPU only; JAX computes on {backend} "
-                    f"({jax.devices()[0]}) (use implementation='composite' or 'auto' there)")
-        return None
+    def device_of(self, tensors):
+        """While tracing (a tracer among `tensors`) or for no JAX array, JAX's default backend ("cpu",
+        "gpu", "tpu", ...); else the platform of the first array that lives off the CPU, or "cpu"."""
+        if _is_traced(tensors):
+            return jax.default_backend()
+        concrete = [t for t in tensors if isinstance(t, jax.Array)]
+        for tensor in concrete:
+            for device in tensor.devices():
+                if device.platform != "cpu":
+                    return device.platform
+        return "cpu" if concrete else jax.default_backend()
+
+    def devices(self):
+        """("cpu",), plus "gpu" when the CUDA handlers are registered."""
+        return ("cpu", "gpu") if not _register() and _cuda_registration == "" else ("cpu",)
 
     def run(self, name, *arguments):
         """`_spec.PRIMITIVES[name]` as one FFI call of its handler: masks as float32, codes as int32,

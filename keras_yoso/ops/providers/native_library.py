@@ -1,9 +1,12 @@
 """The framework-neutral native library, keras_yoso/_yoso_native*.so, loaded with ctypes.
 
-It holds the C ABI of the CPU kernels (custom_ops/cc/c_api/yoso_c_api.h) and, when the build
-found jaxlib's XLA FFI headers, the XLA FFI handlers (custom_ops/cc/jax/yoso_xla_ffi.cc). It links
-to no framework, so it loads whichever backend is installed. The PyTorch provider calls the C ABI
-through `call`; the JAX provider registers the handlers (`handler`).
+It holds the C ABI of the kernels (custom_ops/cc/c_api/yoso_c_api.h): the CPU kernels (`ky_run`)
+and, when it was built with nvcc, the CUDA kernels (`ky_run_device`); and, when the build found
+jaxlib's XLA FFI headers, the XLA FFI handlers (custom_ops/cc/jax/yoso_xla_ffi.cc). It links to no
+framework, so it loads whichever backend is installed, and to no CUDA library (the static CUDA
+runtime inside opens the driver at the first GPU call), so it loads without a GPU. The PyTorch
+provider calls the C ABI through `call` and `call_device`; the JAX provider registers the handlers
+(`handler`).
 
 A missing or unloadable library gives one warning and the composite, on every backend;
 `import keras_yoso` never fails because of it.
@@ -19,7 +22,7 @@ from keras_yoso.ops import _spec
 # The folder of the keras_yoso package (keras_yoso/ops/providers/../..), where the compiled libraries lie.
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # custom_ops/cc/c_api/yoso_c_api.h: KY_ABI_VERSION, dtype codes, return codes, KY_MAX_RANK.
-ABI_VERSION = 6
+ABI_VERSION = 7
 DTYPE_CODES = {"float32": 0, "float16": 1, "bfloat16": 2, "int32": 3}
 _OK, _INVALID_ARGUMENT = 0, 1
 MAX_RANK = 8
@@ -60,6 +63,13 @@ _I64, _I32 = ctypes.c_int64, ctypes.c_int32
 # error_size)
 _RUN_SIGNATURE = [ctypes.c_char_p, ctypes.POINTER(KyTensor), _I32, ctypes.POINTER(KyAttribute), _I32,
                   ctypes.POINTER(KyTensor), _I32, _I32, ctypes.c_char_p, _I64]
+# ky_device_workspace_bytes(primitive, inputs, num_inputs, attributes, num_attributes, bytes, error, error_size)
+_WORKSPACE_SIGNATURE = [ctypes.c_char_p, ctypes.POINTER(KyTensor), _I32, ctypes.POINTER(KyAttribute), _I32,
+                        ctypes.POINTER(_I64), ctypes.c_char_p, _I64]
+# ky_run_device(primitive, inputs, num_inputs, attributes, num_attributes, outputs, num_outputs, workspace,
+# workspace_bytes, stream, error, error_size)
+_RUN_DEVICE_SIGNATURE = [ctypes.c_char_p, ctypes.POINTER(KyTensor), _I32, ctypes.POINTER(KyAttribute), _I32,
+                         ctypes.POINTER(KyTensor), _I32, ctypes.c_void_p, _I64, ctypes.c_void_p, ctypes.c_char_p, _I64]
 _INT64_RANGE = (-2 ** 63, 2 ** 63 - 1)
 
 
@@ -120,6 +130,16 @@ def _open(path):
     library.ky_run.restype = _I32
     library.ky_throttle_openmp_spinning.argtypes = [ctypes.c_void_p, _I32]
     library.ky_throttle_openmp_spinning.restype = _I32
+    library.ky_build_info.argtypes = []
+    library.ky_build_info.restype = ctypes.c_char_p
+    library.ky_device_kernels.argtypes = []
+    library.ky_device_kernels.restype = _I32
+    library.ky_has_device_kernel.argtypes = [ctypes.c_char_p]
+    library.ky_has_device_kernel.restype = _I32
+    library.ky_device_workspace_bytes.argtypes = _WORKSPACE_SIGNATURE
+    library.ky_device_workspace_bytes.restype = _I32
+    library.ky_run_device.argtypes = _RUN_DEVICE_SIGNATURE
+    library.ky_run_device.restype = _I32
     return library
 
 
@@ -160,6 +180,18 @@ def _attributes(primitive, values):
     return array
 
 
+def _views(views):
+    return (KyTensor * max(1, len(views)))(*views)
+
+
+def _raise_unless_ok(status, error):
+    """ValueError with the kernel's message for invalid inputs, RuntimeError for other failures."""
+    if status == _OK:
+        return
+    message = error.value.decode("utf-8", "replace")
+    raise (ValueError if status == _INVALID_ARGUMENT else RuntimeError)(message)
+
+
 def call(name, inputs, attributes, outputs, num_threads=0):
     """Runs primitive `name` of the table (_spec.PRIMITIVES) through the C ABI's ky_run: `inputs` and
     `outputs` KyTensor views and `attributes` values, each in the table's order.
@@ -168,11 +200,50 @@ def call(name, inputs, attributes, outputs, num_threads=0):
     """
     primitive = _spec.PRIMITIVES[name]
     error = ctypes.create_string_buffer(_ERROR_SIZE)
-    in_views = (KyTensor * max(1, len(inputs)))(*inputs)
-    out_views = (KyTensor * max(1, len(outputs)))(*outputs)
-    status = library().ky_run(name.encode(), in_views, len(inputs), _attributes(primitive, attributes),
-                              len(attributes), out_views, len(outputs), int(num_threads), error, _ERROR_SIZE)
-    if status == _OK:
-        return
-    message = error.value.decode("utf-8", "replace")
-    raise (ValueError if status == _INVALID_ARGUMENT else RuntimeError)(message)
+    status = library().ky_run(name.encode(), _views(inputs), len(inputs), _attributes(primitive, attributes),
+                              len(attributes), _views(outputs), len(outputs), int(num_threads), error, _ERROR_SIZE)
+    _raise_unless_ok(status, error)
+
+
+def build_info():
+    """How the loaded library was built (compiler; CUDA runtime and SM architectures), or None."""
+    return None if library() is None else library().ky_build_info().decode()
+
+
+def device_kernels():
+    """True when the loaded library holds CUDA kernels (it was built with nvcc)."""
+    return library() is not None and bool(library().ky_device_kernels())
+
+
+def has_device_kernel(name):
+    """True when primitive `name` has a CUDA kernel in the loaded library."""
+    return library() is not None and bool(library().ky_has_device_kernel(name.encode()))
+
+
+def device_workspace_bytes(name, inputs, attributes):
+    """The device workspace in bytes that `call_device` needs for primitive `name` on `inputs` (KyTensor
+    views; their data is not read) and `attributes`. ValueError for a call the GPU kernel refuses."""
+    primitive = _spec.PRIMITIVES[name]
+    error = ctypes.create_string_buffer(_ERROR_SIZE)
+    size = _I64(0)
+    status = library().ky_device_workspace_bytes(name.encode(), _views(inputs), len(inputs),
+                                                 _attributes(primitive, attributes), len(attributes), ctypes.byref(size),
+                                                 error, _ERROR_SIZE)
+    _raise_unless_ok(status, error)
+    return size.value
+
+
+def call_device(name, inputs, attributes, outputs, workspace, workspace_bytes, stream):
+    """Runs primitive `name` through the C ABI's ky_run_device: `inputs` and `outputs` KyTensor views of
+    device memory, the device `workspace` address (at least `device_workspace_bytes`), the CUDA
+    `stream` handle (an int; 0: the legacy default stream). The kernels are enqueued on the stream.
+
+    Raises ValueError with the kernel's message for invalid inputs, RuntimeError for a CUDA error or a
+    library built without CUDA kernels.
+    """
+    primitive = _spec.PRIMITIVES[name]
+    error = ctypes.create_string_buffer(_ERROR_SIZE)
+    status = library().ky_run_device(name.encode(), _views(inputs), len(inputs), _attributes(primitive, attributes),
+                                     len(attributes), _views(outputs), len(outputs), workspace, int(workspace_bytes),
+                                     stream, error, _ERROR_SIZE)
+    _raise_unless_ok(status, error)

@@ -11,13 +11,19 @@ that contain its ops load afterwards. If it is missing or fails to load (e.g. an
 after a TensorFlow upgrade), one warning says why, how to rebuild, and what the composite fallback
 costs, and every op runs on the composite instead.
 
-The causal cumulations (`causal` != 0) have CPU kernels only: `device_error` names the GPU for a
-causal call that TensorFlow would place there, so "auto" takes the composite and "custom_op" raises.
+Devices: a call runs on the GPU when one is visible and no device scope names the CPU
+(`device_of`); the op library has GPU kernels when it was built with nvcc (`devices`), for the
+primitives whose `_spec` row lists "gpu" (causal = 0 only). Elsewhere "auto" takes the composite
+and "custom_op" raises, naming the primitive and the device.
 """
+
+import functools
+
 
 import tensorflow as tf
 from tensorflow.python.eager import context as tf_context
 from tensorflow.python.framework import config as tf_config
+from tensorflow.python.framework import kernels as tf_kernels
 
 from keras_yoso import _backend
 from keras_yoso import _validation
@@ -57,6 +63,13 @@ def _runs_on_gpu():
     return "CPU" not in (tf_context.context().device_name or "").upper()
 
 
+@functools.lru_cache(maxsize=None)
+def _library_devices():
+    """("cpu",), plus "gpu" when the op library registered its CUDA kernels (built with nvcc)."""
+    registered = tf_kernels.get_registered_kernels_for_op(_spec.PRIMITIVES["lsh_cumulation"].raw_op).kernel
+    return ("cpu", "gpu") if any(k.device_type == "GPU" for k in registered) else ("cpu",)
+
+
 def _raw_op(primitive):
     """The op library's Python function of `primitive`'s raw op."""
     return getattr(library(), primitive.raw_op_function)
@@ -65,6 +78,7 @@ def _raw_op(primitive):
 class TensorFlowProvider(base.Provider):
     """The TensorFlow op library: not an XLA op (so no jit_compile), CPU and GPU kernels."""
 
+    name = "custom_op"
     checks_codes = True
     needs_static_num_hashes = False
     max_bucket_table_floats = _validation.MAX_BUCKET_TABLE_FLOATS
@@ -77,13 +91,13 @@ class TensorFlowProvider(base.Provider):
         """False inside XLA-compiled graphs (no XLA kernels) and where determinism needs the composite."""
         return not _backend.in_xla_context() and not _gpu_needs_determinism()
 
-    def device_error(self, tensors, causal=0):
-        """The causal cumulations have CPU kernels only: a message naming the GPU when a causal call
-        would run there (TensorFlow places an op on the GPU unless a device scope names the CPU)."""
-        if causal and _runs_on_gpu():
-            return ("the causal cumulations of the keras_yoso op library have CPU kernels only, and this call "
-                    "would run on a GPU (use implementation='auto' or 'composite', or a tf.device('/CPU:0') scope)")
-        return None
+    def device_of(self, tensors):
+        """"gpu" where TensorFlow would place the call on a GPU (a GPU is visible and no device scope
+        names the CPU), else "cpu"."""
+        return "gpu" if _runs_on_gpu() else "cpu"
+
+    def devices(self):
+        return _library_devices()
 
     def run(self, name, *arguments):
         """`_spec.PRIMITIVES[name]` as one call of its raw op: masks, codes and parameters in the
@@ -101,12 +115,6 @@ class TensorFlowProvider(base.Provider):
         attributes = dict(zip(primitive.attribute_names, arguments[count:]))
         result = _raw_op(primitive)(*tensors, **attributes, **primitive.raw_op_attributes)
         return result if len(primitive.outputs) == 1 else tuple(result)
-
-    def lower_bound_gradients(self, *arguments):
-        """The fused eq. 4 backward has a CPU kernel only: on a GPU, two weighted cumulations."""
-        if _runs_on_gpu():
-            return base.lower_bound_by_weighted_cumulations(self, *arguments)
-        return super().lower_bound_gradients(*arguments)
 
 
 PROVIDER = TensorFlowProvider()

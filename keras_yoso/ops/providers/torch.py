@@ -1,10 +1,13 @@
-"""The PyTorch provider: the native library's CPU kernels as `torch.library` custom ops.
+"""The PyTorch provider: the native library's CPU and CUDA kernels as `torch.library` custom ops.
 
 Each primitive is one op of the `keras_yoso::` namespace (`torch.ops.keras_yoso.<name>`) whose
 CPU implementation hands contiguous views of its tensors to the C ABI
 (custom_ops/cc/c_api/yoso_c_api.h) through `native_library.call`, with as many threads as
 `torch.get_num_threads()`; the C ABI checks everything (shapes, dtypes, code ranges, limits) and
-its errors arrive as ValueError.
+its errors arrive as ValueError. Where the library holds a primitive's CUDA kernel, the op has a
+CUDA implementation too (`register_kernel("cuda")`): the same views of CUDA tensors through
+`native_library.call_device`, on the current CUDA stream, with a workspace from PyTorch's caching
+allocator.
 
 Each op has a fake (meta) implementation that gives the output's shape and dtype, so
 `torch.compile(fullgraph=True)` traces through it without a graph break.
@@ -48,11 +51,25 @@ def _view(tensor, name):
 
 def _run(primitive, inputs, attributes, outputs):
     """Runs the primitive named `primitive` through the C ABI on the named `inputs` [(name, tensor)], the attributes and
-    the named `outputs`; returns the output tensors."""
+    the named `outputs`, on the CPU kernels; returns the output tensors."""
     inputs = [(name, tensor.contiguous()) for name, tensor in inputs]  # kept alive until the call returns
     views = [_view(tensor, name) for name, tensor in inputs]
     native_library.call(primitive, views, attributes, [_view(tensor, name) for name, tensor in outputs],
                         num_threads=torch.get_num_threads())
+    return [tensor for _, tensor in outputs]
+
+
+def _run_cuda(primitive, inputs, attributes, outputs):
+    """`_run` on the CUDA kernels: CUDA `inputs` and `outputs` of one device, the kernels enqueued on
+    that device's current stream with a workspace tensor of the size the C ABI asks for."""
+    inputs = [(name, tensor.contiguous()) for name, tensor in inputs]
+    views = [_view(tensor, name) for name, tensor in inputs]
+    device = outputs[0][1].device
+    with torch.cuda.device(device):
+        size = native_library.device_workspace_bytes(primitive, views, attributes)
+        workspace = torch.empty(max(1, size), dtype=torch.uint8, device=device)
+        native_library.call_device(primitive, views, attributes, [_view(tensor, name) for name, tensor in outputs],
+                                   workspace.data_ptr(), workspace.numel(), torch.cuda.current_stream(device).cuda_stream)
     return [tensor for _, tensor in outputs]
 
 
@@ -81,8 +98,9 @@ def _returned(outputs):
 
 
 def _define(primitive):
-    """Registers `keras_yoso::<name>`: its CPU implementation runs the primitive through the C ABI, its fake gives the
-    output's shape and dtype (so torch.compile traces it without a graph break)."""
+    """Registers `keras_yoso::<name>`: its CPU implementation runs the primitive through the C ABI, its CUDA one (where
+    the library has the primitive's CUDA kernel) through the C ABI's device entry, its fake gives the output's shape
+    and dtype (so torch.compile traces it without a graph break)."""
     count = len(primitive.inputs)
     schema = ", ".join([f"Tensor {name}" for name in primitive.input_names]
                        + [f"{_SCHEMA_TYPES[a.kind]} {a.name}" + ("" if a.default is None else f"={a.default}")
@@ -90,15 +108,20 @@ def _define(primitive):
 
     returns = "Tensor" if len(primitive.outputs) == 1 else "(" + ", ".join(["Tensor"] * len(primitive.outputs)) + ")"
 
-    def implementation(*arguments):
-        arguments = primitive.complete(arguments)
-        inputs = list(zip(primitive.input_names, arguments[:count]))
-        outputs = list(zip([o.name for o in primitive.outputs], _outputs(primitive, arguments)))
-        return _returned(_run(primitive.name, inputs, list(arguments[count:]), outputs))
+    def implementation(run):
+        def run_primitive(*arguments):
+            arguments = primitive.complete(arguments)
+            inputs = list(zip(primitive.input_names, arguments[:count]))
+            outputs = list(zip([o.name for o in primitive.outputs], _outputs(primitive, arguments)))
+            return _returned(run(primitive.name, inputs, list(arguments[count:]), outputs))
 
-    op = torch.library.custom_op(f"{_NAMESPACE}::{primitive.name}", implementation, mutates_args=(),
+        return run_primitive
+
+    op = torch.library.custom_op(f"{_NAMESPACE}::{primitive.name}", implementation(_run), mutates_args=(),
                                  device_types="cpu", schema=f"({schema}) -> {returns}")
     op.register_fake(lambda *arguments: _returned(_outputs(primitive, arguments)))
+    if native_library.has_device_kernel(primitive.name):
+        op.register_kernel("cuda")(implementation(_run_cuda))
 
 
 def _loaded_libgomp_paths():
@@ -156,12 +179,18 @@ def _torch_load_error():
     return None
 
 
+# The devices the ops have kernels for: set when they are registered.
+_DEVICES = ("cpu",)
+
+
 def _register_ops():
     """Defines the `keras_yoso::` ops of `_spec.PRIMITIVES` once per process: a second import of this
     module (a reload) finds them registered and uses them as they are."""
+    global _DEVICES
     for primitive in _spec.PRIMITIVES.values():
         if not hasattr(getattr(torch.ops, _NAMESPACE), primitive.name):
             _define(primitive)
+    _DEVICES = ("cpu", "gpu") if native_library.device_kernels() else ("cpu",)
 
 
 def _op(name):
@@ -170,7 +199,8 @@ def _op(name):
 
 
 class TorchProvider(base.NativeLibraryProvider):
-    """The native library's CPU kernels as torch.library ops: traced by torch.compile, CPU tensors only."""
+    """The native library's kernels as torch.library ops: traced by torch.compile, CPU tensors and, where the
+    library holds CUDA kernels, CUDA tensors."""
 
     def load_error(self):
         error = _torch_load_error() or native_library.load_error()
@@ -178,12 +208,16 @@ class TorchProvider(base.NativeLibraryProvider):
             _throttle_torch_openmp_spinning()
         return error
 
-    def device_error(self, tensors, causal=0):
+    def device_of(self, tensors):
+        """"gpu" when a tensor among `tensors` is a CUDA tensor, the device type of another one off the CPU
+        (e.g. "mps", "meta"), else "cpu"."""
         for tensor in tensors:
             if isinstance(tensor, torch.Tensor) and tensor.device.type != "cpu":
-                return (f"the keras_yoso native kernels run on CPU only; got a tensor on {tensor.device} "
-                        "(use implementation='composite' or 'auto' for tensors on an accelerator)")
-        return None
+                return {"cuda": "gpu"}.get(tensor.device.type, tensor.device.type)
+        return "cpu"
+
+    def devices(self):
+        return _DEVICES  # read, not computed: torch.compile traces this without calling the library
 
     def run(self, name, *arguments):
         """`_spec.PRIMITIVES[name]` as its `torch.ops.keras_yoso` op; masks (and the other float32

@@ -1,0 +1,128 @@
+"""The GPU entry of the native library's C ABI (`ky_run_device`, `ky_device_workspace_bytes`) on a
+machine without a GPU: every check that needs no device (counts, dtypes, shapes, the primitive's
+Check, the CUDA kernels' own limits, the workspace size) runs on the host and gives the same
+messages as the CPU entry; a call that gets as far as the device fails with the CUDA runtime's
+message, never a crash. The kernels themselves are checked on a GPU by tests/gpu/."""
+
+import ctypes
+import os
+
+import numpy as np
+import pytest
+
+from conftest import BACKEND, CUSTOM_OPS_EXPECTED
+from keras_yoso.ops import _spec
+from keras_yoso.ops.providers import native_library
+
+pytestmark = pytest.mark.skipif(not CUSTOM_OPS_EXPECTED, reason="no native library expected "
+                                "(KERAS_YOSO_DISABLE_CUSTOM_OPS=1)")
+# CI builds with nvcc and sets this: then the library must hold the CUDA kernels.
+CUDA_EXPECTED = os.environ.get("KERAS_YOSO_EXPECT_GPU_KERNELS") == "1"
+
+
+def _library():
+    assert native_library.load_error() is None, native_library.load_error()
+    return native_library
+
+
+def _views(arrays):
+    return [native_library.tensor_view(a.ctypes.data, str(a.dtype), a.shape) for a in arrays]
+
+
+def _lsh_call(num_queries=5, num_keys=6, width=3, num_hashes=2, num_buckets=4):
+    rng = np.random.default_rng(0)
+    inputs = [np.ones((1, num_queries), np.float32), rng.integers(0, num_buckets, (1, num_hashes, num_queries),
+                                                                  dtype=np.int32),
+              np.ones((1, num_keys), np.float32), rng.integers(0, num_buckets, (1, num_hashes, num_keys),
+                                                               dtype=np.int32),
+              rng.standard_normal((1, num_keys, width)).astype(np.float32)]
+    return inputs, [num_buckets, 0], [np.empty((1, num_queries, width), np.float32)]
+
+
+def _needs_cuda_kernels():
+    if not _library().device_kernels():
+        if CUDA_EXPECTED:
+            pytest.fail("KERAS_YOSO_EXPECT_GPU_KERNELS=1 but the native library holds no CUDA kernels")
+        pytest.skip("the native library was built without nvcc")
+
+
+def test_the_library_says_which_primitives_have_a_cuda_kernel_as_the_table_does():
+    library = _library()
+    assert library.device_kernels() or not CUDA_EXPECTED
+    for name, primitive in _spec.PRIMITIVES.items():
+        assert library.has_device_kernel(name) == (library.device_kernels() and "gpu" in primitive.devices), name
+    assert not library.has_device_kernel("no_such_primitive")
+
+
+def test_the_workspace_size_is_known_on_the_host_and_grows_with_the_call():
+    _needs_cuda_kernels()
+    small_inputs, attributes, _ = _lsh_call(num_queries=5, num_keys=6)
+    large_inputs, _, _ = _lsh_call(num_queries=5000, num_keys=6000, num_buckets=256)
+    small = native_library.device_workspace_bytes("lsh_cumulation", _views(small_inputs), attributes)
+    large = native_library.device_workspace_bytes("lsh_cumulation", _views(large_inputs), [256, 0])
+    assert 0 < small < large
+
+
+def test_a_call_the_cuda_kernels_cannot_take_is_refused_before_the_device_with_the_reason():
+    _needs_cuda_kernels()
+    inputs, _, outputs = _lsh_call(num_queries=6, num_keys=6)
+    with pytest.raises(ValueError, match="lsh_cumulation has no GPU kernel for causal = 1"):
+        native_library.device_workspace_bytes("lsh_cumulation", _views(inputs), [4, 1])
+    with pytest.raises(ValueError, match="lsh_cumulation has no GPU kernel for causal = -1"):
+        native_library.call_device("lsh_cumulation", _views(inputs), [4, -1], _views(outputs), 0, 0, 0)
+    step = _spec.PRIMITIVES["lsh_cumulation_step"]
+    assert "gpu" not in step.devices
+    with pytest.raises(ValueError, match="lsh_cumulation_step has no GPU kernel"):
+        native_library.call_device("lsh_cumulation_step", [], [], [], 0, 0, 0)
+
+
+def test_a_malformed_call_gets_the_cpu_entrys_message_from_the_device_entry():
+    _needs_cuda_kernels()
+    inputs, attributes, outputs = _lsh_call()
+    inputs[4] = inputs[4][0]  # value of rank 2
+    with pytest.raises(ValueError) as on_cpu:
+        native_library.call("lsh_cumulation", _views(inputs), attributes, _views(outputs))
+    with pytest.raises(ValueError) as on_device:
+        native_library.call_device("lsh_cumulation", _views(inputs), attributes, _views(outputs), 0, 0, 0)
+    assert "value" in str(on_cpu.value) and str(on_device.value) == str(on_cpu.value)
+    with pytest.raises(ValueError, match="lsh_cumulation takes 5 inputs, got 4"):
+        native_library.device_workspace_bytes("lsh_cumulation", _views(inputs[:4]), attributes)
+    error = ctypes.create_string_buffer(256)
+    assert native_library.library().ky_run_device(b"no_such_primitive", None, 0, None, 0, None, 0, None, 0, None,
+                                                  error, 256) == 1
+    assert error.value == b'no keras_yoso primitive named "no_such_primitive"'
+
+
+def test_a_workspace_smaller_than_the_call_needs_is_refused_naming_both_sizes():
+    _needs_cuda_kernels()
+    inputs, attributes, outputs = _lsh_call()
+    needed = native_library.device_workspace_bytes("lsh_cumulation", _views(inputs), attributes)
+    scratch = np.empty(needed, np.uint8)
+    with pytest.raises(ValueError, match=f"needs a device workspace of {needed} bytes .* got {needed - 1} bytes"):
+        native_library.call_device("lsh_cumulation", _views(inputs), attributes, _views(outputs), scratch.ctypes.data,
+                                   needed - 1, 0)
+    with pytest.raises(ValueError, match="got 0 bytes at a null pointer"):
+        native_library.call_device("lsh_cumulation", _views(inputs), attributes, _views(outputs), 0, 0, 0)
+
+
+@pytest.mark.skipif(BACKEND == "torch", reason="the torch backend may hold a CUDA context of its own")
+def test_a_valid_call_without_a_usable_gpu_fails_with_the_cuda_runtimes_message():
+    _needs_cuda_kernels()
+    inputs, attributes, outputs = _lsh_call()
+    needed = native_library.device_workspace_bytes("lsh_cumulation", _views(inputs), attributes)
+    scratch = np.empty(needed, np.uint8)
+    # Host pointers: with no GPU (this machine) the runtime reports no device or no driver; on a GPU
+    # machine it reports an illegal address or an invalid argument. Either way an error, not a crash.
+    with pytest.raises(RuntimeError, match="lsh_cumulation on the GPU: .* failed: cuda"):
+        native_library.call_device("lsh_cumulation", _views(inputs), attributes, _views(outputs), scratch.ctypes.data,
+                                   needed, 0)
+
+
+@pytest.mark.skipif(BACKEND != "torch", reason="the torch.library ops")
+def test_the_torch_ops_have_a_cuda_kernel_exactly_where_the_library_has_one():
+    import torch
+
+    _needs_cuda_kernels()
+    for name, primitive in _spec.PRIMITIVES.items():
+        registered = torch._C._dispatch_has_kernel_for_dispatch_key(f"keras_yoso::{name}", "CUDA")
+        assert registered == ("gpu" in primitive.devices), name
