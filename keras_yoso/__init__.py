@@ -9,8 +9,6 @@ torch.library) where it is built, else the composite; TensorFlow need not be ins
 attention with its trained weights.
 """
 
-import sys
-
 from keras_yoso import _portable_optimizers  # noqa: F401  (compiled models saved on PyTorch load on every backend)
 from keras_yoso import distribution
 from keras_yoso import layers
@@ -23,9 +21,6 @@ from keras_yoso.layers import YosoAttention
 from keras_yoso.models import check_token_ids
 
 __version__ = "0.2.0"
-
-if "keras_hub" in sys.modules:  # registers keras_yoso.hub's layers, so converted keras-hub models load
-    from keras_yoso import hub  # noqa: F401
 
 
 def export_portable(model, filepath, **kwargs):

@@ -23,6 +23,46 @@ from keras_yoso.layers.attention_registry import checked_attention_kwargs
 from keras_yoso.layers.multi_head_attention_base import MultiHeadAttentionBase
 from keras_yoso.layers.transformer_encoder_block import TransformerEncoderBlock
 
+# The layers of keras_yoso.hub, by the names they register with Keras. keras_yoso.hub imports keras_hub, which
+# takes seconds (3 s more than `import keras_yoso` on JAX and PyTorch where TensorFlow is installed: keras_hub
+# imports it), so `import keras_yoso` does not import it: these names stand in Keras' registry for its classes
+# instead, and the first one a `.keras` file holds imports keras_yoso.hub (whose classes then replace them) and
+# loads with its class. Loading thus works whether keras_hub was imported before keras_yoso, after it, or not
+# at all (Keras imports the keras_hub layers of a file itself).
+_HUB_LAYER_NAMES = ("keras_yoso>HubTransformerEncoder", "keras_yoso>HubTransformerDecoder")
+
+
+class _HubLayerOnLoad:
+    """Stands in Keras' registry for the keras_yoso.hub layer registered as `registered_name`, until
+    keras_yoso.hub is imported: `from_config` imports it and returns its layer."""
+
+    def __init__(self, registered_name):
+        self.registered_name = registered_name
+
+    def from_config(self, config):
+        try:
+            from keras_yoso import hub  # noqa: F401  (registers its classes in place of these)
+        except ModuleNotFoundError as error:
+            if error.name != "keras_hub":
+                raise
+            raise ImportError(f"Loading {self.registered_name} (a keras-hub layer with keras_yoso attention, as "
+                              "keras_yoso.replace_attention makes them) needs keras-hub, which is not installed: "
+                              "`pip install keras-hub`.") from error
+        # From the global registry: the loading's custom-object scope holds a copy of it taken before, with
+        # this stand-in.
+        return keras.saving.get_custom_objects()[self.registered_name].from_config(config)
+
+
+def _register_hub_layers():
+    """Puts a `_HubLayerOnLoad` in Keras' registry for each keras_yoso.hub layer not registered yet."""
+    registry = keras.saving.get_custom_objects()
+    for name in _HUB_LAYER_NAMES:
+        registry.setdefault(name, _HubLayerOnLoad(name))
+
+
+_register_hub_layers()
+
+
 def _keras_hub():
     """The keras_hub module when it is imported (a model holding keras-hub layers imported it), else None."""
     return sys.modules.get("keras_hub")

@@ -7,9 +7,10 @@ attention sublayers (keras-hub builds `MultiHeadAttention` / `CachedMultiHeadAtt
 `attention_kwargs`, under the same names ("self_attention_layer", "cross_attention_layer") and with
 the same projections, so keras-hub's weights load into them.
 
-keras-hub is an optional extra: importing this module imports it. `import keras_yoso` imports this
-module when keras_hub is already imported; to load a converted model saved as `.keras`, import
-keras_hub (or `keras_yoso.hub`) before loading.
+keras-hub is an optional extra: importing this module imports it, and `import keras_yoso` does not
+import this module. A converted model saved as `.keras` loads after `import keras_yoso` alone, in
+either order with keras_hub: keras_yoso.conversion registers these layers' names with Keras, and
+loading the first of them imports this module.
 """
 
 import keras

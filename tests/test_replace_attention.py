@@ -6,17 +6,20 @@ CachedMultiHeadAttention, a MultiHeadAttention subclass) as the replacement repr
 model's outputs: that proves every weight reached its place. keras-hub is skipped where absent.
 """
 
+import os
+
 import keras
 import numpy as np
 import pytest
 
-from conftest import to_numpy
+from conftest import run_python, to_numpy
 from keras_yoso import TransformerEncoderBlock
 from keras_yoso import YosoAttention
 from keras_yoso import replace_attention
 from keras_yoso.layers import LinearRelativeAttention
 
 WIDTH, LENGTH = 16, 12
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _mha_model(**mha_kwargs):
@@ -236,6 +239,34 @@ def test_bert_backbone_to_yoso_with_extended_positions(tmp_path):
     converted.save(path)
     loaded = keras.saving.load_model(path)
     np.testing.assert_array_equal(to_numpy(loaded(inputs)["sequence_output"]), out)
+
+
+# Loads a converted keras-hub model saved as .keras in a fresh interpreter after `imports`, then checks
+# that keras_hub is imported only by the loading, and saves the outputs.
+_LOAD_AFTER_IMPORTS = """
+import sys
+{imports}
+hub_before_loading = "keras_hub" in sys.modules
+import keras, numpy as np
+inputs = dict(np.load({inputs!r}))
+model = keras.saving.load_model({model!r})
+np.save({output!r}, keras.ops.convert_to_numpy(model(inputs)["sequence_output"]))
+print("keras_hub imported before loading:", hub_before_loading)
+"""
+
+
+@pytest.mark.parametrize("imports", ["import keras_yoso", "import keras_yoso\nimport keras_hub",
+                                     "import keras_hub\nimport keras_yoso"])
+def test_a_converted_keras_hub_model_loads_whatever_the_import_order(imports, tmp_path):
+    converted = replace_attention(_bert(), "yoso", num_hashes=4, hash_code_len=4, seed=2)
+    inputs = _bert_inputs(LENGTH)
+    np.savez(tmp_path / "inputs.npz", **inputs)
+    converted.save(tmp_path / "converted.keras")
+    code = _LOAD_AFTER_IMPORTS.format(imports=imports, inputs=str(tmp_path / "inputs.npz"),
+                                      model=str(tmp_path / "converted.keras"), output=str(tmp_path / "output.npy"))
+    printed = run_python(code, cwd=ROOT)
+    assert f"keras_hub imported before loading: {imports != 'import keras_yoso'}" in printed  # not by keras_yoso
+    np.testing.assert_array_equal(np.load(tmp_path / "output.npy"), to_numpy(converted(inputs)["sequence_output"]))
 
 
 def test_converted_bert_classifier_fits_compiled():
