@@ -1,0 +1,241 @@
+"""tests/gpu/verify.py, the one verification run on a GPU machine, on the CPU: its dry run (and a
+run that finds no CUDA GPU) skips every GPU stage cleanly and still writes every file and the
+summary, printed last; its scheduler, its comparisons and its correctness grid on NumPy arrays.
+
+The script runs as a user runs it, in a subprocess from the repository root. It needs neither
+torch, JAX nor the native library here.
+"""
+
+import importlib.util
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import numpy_reference
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCRIPT = os.path.join(REPO, "tests", "gpu", "verify.py")
+# At most 8 files come back from the GPU machine; the run command tees its console log into the folder too.
+MAX_FILES = 8
+
+
+def _load_script():
+    spec = importlib.util.spec_from_file_location("gpu_verify", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+verify = _load_script()
+STAGE = {stage.name: stage for stage in verify.STAGES}
+
+
+def _run(out_dir, *args):
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+    return subprocess.run([sys.executable, SCRIPT, "--out", str(out_dir), *args], cwd=REPO, capture_output=True,
+                          text=True, timeout=120, env=env)
+
+
+def _finished_run(proc, out_dir):
+    """The stage records of a run that exited 0, wrote its files and printed the summary last."""
+    assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    files = sorted(os.listdir(out_dir))
+    assert len(files) + 1 <= MAX_FILES, files  # + log.txt
+    assert verify.SUMMARY_FILE in files
+    records = {}
+    for name in files:
+        if name.endswith(".json"):
+            with open(os.path.join(out_dir, name)) as f:
+                records.update(json.load(f))
+    with open(os.path.join(out_dir, verify.SUMMARY_FILE)) as f:
+        summary = f.read()
+    assert proc.stdout.rstrip().endswith(summary.rstrip()), proc.stdout[-2000:]
+    for name, record in records.items():
+        assert f"| {name} | {record['status']} |" in summary
+    return records, files
+
+
+def test_dry_run_skips_every_gpu_stage_and_writes_every_file(tmp_path):
+    records, files = _finished_run(_run(tmp_path, "--dry-run", "--deadline", "60"), tmp_path)
+    assert set(files) == {stage.file for stage in verify.STAGES} | {verify.SUMMARY_FILE}
+    assert set(records) == set(STAGE)
+    assert records["env"]["status"] == "ok"
+    for name in list(STAGE)[1:]:
+        assert records[name]["status"] == "skipped"
+        assert records[name]["reason"].startswith("no CUDA GPU")
+    assert records["correctness"]["planned_cases"]["lsh_cumulation"] > 100
+
+
+@pytest.mark.skipif(shutil.which("nvidia-smi") is not None, reason="this machine has an NVIDIA driver")
+def test_run_without_a_cuda_gpu_detects_it_and_skips_cleanly(tmp_path):
+    records, _ = _finished_run(_run(tmp_path, "--deadline", "120"), tmp_path)
+    assert records["env"]["status"] == "ok"
+    assert records["env"]["result"]["cuda_available"] is False
+    for name in list(STAGE)[1:]:
+        assert records[name]["status"] == "skipped"
+        assert records[name]["reason"].startswith("no CUDA GPU")
+
+
+def test_a_deadline_below_every_limit_skips_every_stage_and_still_summarizes(tmp_path):
+    records, _ = _finished_run(_run(tmp_path, "--deadline", "3"), tmp_path)
+    assert {r["status"] for r in records.values()} == {"skipped"}
+    assert all("left before the deadline" in r["reason"] for r in records.values())
+
+
+def test_only_runs_env_and_the_stages_named(tmp_path):
+    records, files = _finished_run(_run(tmp_path, "--dry-run", "--only", "rates", "--deadline", "60"), tmp_path)
+    assert set(records) == {"env", "rates"}
+    assert set(files) == {STAGE["env"].file, STAGE["rates"].file, verify.SUMMARY_FILE}
+
+
+def test_stages_fit_the_device_tool_and_run_most_valuable_first():
+    assert [s.name for s in verify.STAGES][:3] == ["env", "load", "correctness"]
+    assert len({s.file for s in verify.STAGES}) + 2 <= MAX_FILES  # + summary.md and log.txt
+    assert set(verify.WORKERS) >= set(STAGE)
+
+
+def test_scheduler_skips_a_stage_whose_limit_exceeds_the_time_left():
+    timings, facts = STAGE["timings"], {"gpu": True, "library": True}
+    assert verify.skip_reason(timings, timings.limit, facts) is None
+    assert "left before the deadline" in verify.skip_reason(timings, timings.limit - 0.5, facts)
+    assert "left before the deadline" in verify.skip_reason(STAGE["env"], -3, facts)
+
+
+def test_scheduler_skips_gpu_stages_without_a_gpu_and_library_stages_after_a_failed_load():
+    plenty = 1e6
+    no_gpu = {"gpu": False, "gpu_reason": "torch is not installed"}
+    assert verify.skip_reason(STAGE["env"], plenty, no_gpu) is None
+    assert verify.skip_reason(STAGE["rates"], plenty, no_gpu) == "no CUDA GPU (torch is not installed)"
+    failed_load = {"gpu": True, "library": False, "library_reason": "no keras_yoso/_yoso_native*.so"}
+    assert "native library" in verify.skip_reason(STAGE["correctness"], plenty, failed_load)
+    assert "no keras_yoso/_yoso_native*.so" in verify.skip_reason(STAGE["sanitizer"], plenty, failed_load)
+    assert verify.skip_reason(STAGE["rates"], plenty, failed_load) is None  # needs no library
+    assert verify.skip_reason(STAGE["timings"], plenty, failed_load) is None  # SDPA still anchors the card
+    assert verify.skip_reason(STAGE["correctness"], plenty, {"gpu": True, "library": None}) is None  # load not run
+    dry = {"dry_run": True, "gpu": True, "library": True}
+    assert verify.skip_reason(STAGE["env"], plenty, dry) is None
+    assert verify.skip_reason(STAGE["load"], plenty, dry) == "no CUDA GPU (--dry-run)"
+
+
+def test_facts_come_from_the_env_and_load_records():
+    facts = {}
+    verify.learn(STAGE["env"], {"status": "ok", "result": {"cuda_available": True}}, facts)
+    assert facts["gpu"] is True
+    verify.learn(STAGE["load"], {"status": "checks failed", "result": {},
+                                 "checks": {"failures": ["ky_device_kernels() is 0"]}}, facts)
+    assert facts["library"] is False and facts["library_reason"] == "ky_device_kernels() is 0"
+    verify.learn(STAGE["load"], {"status": "ok", "result": {"launched": True}, "checks": {}}, facts)
+    assert facts["library"] is True
+
+
+def test_compare_values_scales_the_bound_with_the_reference():
+    want = np.array([[0.5, -3.0], [2.0, 0.0]])
+    allowed = 1e-4 * 3.0
+    assert verify.compare_values(want + 0.9 * allowed, want, "float32")["verdict"] == "pass"
+    assert verify.compare_values(want + 2 * allowed, want, "float32")["verdict"] == "tf32"
+    assert verify.compare_values(want + 3 * 2e-3, want, "float32")["verdict"] == "fail"
+    assert verify.compare_values(want + 0.04, want, "bfloat16")["verdict"] == "pass"  # 1.6e-2 * 3
+    assert verify.compare_values(want + 0.04, want, "float16")["verdict"] == "fail"
+    small = verify.compare_values(np.full(3, 0.01 + 1.5e-3), np.full(3, 0.01), "float16")
+    assert small["allowed"] == pytest.approx(2e-3) and small["verdict"] == "pass"  # max(1, max |want|)
+
+
+def test_compare_values_fails_on_nan_and_on_a_wrong_shape():
+    want = np.ones((2, 3))
+    got = want.copy()
+    got[1, 2] = np.nan
+    result = verify.compare_values(got, want, "bfloat16")
+    assert result["verdict"] == "fail" and math.isinf(result["error"]) and result["non_finite"] == 1
+    assert verify.compare_values(np.ones((3, 2)), want, "float32")["verdict"] == "fail"
+
+
+def test_compare_codes_counts_the_codes_that_differ():
+    want = np.arange(200, dtype=np.int32).reshape(2, 4, 25)
+    got = want.copy()
+    assert verify.compare_codes(got, want) == {"verdict": "pass", "error": 0.0, "allowed": 0.0, "ratio": 0.0}
+    got[0, 0, 0] = -1
+    assert verify.compare_codes(got, want)["verdict"] == "fail"
+    assert verify.compare_codes(got, want, allowed_fraction=0.01)["error"] == pytest.approx(1 / 200)
+    assert verify.compare_codes(got, want, allowed_fraction=0.01)["verdict"] == "pass"
+
+
+def test_worst_verdict_orders_pass_tf32_fail_error():
+    assert verify.worst_verdict([]) == "pass"
+    assert verify.worst_verdict(["pass", "tf32"]) == "tf32"
+    assert verify.worst_verdict(["error", "fail", "pass"]) == "error"
+
+
+def test_correctness_grid_takes_every_value_of_every_axis():
+    names = list(verify.CUMULATIONS + verify.HASHES)
+    cases = verify.correctness_cases(names)
+    assert len({c["id"] for c in cases}) == len(cases)
+    assert max(cases[0]["nq"], cases[0]["nk"]) == verify.LONG_LENGTH  # the slow references start first
+    for name in verify.CUMULATIONS:
+        mine = [c for c in cases if c["primitive"] == name]
+        assert {c["nq"] for c in mine} | {c["nk"] for c in mine} == {1, 7, 1000, 4099}
+        assert {c["mask"] for c in mine} == set(verify.MASKS)
+        assert {c["codes"] for c in mine} == set(verify.CODE_DISTRIBUTIONS)
+        assert {c["hash_code_len"] for c in mine} == {1, 6, 8, 12}
+        assert {c["width"] for c in mine} == {c["weight_width"] for c in mine} == {1, 64, 100}
+        for dtype in verify.DTYPES:
+            typed = [c for c in mine if c["dtype"] == dtype]
+            assert {c["width"] for c in typed} == {1, 64, 100}
+            assert {c["hash_code_len"] for c in typed} == {1, 6, 8, 12}
+    for name in verify.HASHES:
+        mine = [c for c in cases if c["primitive"] == name]
+        assert {c["n"] for c in mine} == {1, 7, 1000, 4099}
+        assert {c["dim"] for c in mine} == {1, 64, 100}
+        assert {c["dtype"] for c in mine} == set(verify.DTYPES)
+        assert {c["hash_code_len"] for c in mine} == {1, 6, 8, 12}
+
+
+def test_correctness_grid_covers_the_gpu_primitives_of_the_table():
+    names = verify.gpu_primitives(verify.spec_table())
+    assert {"lsh_cumulation", "weighted_lsh_cumulation", "collision_cumulation"} <= set(names)
+    assert {c["primitive"] for c in verify.correctness_cases(names)} == set(names) & set(
+        verify.CUMULATIONS + verify.HASHES)
+
+
+@pytest.mark.parametrize("name", verify.CUMULATIONS)
+def test_masked_rows_hold_nan_that_the_reference_never_reads(name):
+    case = verify._cumulation_case(name, 30, 40, "random", "zipf", "float32", 3, batch=2, num_hashes=4,
+                                   hash_code_len=3, width=5)
+    inputs, attributes = verify.case_inputs(case, np.random.default_rng(0), None)
+    masked_keys = inputs["key_mask"] == 0
+    assert masked_keys.any() and (~masked_keys).any()
+    key_rows = inputs["value"] if "value" in inputs else inputs["key"]
+    assert np.isnan(key_rows[masked_keys]).all() and not np.isnan(key_rows[~masked_keys]).any()
+    want = verify.reference_output(numpy_reference, name, inputs, attributes)
+    assert want.shape == (2, 30, 5) and np.isfinite(want).all()
+    assert np.all(want[inputs["query_mask"] == 0] == 0)
+    zero = verify._cumulation_case(name, 30, 40, "zero", "uniform", "float32", 3, batch=2)
+    inputs, attributes = verify.case_inputs(zero, np.random.default_rng(1), None)
+    assert np.all(verify.reference_output(numpy_reference, name, inputs, attributes) == 0)
+
+
+def test_zipf_codes_are_skewed_and_use_the_top_bucket():
+    codes = verify._codes(np.random.default_rng(0), "zipf", (4, 4099), 256)
+    counts = np.bincount(codes.ravel(), minlength=256)
+    assert counts.max() > 0.15 * codes.size and counts[255] > 0
+
+
+def test_summary_decides_the_gate_from_the_timings_against_sdpa():
+    n, dtype = verify.GATE_CASE
+    timings = {"rows": [{"what": "attention forward+backward", "n": n, "dtype": dtype, "ms": 6.0},
+                        {"what": "lsh_cumulation", "n": n, "dtype": dtype, "ms": 0.5}],
+               "sdpa": [{"what": "forward+backward", "n": n, "dtype": "bfloat16", "ms": 20.0}],
+               "ratios": {f"{n} {dtype}": {"forward": None, "forward_backward": 0.3}}}
+    records = {name: {"status": "ok", "seconds": 1.0, "result": {}} for name in ("load", "correctness", "rates")}
+    records["timings"] = {"status": "ok", "seconds": 9.0, "result": timings}
+    args = verify._parse(["--out", "unused"])
+    text = verify.summary(records, 7, args)
+    assert "Gate (GPU-DESIGN.md §5): PASS" in text
+    assert f"| {n} | {dtype} | – | 6.000 |" in text and "| 0.3 |" in text
+    records["correctness"]["status"] = "checks failed"
+    assert "Gate (GPU-DESIGN.md §5): FAIL" in verify.summary(records, 7, args)
