@@ -15,7 +15,6 @@ loading the first of them imports this module.
 
 import keras
 import keras_hub
-from keras_hub.src.layers.modeling.transformer_layer_utils import merge_padding_and_attention_mask
 
 from keras_yoso.layers.attention_registry import attention_class
 from keras_yoso.layers.attention_registry import attention_like
@@ -112,4 +111,8 @@ class TransformerDecoder(_ReplacedAttention, keras_hub.layers.TransformerDecoder
             raise ValueError(f"{type(self).__name__} with {self.attention!r} attention is causal (its "
                              "self-attention was built with causal=True). Received use_causal_mask="
                              f"{use_causal_mask!r}; use TransformerEncoder for bidirectional attention.")
-        return merge_padding_and_attention_mask(decoder_sequence, decoder_padding_mask, decoder_attention_mask)
+        # keras-hub's mask without its causal part (which the attention computes itself): the padding mask
+        # merged with `decoder_attention_mask`. keras-hub has no public function for it.
+        return super()._compute_self_attention_mask(decoder_sequence, decoder_padding_mask, decoder_attention_mask,
+                                                    use_causal_mask=False, self_attention_cache=None,
+                                                    self_attention_cache_update_index=None)

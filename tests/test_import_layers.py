@@ -26,28 +26,44 @@ ROLES = [
 ]
 
 
-def _modules():
-    """module name -> set of keras_yoso modules it imports."""
-    graph = {}
+def _module_trees():
+    """(module name, its `ast` tree) of every module of keras_yoso."""
     for root, _, files in os.walk(PACKAGE):
         for name in files:
             if not name.endswith(".py"):
                 continue
             path = os.path.join(root, name)
             parts = os.path.relpath(path, os.path.dirname(PACKAGE))[:-3].split(os.sep)
-            module = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
             with open(path, encoding="utf-8") as f:
-                tree = ast.parse(f.read())
-            imported = set()
-            for node in ast.walk(tree):
-                if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("keras_yoso"):
-                    for alias in node.names:
-                        full = f"{node.module}.{alias.name}"
-                        imported.add(full if _is_module(full) else node.module)
-                elif isinstance(node, ast.Import):
-                    imported.update(a.name for a in node.names if a.name.startswith("keras_yoso"))
-            graph[module] = imported - {module}
+                yield ".".join(parts[:-1] if parts[-1] == "__init__" else parts), ast.parse(f.read())
+
+
+def _modules():
+    """module name -> set of keras_yoso modules it imports."""
+    graph = {}
+    for module, tree in _module_trees():
+        imported = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("keras_yoso"):
+                for alias in node.names:
+                    full = f"{node.module}.{alias.name}"
+                    imported.add(full if _is_module(full) else node.module)
+            elif isinstance(node, ast.Import):
+                imported.update(a.name for a in node.names if a.name.startswith("keras_yoso"))
+        graph[module] = imported - {module}
     return graph
+
+
+def _imported_names(package):
+    """module name -> the names of `package` it imports ("keras_hub.layers", "keras_hub.src.x.y")."""
+    names = {}
+    for module, tree in _module_trees():
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == package:
+                names.setdefault(module, set()).update(f"{node.module}.{a.name}" for a in node.names)
+            elif isinstance(node, ast.Import):
+                names.setdefault(module, set()).update(a.name for a in node.names if a.name.split(".")[0] == package)
+    return names
 
 
 def _is_module(name):
@@ -91,3 +107,9 @@ def test_the_layers_import_only_the_public_ops_and_the_argument_checks():
     wrong = {module: sorted(b for b in imported if b not in allowed and not b.startswith("keras_yoso.layers"))
              for module, imported in _modules().items() if module.startswith("keras_yoso.layers")}
     assert not any(wrong.values()), wrong
+
+
+def test_keras_hub_is_reached_through_its_public_api_only():
+    private = [f"{module} imports {name}" for module, names in _imported_names("keras_hub").items() for name in names
+               if any(part.startswith("_") or part == "src" for part in name.split(".")[1:])]
+    assert not private, private
