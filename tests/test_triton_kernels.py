@@ -1,0 +1,322 @@
+"""The Triton bucket-sorted YOSO GPU kernels (custom_ops/triton/) against the float64 NumPy references.
+
+The kernels run in Triton's interpreter (on the CPU; it runs programs one after another, so races, memory ordering
+and speed are for a GPU run to check: GPU-DESIGN.md §5). TRITON_INTERPRET=1 must be set before Triton is imported
+(Triton's own library functions, tl.sum, tl.cumsum, ..., are @triton.jit functions too), and keras, which
+tests/conftest.py imports, has imported it already; so the cases run in one worker process, this file run as a
+program (`TRITON_INTERPRET=1 python tests/test_triton_kernels.py CASE...`: PASS/FAIL per case), and each test reads
+its case's report. Inputs are fresh random values with masked rows poisoned with NaN; outputs start as NaN (floats)
+or -7 (ints), so an element a kernel reads or leaves unwritten by mistake fails the case. Bounds as in
+tests/gpu/README.md: max abs error <= bound * max(1, max |ref|), 1e-5 (float32, exact products), 2e-3 (float16),
+1.6e-2 (bfloat16).
+
+The AOT test builds a few variants for sm_80 and sm_90 with custom_ops/triton/aot.py (no GPU needed: Triton bundles
+ptxas and cuobjdump) and requires its SASS and resource checks to pass.
+"""
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+import traceback
+
+import numpy as np
+import pytest
+
+WORKER = __name__ == "__main__"
+if WORKER:
+    os.environ["TRITON_INTERPRET"] = "1"
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("triton")
+
+import numpy_reference as ref  # noqa: E402
+
+KERNELS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "custom_ops", "triton")
+
+
+def _import_kernels(*names):
+    """The modules `names` of custom_ops/triton (they import each other by plain name)."""
+    saved_path = list(sys.path)
+    sys.path.insert(0, KERNELS)
+    try:
+        return [__import__(name) for name in names]
+    finally:
+        sys.path[:] = saved_path
+
+
+BOUNDS = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
+NUM_HASHES = 2
+
+
+def _codes(rng, batch, length, tau, kind):
+    """int32 [B, m, N]: uniform codes, or Zipf-skewed (rank r with probability ~ 1/r^2 mapped to a random bucket: one
+    bucket holds ~60% of the rows); 3% of the codes out of [0, 2^tau), below and above."""
+    buckets = 1 << tau
+    shape = (batch, NUM_HASHES, length)
+    if kind == "uniform":
+        codes = rng.integers(0, buckets, shape)
+    else:
+        codes = rng.permutation(buckets)[(rng.zipf(2.0, shape) - 1) % buckets]
+    wild = rng.random(shape) < 0.03
+    return np.where(wild, rng.choice([-3, buckets, buckets + 5], shape), codes).astype(np.int32)
+
+
+def _mask(rng, batch, length, kind):
+    """float32 [B, N]: all kept, none kept, or random rows dropped (kept rows 1 or 2.5: any nonzero keeps)."""
+    if kind == "none":
+        return np.ones((batch, length), np.float32)
+    if kind == "zero":
+        return np.zeros((batch, length), np.float32)
+    return np.where(rng.random((batch, length)) < 0.3, 0.0, rng.choice([1.0, 2.5], (batch, length))).astype(np.float32)
+
+
+def _rows(rng, mask, width, dtype):
+    """[B, N, width] standard normal in `dtype` with the masked rows NaN."""
+    x = np.where(mask[..., None] != 0, rng.standard_normal(mask.shape + (width,)), np.nan)
+    return torch.from_numpy(x).to(dtype)
+
+
+def _reference_codes(codes, tau, side):
+    """The codes as the references see them: out-of-range codes replaced by a value of their side only (-1 queries,
+    -2 keys), since in the kernels such a row joins no bucket and meets no row of the other side."""
+    return np.where((codes >= 0) & (codes < 1 << tau), codes, -1 if side == "query" else -2)
+
+
+def _nan(shape, dtype):
+    return torch.full(shape, float("nan"), dtype=dtype)
+
+
+def _assert_close(actual, expected, dtype):
+    actual = actual.to(torch.float64).numpy()
+    assert np.isfinite(actual).all(), "an output element is NaN or infinite (unwritten, or a masked row was read)"
+    bound = BOUNDS[dtype] * max(1.0, float(np.abs(expected).max(initial=0.0)))
+    error = float(np.abs(actual - expected).max(initial=0.0))
+    assert error <= bound, f"max abs error {error:.3g} above {bound:.3g}"
+
+
+def _check_bucket_sort(tau, length):
+    bucket_sort, = _import_kernels("bucket_sort")
+    rng = np.random.default_rng(100 * tau + length)
+    buckets = 1 << tau
+    for codes_kind in ("uniform", "zipf"):
+        for mask_kind in ("none", "random", "zero"):
+            codes = _codes(rng, 2, length, tau, codes_kind)
+            mask = _mask(rng, 2, length, mask_kind)
+            offsets = torch.full((2, NUM_HASHES, buckets + 1), -7, dtype=torch.int32)
+            perm = torch.full((2, NUM_HASHES, length), -7, dtype=torch.int32)
+            bucket_sort.bucket_sort(torch.from_numpy(codes), torch.from_numpy(mask), buckets, offsets, perm)
+            for b in range(2):
+                for h in range(NUM_HASHES):
+                    kept = (mask[b] != 0) & (codes[b, h] >= 0) & (codes[b, h] < buckets)
+                    key = np.where(kept, codes[b, h], buckets)  # dropped rows last
+                    np.testing.assert_array_equal(perm[b, h].numpy(), np.argsort(key, kind="stable"))
+                    np.testing.assert_array_equal(offsets[b, h].numpy(),
+                                                  np.searchsorted(np.sort(key), np.arange(buckets + 1)))
+
+
+def _check_cumulation(tau, nq, nk, width, masks, codes_kind, dtype):
+    bucket_sums, = _import_kernels("bucket_sums")
+    rng = np.random.default_rng(nq + 10 * nk + 1000 * tau)
+    batch, buckets = 2, 1 << tau
+    qc, kc = _codes(rng, batch, nq, tau, codes_kind), _codes(rng, batch, nk, tau, codes_kind)
+    qm, km = _mask(rng, batch, nq, masks), _mask(rng, batch, nk, masks)
+    value, grad = _rows(rng, km, width, dtype), _rows(rng, qm, width, dtype)
+    t = torch.from_numpy
+    rqc, rkc = _reference_codes(qc, tau, "query"), _reference_codes(kc, tau, "key")
+
+    out = bucket_sums.lsh_cumulation(t(qm), t(qc), t(km), t(kc), value, buckets, out=_nan((batch, nq, width), dtype))
+    _assert_close(out, ref.lsh_cumulation(rqc, rkc, value.double().numpy(), qm, km), dtype)
+
+    d_value = bucket_sums.lsh_cumulation(t(km), t(kc), t(qm), t(qc), grad, buckets,
+                                         out=_nan((batch, nk, width), dtype))
+    expected = ref.yoso_lower_bound_gradients(np.zeros((batch, nq, 1)), np.zeros((batch, nk, 1)),
+                                              value.double().numpy(), rqc, rkc, tau,
+                                              np.nan_to_num(grad.double().numpy()), qm, km)[2]
+    _assert_close(d_value, expected, dtype)
+
+
+def _check_empty_buckets():
+    bucket_sort, bucket_sums = _import_kernels("bucket_sort", "bucket_sums")
+    rng = np.random.default_rng(7)
+    codes = np.full((1, NUM_HASHES, 20), 5, np.int32)  # bucket 5 of 16 holds every row
+    mask = np.ones((1, 20), np.float32)
+    value = torch.from_numpy(rng.standard_normal((1, 20, 3)).astype(np.float32))
+    offsets, perm = bucket_sort.bucket_sort(torch.from_numpy(codes), torch.from_numpy(mask), 16)
+    tables = bucket_sums.bucket_tables(value, torch.from_numpy(codes), offsets, perm, 16,
+                                       tables=_nan((1, NUM_HASHES, 16, 3), torch.float32))
+    expected = np.zeros((1, NUM_HASHES, 16, 3))
+    expected[:, :, 5] = value.double().numpy().sum(1)[:, None]
+    np.testing.assert_allclose(tables.numpy(), expected, rtol=1e-6, atol=1e-6)
+
+
+def _uses_table_form(num_q, num_k, dim, value_dim):
+    """The cost test of lower_bound._uses_table_form (module docstring of lower_bound.py), restated."""
+    return 2 * value_dim * dim * (num_q + num_k) < (value_dim + 2 * dim) * num_q * num_k
+
+
+def _check_lower_bound(tau, nq, nk, dim, width, masks, codes_kind, dtype, forms):
+    lower_bound, = _import_kernels("lower_bound")
+    rng = np.random.default_rng(nq + 10 * nk + 1000 * tau + dim)
+    batch, buckets = 2, 1 << tau
+    qc, kc = _codes(rng, batch, nq, tau, codes_kind), _codes(rng, batch, nk, tau, codes_kind)
+    qm, km = _mask(rng, batch, nq, masks), _mask(rng, batch, nk, masks)
+    q, k = _rows(rng, qm, dim, dtype), _rows(rng, km, dim, dtype)
+    v, dy = _rows(rng, km, width, dtype), _rows(rng, qm, width, dtype)
+    t = torch.from_numpy
+    rqc, rkc = _reference_codes(qc, tau, "query"), _reference_codes(kc, tau, "key")
+    # The reference's dQ, dK carry eq. 4's tau / 2; the primitive leaves it to its caller.
+    expected = [g * 2.0 / tau for g in ref.yoso_lower_bound_gradients(
+        *(np.nan_to_num(x.double().numpy()) for x in (q, k, v)), rqc, rkc, tau, np.nan_to_num(dy.double().numpy()),
+        qm, km)[:2]]
+    if len(forms) > 1 and codes_kind == "zipf":
+        sizes = [(((rqc[b, h] == c) & (qm[b] != 0)).sum(), ((rkc[b, h] == c) & (km[b] != 0)).sum())
+                 for b in range(batch) for h in range(NUM_HASHES) for c in range(buckets)]
+        chosen = {_uses_table_form(int(a), int(b), dim, width) for a, b in sizes if a and b}
+        assert chosen == {False, True}, "the skewed case must run both the pair and the table form"
+    for form in forms:
+        dq, dk = lower_bound.lower_bound_gradients(t(qm), t(qc), q, t(km), t(kc), k, v, dy, buckets, form, "ieee",
+                                                   _nan((batch, nq, dim), dtype), _nan((batch, nk, dim), dtype))
+        _assert_close(dq, expected[0], dtype)
+        _assert_close(dk, expected[1], dtype)
+
+
+def _case_id(prefix, *parts):
+    return "-".join([prefix] + [str(p).replace("torch.", "") if not isinstance(p, tuple) else "+".join(p)
+                                for p in parts])
+
+
+# Every interpreted case: id -> (check, arguments). Lower-bound rows: (tau, Nq, Nk, d, D, masks, codes, dtype,
+# forms); cumulation rows: (tau, Nq, Nk, D, masks, codes, dtype).
+SORT_CASES = {_case_id("sort", f"tau{tau}", f"n{n}"): (_check_bucket_sort, (tau, n))
+              for tau in (1, 3, 6) for n in (1, 7, 300)}
+CUMULATION_CASES = {_case_id("cumulation", *case): (_check_cumulation, case) for case in [
+    (1, 1, 7, 1, "none", "uniform", torch.float32),
+    (3, 7, 300, 16, "random", "zipf", torch.float32),
+    (6, 300, 7, 33, "random", "uniform", torch.float32),
+    (3, 300, 300, 16, "zero", "uniform", torch.float32),
+    (6, 300, 300, 33, "random", "zipf", torch.bfloat16),
+    (3, 300, 300, 16, "random", "uniform", torch.float16),
+]}
+CUMULATION_CASES["empty-buckets"] = (_check_empty_buckets, ())
+LOWER_BOUND_CASES = {_case_id("lower_bound", *case): (_check_lower_bound, case) for case in [
+    (3, 300, 300, 16, 33, "random", "zipf", torch.float32, ("pair", "table", "auto")),
+    (1, 1, 7, 33, 1, "none", "uniform", torch.float32, ("pair", "table", "auto")),
+    (6, 300, 7, 16, 16, "none", "uniform", torch.float32, ("auto",)),
+    (3, 7, 300, 1, 16, "zero", "zipf", torch.float32, ("auto",)),
+    (3, 300, 300, 16, 16, "random", "zipf", torch.bfloat16, ("pair", "table", "auto")),
+    (1, 300, 300, 16, 16, "random", "uniform", torch.float16, ("auto",)),
+]}
+CASES = {**SORT_CASES, **CUMULATION_CASES, **LOWER_BOUND_CASES}
+
+
+def run_cases(names):
+    """Runs the cases `names` (this process must have TRITON_INTERPRET=1 from its start): prints PASS <case> or
+    FAIL <case>: and the traceback; returns the exit status."""
+    failed = 0
+    for name in names:
+        started = time.perf_counter()
+        try:
+            check, arguments = CASES[name]
+            check(*arguments)
+        except Exception:  # noqa: BLE001 - reported per case
+            failed += 1
+            print(f"FAIL {name}:\n{traceback.format_exc()}", flush=True)
+        else:
+            print(f"PASS {name} {time.perf_counter() - started:.1f} s", flush=True)
+    return 1 if failed else 0
+
+
+_REPORT = []
+
+
+def _check_case(name):
+    """Fails unless case `name` passed in the worker, which the first test to ask starts for every case."""
+    if not _REPORT:
+        env = dict(os.environ, TRITON_INTERPRET="1")
+        _REPORT.append(subprocess.run([sys.executable, os.path.abspath(__file__), *CASES], env=env,
+                                      capture_output=True, text=True, timeout=900))
+    run = _REPORT[0]
+    if re.search(rf"^PASS {re.escape(name)} ", run.stdout, re.M):
+        return
+    failure = re.search(rf"^FAIL {re.escape(name)}:$.*?(?=^PASS |^FAIL |\Z)", run.stdout, re.M | re.S)
+    pytest.fail(failure.group(0) if failure else f"the worker did not report {name} (exit {run.returncode}); "
+                f"stdout:\n{run.stdout[-3000:]}\nstderr:\n{run.stderr[-6000:]}", pytrace=False)
+
+
+@pytest.mark.parametrize("case", SORT_CASES)
+def test_bucket_sort_is_a_stable_counting_sort_of_the_kept_rows(case):
+    _check_case(case)
+
+
+@pytest.mark.parametrize("case", CUMULATION_CASES)
+def test_lsh_cumulation_and_its_value_gradient_match_eq_2(case):
+    _check_case(case)
+
+
+@pytest.mark.parametrize("case", LOWER_BOUND_CASES)
+def test_lower_bound_gradients_match_eq_4_in_every_form(case):
+    _check_case(case)
+
+
+def test_bucket_sort_rejects_codes_longer_than_its_histogram():
+    bucket_sort, = _import_kernels("bucket_sort")
+    with pytest.raises(ValueError, match="num_buckets"):
+        bucket_sort.bucket_sort(torch.zeros((1, 1, 4), dtype=torch.int32), torch.ones((1, 4)),
+                                2 << bucket_sort.MAX_HASH_CODE_LEN)
+
+
+def test_lower_bound_gradients_reject_rows_wider_than_a_tile():
+    lower_bound, = _import_kernels("lower_bound")
+    wide = lower_bound.MAX_WIDTH + 1
+    codes, mask = torch.zeros((1, 1, 2), dtype=torch.int32), torch.ones((1, 2))
+    rows = torch.zeros((1, 2, wide))
+    with pytest.raises(ValueError, match="at most"):
+        lower_bound.lower_bound_gradients(mask, codes, rows, mask, codes, rows, rows, rows, 2)
+
+
+def test_sass_checks_flag_fenced_atomics_missing_tensor_cores_and_spills():
+    aot, = _import_kernels("aot")
+    entry = dict(variant="v", kernel="lower_bound_pairs_kernel", arch=90, constexprs={"PRECISION": "tf32"},
+                 shared_bytes=1024, stack_bytes=0, local_bytes=0, spill_instructions=0)
+    good = "HGMMA.64x64x16.F32.BF16 ; WARPGROUP.ARRIVE ; MEMBAR.ALL.CTA ; REDG.E.ADD.F32.FTZ.RN.STRONG.GPU"
+    assert aot.sass_problems(entry, good) == []
+    fenced = "HGMMA.64x64x16.F32.BF16 ; MEMBAR.ALL.GPU ; ATOMG.E.ADD.F32.FTZ.RN.STRONG.GPU ; CCTL.IVALL"
+    assert any("ATOMG" in p for p in aot.sass_problems(entry, fenced))
+    assert any("tensor-core" in p for p in aot.sass_problems(dict(entry, arch=80), good))
+    assert any("local memory" in p for p in aot.sass_problems(dict(entry, stack_bytes=8), good))
+    assert any("shared memory" in p for p in aot.sass_problems(dict(entry, shared_bytes=1 << 20), good))
+
+
+# One variant of each kernel family, bf16 rows of width 64 (the standard shape, GPU-DESIGN.md).
+AOT_VARIANTS = (r"^(bucket_sort_kernel_tau8|bucket_tables_kernel_bf16_a16|gather_tables_kernel_bf16_a16|"
+                r"finalize_rows_kernel_bf16|lower_bound_(pairs|tables)_kernel_bf16_d64_a16)$")
+
+
+def test_aot_build_writes_checked_cubins_and_a_launch_manifest(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    run = subprocess.run([sys.executable, os.path.join(KERNELS, "aot.py"), "--out", str(tmp_path), "--arch", "80",
+                          "90", "--only", AOT_VARIANTS], capture_output=True, text=True, env=env, timeout=300)
+    assert run.returncode == 0, run.stdout + run.stderr
+    manifest = json.loads((tmp_path / "manifest.json").read_text())
+    entries = {(e["variant"], e["arch"]): e for e in manifest["kernels"]}
+    assert len(entries) == 12
+    for entry in entries.values():
+        assert (tmp_path / entry["file"]).read_bytes()[:4] == b"\x7fELF"
+        assert entry["parameters"][-2:] == manifest["hidden_parameters"]
+        assert entry["threads"] == 32 * entry["num_warps"]
+    pairs = entries[("lower_bound_pairs_kernel_bf16_d64_a16", 90)]
+    assert pairs["function"] == "lower_bound_pairs_kernel"
+    assert {"dim", "value_dim", "q_ptr"} <= set(pairs["divisible_16"])
+    aot, = _import_kernels("aot")
+    if aot.find_cuobjdump() is None:
+        assert "skipped" in run.stdout
+        pytest.skip("no cuobjdump: the SASS checks did not run")
+    assert "skipped" not in run.stdout
+    assert all(e["registers"] and e["stack_bytes"] == 0 and e["spill_instructions"] == 0 for e in entries.values())
+
+
+if WORKER:
+    sys.exit(run_cases(sys.argv[1:] or list(CASES)))
