@@ -9,6 +9,8 @@ torch.library) where it is built, else the composite; TensorFlow need not be ins
 attention with its trained weights.
 """
 
+import keras
+
 from keras_yoso import _portable_optimizers  # noqa: F401  (compiled models saved on PyTorch load on every backend)
 from keras_yoso import distribution
 from keras_yoso import layers
@@ -18,19 +20,26 @@ from keras_yoso.conversion import replace_attention
 from keras_yoso.layers import LinearRelativeAttention
 from keras_yoso.layers import TransformerEncoderBlock
 from keras_yoso.layers import YosoAttention
+from keras_yoso._environment import show_config
+from keras_yoso._version import __version__
 from keras_yoso.models import check_token_ids
-
-__version__ = "0.2.0"
 
 
 def export_portable(model, filepath, **kwargs):
     """`model.export(filepath, **kwargs)` with every keras_yoso op on its `keras.ops` composite
     (`keras_yoso.ops.composite_only`): the SavedModel holds no custom op, so it loads and serves in
-    a process that never imports keras_yoso (TF Serving, a plain TensorFlow app). TensorFlow backend."""
+    a process that never imports keras_yoso (TF Serving, a plain TensorFlow app). TensorFlow backend:
+    elsewhere a ValueError says so (train on any backend, save a `.keras` file, export from
+    TensorFlow)."""
+    backend = keras.backend.backend()
+    if backend != "tensorflow":
+        raise ValueError("keras_yoso.export_portable writes a TensorFlow SavedModel and needs the TensorFlow backend "
+                         f"(KERAS_BACKEND=tensorflow); the backend is {backend}. Save the model with "
+                         "model.save('model.keras'), load it under TensorFlow and export it there.")
     with ops.composite_only():
         return model.export(filepath, **kwargs)
 
 
 __all__ = ["LinearRelativeAttention", "TransformerEncoderBlock", "YosoAttention", "check_token_ids", "distribution",
            "export_portable", "layers", "models", "ops",
-           "replace_attention"]
+           "replace_attention", "show_config"]
