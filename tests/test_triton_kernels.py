@@ -296,15 +296,18 @@ AOT_VARIANTS = (r"^(bucket_sort_kernel_tau8|bucket_tables_kernel_bf16_a16|gather
 
 
 def test_aot_build_writes_checked_cubins_and_a_launch_manifest(tmp_path):
+    # Compiled, not interpreted, and from scratch: a cache of its own instead of ~/.triton/cache.
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    run = subprocess.run([sys.executable, os.path.join(KERNELS, "aot.py"), "--out", str(tmp_path), "--arch", "80",
+    env["TRITON_CACHE_DIR"] = str(tmp_path / "cache")
+    out = tmp_path / "cubins"
+    run = subprocess.run([sys.executable, os.path.join(KERNELS, "aot.py"), "--out", str(out), "--arch", "80",
                           "90", "--only", AOT_VARIANTS], capture_output=True, text=True, env=env, timeout=300)
     assert run.returncode == 0, run.stdout + run.stderr
-    manifest = json.loads((tmp_path / "manifest.json").read_text())
+    manifest = json.loads((out / "manifest.json").read_text())
     entries = {(e["variant"], e["arch"]): e for e in manifest["kernels"]}
     assert len(entries) == 12
     for entry in entries.values():
-        assert (tmp_path / entry["file"]).read_bytes()[:4] == b"\x7fELF"
+        assert (out / entry["file"]).read_bytes()[:4] == b"\x7fELF"
         assert entry["parameters"][-2:] == manifest["hidden_parameters"]
         assert entry["threads"] == 32 * entry["num_warps"]
     pairs = entries[("lower_bound_pairs_kernel_bf16_d64_a16", 90)]

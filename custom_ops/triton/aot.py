@@ -1,6 +1,6 @@
 """Ahead-of-time build of the Triton YOSO kernels into sm_80 and sm_90 cubins, with checks that need no GPU.
 
-    python custom_ops/triton/aot.py --out DIR [--arch 80 90] [--only REGEX] [--no-check]
+    python custom_ops/triton/aot.py --out DIR [--arch 80 90] [--only REGEX] [--no-check] [--table]
 
 Every variant (a kernel with its constexprs and argument types) is compiled with
 `triton.compile(ASTSource(fn, signature, constexprs, attrs), target=GPUTarget("cuda", arch, 32))` into
@@ -82,7 +82,7 @@ _GRIDS = {
     "bucket_tables_kernel": "(B * num_hashes, cdiv(num_buckets, BLOCK_C), cdiv(width, BLOCK_D))",
     "gather_tables_kernel": "(B, cdiv(length, BLOCK_Q), cdiv(width, BLOCK_D))",
     "lower_bound_pairs_kernel": "(B * num_hashes, cdiv(num_queries, BLOCK_Q), 1)",
-    "lower_bound_tables_kernel": "(B * num_hashes, num_buckets, 1)",
+    "lower_bound_tables_kernel": "(B * num_hashes, cdiv(num_buckets, BUCKETS), 1)",
     "finalize_rows_kernel": "(cdiv(num_elements, BLOCK), 1, 1)",
 }
 # What acq_rel atomics compile to (ATOMG between MEMBAR.ALL.GPU and CCTL.IVALL); wgmma's own fences are
@@ -123,7 +123,8 @@ def variants(arch):
                             dict(widths, BLOCK_Q=pair["BLOCK_Q"], BLOCK_K=pair["BLOCK_K"]), pair["num_warps"],
                             divisible))
                 out.append((f"lower_bound_tables_kernel_{tag}", lower_bound.lower_bound_tables_kernel, dtype,
-                            dict(widths, BLOCK_R=table["BLOCK_R"]), table["num_warps"], divisible))
+                            dict(widths, BUCKETS=lower_bound.TABLE_BUCKETS, BLOCK_R=table["BLOCK_R"]),
+                            table["num_warps"], divisible))
     return out
 
 
@@ -211,6 +212,10 @@ def build(out_dir, archs=ARCHS, only=None, check=True, log=print):
             metadata = compiled.metadata
             if metadata.global_scratch_size or metadata.profile_scratch_size:
                 raise RuntimeError(f"{name} sm_{arch} needs Triton scratch memory, which the launcher does not pass")
+            entry_parameters = re.search(r"\.entry\s+\w+\s*\((.*?)\)", compiled.asm["ptx"], re.S).group(1)
+            if entry_parameters.count(".param") != len(parameters) + len(HIDDEN_PARAMETERS):
+                raise RuntimeError(f"{name} sm_{arch}: the PTX entry takes {entry_parameters.count('.param')} "
+                                   f"parameters, the manifest would list {len(parameters) + len(HIDDEN_PARAMETERS)}")
             path = out_dir / f"{name}_sm{arch}.cubin"
             cubin = compiled.asm["cubin"]
             path.write_bytes(cubin)
@@ -227,9 +232,31 @@ def build(out_dir, archs=ARCHS, only=None, check=True, log=print):
             entries.append(entry)
             log(f"{path.name}: {time.perf_counter() - started:.1f} s, {entry['registers']} registers, "
                 f"{entry['stack_bytes']} B stack, {entry['shared_bytes']} B shared")
-    manifest = dict(triton=triton.__version__, hidden_parameters=list(HIDDEN_PARAMETERS), kernels=entries)
+    manifest = dict(triton=triton.__version__, ptxas=triton.knobs.nvidia.ptxas.version,
+                    hidden_parameters=list(HIDDEN_PARAMETERS), kernels=entries)
     (out_dir / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
     return manifest, problems
+
+
+def resource_table(manifest):
+    """The manifest as a Markdown table: one row per variant, the tiles and per arch warps, registers, stack
+    bytes, STL/LDL count and shared bytes (custom_ops/triton/README.md shows it)."""
+    tiles = ("NUM_BINS", "BLOCK_N", "BLOCK_C", "BLOCK_R", "BLOCK_Q", "BLOCK_K", "BLOCK_D", "BLOCK", "BUCKETS")
+    rows = {}
+    for e in manifest["kernels"]:
+        shown = ", ".join(f"{k}={v}" for k, v in e["constexprs"].items() if k in tiles)
+        rows.setdefault(e["variant"], {})[e["arch"]] = (shown, e)
+    archs = sorted({e["arch"] for e in manifest["kernels"]})
+    header = " | ".join(f"sm_{a} tiles | warps / regs / stack / spills / shared" for a in archs)
+    lines = [f"| variant | {header} |", "|---|" + "---|---|" * len(archs)]
+    for variant, by_arch in rows.items():
+        cells = []
+        for arch in archs:
+            shown, e = by_arch.get(arch, ("", None))
+            cells += [shown, f"{e['num_warps']} / {e['registers']} / {e['stack_bytes']} / {e['spill_instructions']} / "
+                             f"{e['shared_bytes']}" if e else ""]
+        lines.append(f"| {variant} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
 
 def main(argv=None):
@@ -238,8 +265,11 @@ def main(argv=None):
     parser.add_argument("--arch", type=int, nargs="+", default=list(ARCHS), help="compute capabilities (80, 90)")
     parser.add_argument("--only", help="build only the variants whose name matches this regex")
     parser.add_argument("--no-check", action="store_true", help="skip the SASS and resource checks")
+    parser.add_argument("--table", action="store_true", help="print the resources as a Markdown table")
     args = parser.parse_args(argv)
-    _, problems = build(args.out, args.arch, args.only, not args.no_check)
+    manifest, problems = build(args.out, args.arch, args.only, not args.no_check)
+    if args.table:
+        print(resource_table(manifest))
     for problem in problems:
         print(problem)
     return 1 if any(not p.startswith("skipped") for p in problems) else 0

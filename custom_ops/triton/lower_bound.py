@@ -14,11 +14,13 @@ Per hash h and bucket c (queries Q_c, dY_c and keys K_c, V_c, both sorted by buc
 
 - pair form (`lower_bound_pairs_kernel`): W = dY_c V_c^T masked by code equality, dQ_c += W K_c, dK_c += W^T Q_c,
   (2 D + 4 d) n_q n_k FLOPs. One program per (b, h, BLOCK_Q consecutive sorted queries) walks the keys of the
-  buckets its queries belong to in tiles of BLOCK_K; a bucket that straddles two query windows has its keys
-  visited by both, each adding its own queries' share of dK.
+  buckets its queries belong to in tiles of BLOCK_K (one contiguous range of sorted keys: the keys of a
+  table-form bucket inside it are masked out, and such a bucket has all its queries in the window, so that
+  waste is at most BLOCK_Q pairs per key); a bucket that straddles two query windows has its keys visited by
+  both, each adding its own queries' share of dK.
 - table form (`lower_bound_tables_kernel`): T_c = V_c^T K_c and U_c = dY_c^T Q_c ([D, d], fp32), then
   dQ_c = dY_c T_c and dK_c = V_c U_c, 4 D d (n_q + n_k) FLOPs, linear in the bucket's size whatever the skew.
-  One program per (b, h, bucket).
+  One program per (b, h, TABLE_BUCKETS consecutive buckets), which it takes one after another.
 
 Each bucket takes the cheaper form, `_uses_table_form` (the same integer test in both kernels, so every bucket
 is counted exactly once); `form` forces one of them for tests and measurements. Both kernels add fp32 partial
@@ -30,7 +32,8 @@ K7 `finalize_rows_kernel` writes dQ = [mask != 0] * scale * dQacc in the output 
 Products: 16-bit inputs run tl.dot on their own dtype with fp32 accumulation (W and the tables are rounded to
 that dtype before their second product, as FlashAttention rounds P); float32 inputs take `precision`:
 "tf32" (the GPU default, GPU-DESIGN.md §2.4: 2e-3 relative), "tf32x3" or "ieee" (exact fp32, equality with the
-CPU kernels). Tiles hold whole rows: d and D at most MAX_WIDTH.
+CPU kernels). Tiles hold whole rows: d and D at most MAX_WIDTH; row offsets are int32 within a batch row,
+so N * max(d, D) < 2^31.
 """
 
 import os
@@ -61,6 +64,8 @@ _TABLE_TILES = {
     (90, "fp32"): {64: (64, 8), 128: (32, 8)},
     (90, "ieee"): {64: (32, 8), 128: (16, 8)},
 }
+# Buckets per table-form program (most buckets take the pair form: their programs only read the sizes).
+TABLE_BUCKETS = 16
 FINALIZE_BLOCK = 1024
 NUM_WARPS = 4
 # Widest d or D a tile holds.
@@ -217,36 +222,39 @@ def _apply_table(x_ptr, rows_ptr, begin, end, x_width, table, acc_ptr, out_width
 @triton.jit
 def lower_bound_tables_kernel(q_ptr, k_ptr, v_ptr, dy_ptr, q_offsets_ptr, q_perm_ptr, k_offsets_ptr, k_perm_ptr,
                               dq_acc_ptr, dk_acc_ptr, num_hashes, num_queries, num_keys, dim, value_dim, num_buckets,
-                              FORM: tl.constexpr, PRECISION: tl.constexpr, BLOCK_R: tl.constexpr,
-                              BLOCK_DIM: tl.constexpr, BLOCK_VDIM: tl.constexpr):
-    """Table form of one bucket (arguments as lower_bound_pairs_kernel): T = V_c^T K_c, dQ_c += dY_c T;
-    U = dY_c^T Q_c, dK_c += V_c U.
+                              FORM: tl.constexpr, PRECISION: tl.constexpr, BUCKETS: tl.constexpr,
+                              BLOCK_R: tl.constexpr, BLOCK_DIM: tl.constexpr, BLOCK_VDIM: tl.constexpr):
+    """Table form of the buckets that take it among BUCKETS consecutive ones (arguments as
+    lower_bound_pairs_kernel), one after another: T = V_c^T K_c, dQ_c += dY_c T; U = dY_c^T Q_c, dK_c += V_c U.
 
-    Grid (B * m, num_buckets).
+    Grid (B * m, cdiv(num_buckets, BUCKETS)).
     """
     bh = tl.program_id(0).to(tl.int64)
-    bucket = tl.program_id(1)
+    first = tl.program_id(1) * BUCKETS
     batch = bh // num_hashes
     q_offsets = q_offsets_ptr + bh * (num_buckets + 1)
     k_offsets = k_offsets_ptr + bh * (num_buckets + 1)
-    q_begin = tl.load(q_offsets + bucket)
-    q_end = tl.load(q_offsets + bucket + 1)
-    k_begin = tl.load(k_offsets + bucket)
-    k_end = tl.load(k_offsets + bucket + 1)
-    if (q_begin < q_end) & (k_begin < k_end) & _uses_table_form(q_end - q_begin, k_end - k_begin, dim, value_dim,
-                                                                FORM):
-        q = q_ptr + batch * num_queries * dim
-        k = k_ptr + batch * num_keys * dim
-        v = v_ptr + batch * num_keys * value_dim
-        dy = dy_ptr + batch * num_queries * value_dim
-        q_perm = q_perm_ptr + bh * num_queries
-        k_perm = k_perm_ptr + bh * num_keys
-        t = _product_rows(v, k, k_perm, k_begin, k_end, value_dim, dim, PRECISION, BLOCK_R, BLOCK_VDIM, BLOCK_DIM)
-        _apply_table(dy, q_perm, q_begin, q_end, value_dim, t, dq_acc_ptr + batch * num_queries * dim, dim,
-                     PRECISION, BLOCK_R, BLOCK_VDIM, BLOCK_DIM)
-        u = _product_rows(dy, q, q_perm, q_begin, q_end, value_dim, dim, PRECISION, BLOCK_R, BLOCK_VDIM, BLOCK_DIM)
-        _apply_table(v, k_perm, k_begin, k_end, value_dim, u, dk_acc_ptr + batch * num_keys * dim, dim,
-                     PRECISION, BLOCK_R, BLOCK_VDIM, BLOCK_DIM)
+    q = q_ptr + batch * num_queries * dim
+    k = k_ptr + batch * num_keys * dim
+    v = v_ptr + batch * num_keys * value_dim
+    dy = dy_ptr + batch * num_queries * value_dim
+    q_perm = q_perm_ptr + bh * num_queries
+    k_perm = k_perm_ptr + bh * num_keys
+    for bucket in range(first, tl.minimum(first + BUCKETS, num_buckets)):
+        q_begin = tl.load(q_offsets + bucket)
+        q_end = tl.load(q_offsets + bucket + 1)
+        k_begin = tl.load(k_offsets + bucket)
+        k_end = tl.load(k_offsets + bucket + 1)
+        if (q_begin < q_end) & (k_begin < k_end) & _uses_table_form(q_end - q_begin, k_end - k_begin, dim,
+                                                                    value_dim, FORM):
+            t = _product_rows(v, k, k_perm, k_begin, k_end, value_dim, dim, PRECISION, BLOCK_R, BLOCK_VDIM,
+                              BLOCK_DIM)
+            _apply_table(dy, q_perm, q_begin, q_end, value_dim, t, dq_acc_ptr + batch * num_queries * dim, dim,
+                         PRECISION, BLOCK_R, BLOCK_VDIM, BLOCK_DIM)
+            u = _product_rows(dy, q, q_perm, q_begin, q_end, value_dim, dim, PRECISION, BLOCK_R, BLOCK_VDIM,
+                              BLOCK_DIM)
+            _apply_table(v, k_perm, k_begin, k_end, value_dim, u, dk_acc_ptr + batch * num_keys * dim, dim,
+                         PRECISION, BLOCK_R, BLOCK_VDIM, BLOCK_DIM)
 
 
 @triton.jit
@@ -304,8 +312,9 @@ def lower_bound_accumulators(query_mask, query_codes, query, key_mask, key_codes
             *rows, q_codes, k_codes, q_offsets, q_perm, k_offsets, k_perm, dq_acc, dk_acc, *sizes, **widths,
             **pair_tiles)
     if form != "pair":
-        lower_bound_tables_kernel[(batch * num_hashes, num_buckets)](
-            *rows, q_offsets, q_perm, k_offsets, k_perm, dq_acc, dk_acc, *sizes, **widths, **table_tiles)
+        lower_bound_tables_kernel[(batch * num_hashes, triton.cdiv(num_buckets, TABLE_BUCKETS))](
+            *rows, q_offsets, q_perm, k_offsets, k_perm, dq_acc, dk_acc, *sizes, **widths, BUCKETS=TABLE_BUCKETS,
+            **table_tiles)
     return dq_acc, dk_acc
 
 
