@@ -5,10 +5,11 @@ and speed are for a GPU run to check: GPU-DESIGN.md §5). TRITON_INTERPRET=1 mus
 (Triton's own library functions, tl.sum, tl.cumsum, ..., are @triton.jit functions too), and keras, which
 tests/conftest.py imports, has imported it already; so the cases run in one worker process, this file run as a
 program (`TRITON_INTERPRET=1 python tests/test_triton_kernels.py CASE...`: PASS/FAIL per case), and each test reads
-its case's report. Inputs are fresh random values with masked rows poisoned with NaN; outputs start as NaN (floats)
-or -7 (ints), so an element a kernel reads or leaves unwritten by mistake fails the case. Bounds as in
-tests/gpu/README.md: max abs error <= bound * max(1, max |ref|), 1e-5 (float32, exact products), 2e-3 (float16),
-1.6e-2 (bfloat16).
+its case's report. On a machine with a CUDA GPU, one more test runs every case compiled by Triton's JIT
+(`python tests/test_triton_kernels.py --device cuda [CASE...]`). Inputs are fresh random values with masked rows
+poisoned with NaN; outputs start as NaN (floats) or -7 (ints), so an element a kernel reads or leaves unwritten by
+mistake fails the case. Bounds as in tests/gpu/README.md: max abs error <= bound * max(1, max |ref|), 1e-5
+(float32, exact products), 2e-3 (float16), 1.6e-2 (bfloat16).
 
 The AOT test builds a few variants for sm_80 and sm_90 with custom_ops/triton/aot.py (no GPU needed: Triton bundles
 ptxas and cuobjdump) and requires its SASS and resource checks to pass.
@@ -26,7 +27,7 @@ import numpy as np
 import pytest
 
 WORKER = __name__ == "__main__"
-if WORKER:
+if WORKER and "--device" not in sys.argv:
     os.environ["TRITON_INTERPRET"] = "1"
 
 torch = pytest.importorskip("torch")
@@ -49,6 +50,16 @@ def _import_kernels(*names):
 
 BOUNDS = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
 NUM_HASHES = 2
+# Where the worker runs the cases: "cpu" (interpreted) or, with --device cuda, a GPU (compiled by Triton's JIT).
+DEVICE = "cpu"
+
+
+def _t(x):
+    return torch.from_numpy(x).to(DEVICE)
+
+
+def _numpy(x):
+    return x.to(torch.float64).cpu().numpy()
 
 
 def _codes(rng, batch, length, tau, kind):
@@ -76,7 +87,7 @@ def _mask(rng, batch, length, kind):
 def _rows(rng, mask, width, dtype):
     """[B, N, width] standard normal in `dtype` with the masked rows NaN."""
     x = np.where(mask[..., None] != 0, rng.standard_normal(mask.shape + (width,)), np.nan)
-    return torch.from_numpy(x).to(dtype)
+    return torch.from_numpy(x).to(device=DEVICE, dtype=dtype)
 
 
 def _reference_codes(codes, tau, side):
@@ -86,11 +97,11 @@ def _reference_codes(codes, tau, side):
 
 
 def _nan(shape, dtype):
-    return torch.full(shape, float("nan"), dtype=dtype)
+    return torch.full(shape, float("nan"), dtype=dtype, device=DEVICE)
 
 
 def _assert_close(actual, expected, dtype):
-    actual = actual.to(torch.float64).numpy()
+    actual = _numpy(actual)
     assert np.isfinite(actual).all(), "an output element is NaN or infinite (unwritten, or a masked row was read)"
     bound = BOUNDS[dtype] * max(1.0, float(np.abs(expected).max(initial=0.0)))
     error = float(np.abs(actual - expected).max(initial=0.0))
@@ -105,15 +116,16 @@ def _check_bucket_sort(tau, length):
         for mask_kind in ("none", "random", "zero"):
             codes = _codes(rng, 2, length, tau, codes_kind)
             mask = _mask(rng, 2, length, mask_kind)
-            offsets = torch.full((2, NUM_HASHES, buckets + 1), -7, dtype=torch.int32)
-            perm = torch.full((2, NUM_HASHES, length), -7, dtype=torch.int32)
-            bucket_sort.bucket_sort(torch.from_numpy(codes), torch.from_numpy(mask), buckets, offsets, perm)
+            offsets = torch.full((2, NUM_HASHES, buckets + 1), -7, dtype=torch.int32, device=DEVICE)
+            perm = torch.full((2, NUM_HASHES, length), -7, dtype=torch.int32, device=DEVICE)
+            bucket_sort.bucket_sort(_t(codes), _t(mask), buckets, offsets, perm)
+            offsets, perm = offsets.cpu().numpy(), perm.cpu().numpy()
             for b in range(2):
                 for h in range(NUM_HASHES):
                     kept = (mask[b] != 0) & (codes[b, h] >= 0) & (codes[b, h] < buckets)
                     key = np.where(kept, codes[b, h], buckets)  # dropped rows last
-                    np.testing.assert_array_equal(perm[b, h].numpy(), np.argsort(key, kind="stable"))
-                    np.testing.assert_array_equal(offsets[b, h].numpy(),
+                    np.testing.assert_array_equal(perm[b, h], np.argsort(key, kind="stable"))
+                    np.testing.assert_array_equal(offsets[b, h],
                                                   np.searchsorted(np.sort(key), np.arange(buckets + 1)))
 
 
@@ -124,17 +136,17 @@ def _check_cumulation(tau, nq, nk, width, masks, codes_kind, dtype):
     qc, kc = _codes(rng, batch, nq, tau, codes_kind), _codes(rng, batch, nk, tau, codes_kind)
     qm, km = _mask(rng, batch, nq, masks), _mask(rng, batch, nk, masks)
     value, grad = _rows(rng, km, width, dtype), _rows(rng, qm, width, dtype)
-    t = torch.from_numpy
+    t = _t
     rqc, rkc = _reference_codes(qc, tau, "query"), _reference_codes(kc, tau, "key")
 
     out = bucket_sums.lsh_cumulation(t(qm), t(qc), t(km), t(kc), value, buckets, out=_nan((batch, nq, width), dtype))
-    _assert_close(out, ref.lsh_cumulation(rqc, rkc, value.double().numpy(), qm, km), dtype)
+    _assert_close(out, ref.lsh_cumulation(rqc, rkc, _numpy(value), qm, km), dtype)
 
     d_value = bucket_sums.lsh_cumulation(t(km), t(kc), t(qm), t(qc), grad, buckets,
                                          out=_nan((batch, nk, width), dtype))
     expected = ref.yoso_lower_bound_gradients(np.zeros((batch, nq, 1)), np.zeros((batch, nk, 1)),
-                                              value.double().numpy(), rqc, rkc, tau,
-                                              np.nan_to_num(grad.double().numpy()), qm, km)[2]
+                                              _numpy(value), rqc, rkc, tau, np.nan_to_num(_numpy(grad)), qm,
+                                              km)[2]
     _assert_close(d_value, expected, dtype)
 
 
@@ -143,13 +155,13 @@ def _check_empty_buckets():
     rng = np.random.default_rng(7)
     codes = np.full((1, NUM_HASHES, 20), 5, np.int32)  # bucket 5 of 16 holds every row
     mask = np.ones((1, 20), np.float32)
-    value = torch.from_numpy(rng.standard_normal((1, 20, 3)).astype(np.float32))
-    offsets, perm = bucket_sort.bucket_sort(torch.from_numpy(codes), torch.from_numpy(mask), 16)
-    tables = bucket_sums.bucket_tables(value, torch.from_numpy(codes), offsets, perm, 16,
+    value = _t(rng.standard_normal((1, 20, 3)).astype(np.float32))
+    offsets, perm = bucket_sort.bucket_sort(_t(codes), _t(mask), 16)
+    tables = bucket_sums.bucket_tables(value, _t(codes), offsets, perm, 16,
                                        tables=_nan((1, NUM_HASHES, 16, 3), torch.float32))
     expected = np.zeros((1, NUM_HASHES, 16, 3))
-    expected[:, :, 5] = value.double().numpy().sum(1)[:, None]
-    np.testing.assert_allclose(tables.numpy(), expected, rtol=1e-6, atol=1e-6)
+    expected[:, :, 5] = _numpy(value).sum(1)[:, None]
+    np.testing.assert_allclose(_numpy(tables), expected, rtol=1e-6, atol=1e-6)
 
 
 def _uses_table_form(num_q, num_k, dim, value_dim):
@@ -165,12 +177,11 @@ def _check_lower_bound(tau, nq, nk, dim, width, masks, codes_kind, dtype, forms)
     qm, km = _mask(rng, batch, nq, masks), _mask(rng, batch, nk, masks)
     q, k = _rows(rng, qm, dim, dtype), _rows(rng, km, dim, dtype)
     v, dy = _rows(rng, km, width, dtype), _rows(rng, qm, width, dtype)
-    t = torch.from_numpy
+    t = _t
     rqc, rkc = _reference_codes(qc, tau, "query"), _reference_codes(kc, tau, "key")
     # The reference's dQ, dK carry eq. 4's tau / 2; the primitive leaves it to its caller.
     expected = [g * 2.0 / tau for g in ref.yoso_lower_bound_gradients(
-        *(np.nan_to_num(x.double().numpy()) for x in (q, k, v)), rqc, rkc, tau, np.nan_to_num(dy.double().numpy()),
-        qm, km)[:2]]
+        *(np.nan_to_num(_numpy(x)) for x in (q, k, v)), rqc, rkc, tau, np.nan_to_num(_numpy(dy)), qm, km)[:2]]
     if len(forms) > 1 and codes_kind == "zipf":
         sizes = [(((rqc[b, h] == c) & (qm[b] != 0)).sum(), ((rkc[b, h] == c) & (km[b] != 0)).sum())
                  for b in range(batch) for h in range(NUM_HASHES) for c in range(buckets)]
@@ -261,6 +272,17 @@ def test_lower_bound_gradients_match_eq_4_in_every_form(case):
     _check_case(case)
 
 
+def test_compiled_kernels_match_on_a_cuda_device():
+    """Every case again, compiled by Triton's JIT for the GPU of this machine (its tiles: eq4_tiles of its arch),
+    with the atomics racing for real."""
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device: the kernels ran in the interpreter only")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    run = subprocess.run([sys.executable, os.path.abspath(__file__), "--device", "cuda", *CASES], env=env,
+                         capture_output=True, text=True, timeout=900)
+    assert run.returncode == 0, f"stdout:\n{run.stdout[-6000:]}\nstderr:\n{run.stderr[-6000:]}"
+
+
 def test_bucket_sort_rejects_codes_longer_than_its_histogram():
     bucket_sort, = _import_kernels("bucket_sort")
     with pytest.raises(ValueError, match="num_buckets"):
@@ -322,4 +344,7 @@ def test_aot_build_writes_checked_cubins_and_a_launch_manifest(tmp_path):
 
 
 if WORKER:
-    sys.exit(run_cases(sys.argv[1:] or list(CASES)))
+    ARGUMENTS = sys.argv[1:]
+    if ARGUMENTS[:1] == ["--device"]:
+        DEVICE, ARGUMENTS = ARGUMENTS[1], ARGUMENTS[2:]
+    sys.exit(run_cases(ARGUMENTS or list(CASES)))
