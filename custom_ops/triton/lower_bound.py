@@ -31,8 +31,8 @@ K7 `finalize_rows_kernel` writes dQ = [mask != 0] * scale * dQacc in the output 
 
 Products: 16-bit inputs run tl.dot on their own dtype with fp32 accumulation (W and the tables are rounded to
 that dtype before their second product, as FlashAttention rounds P); float32 inputs take `precision`:
-"tf32" (the GPU default, GPU-DESIGN.md §2.4: 2e-3 relative), "tf32x3" or "ieee" (exact fp32, equality with the
-CPU kernels). Tiles hold whole rows: d and D at most MAX_WIDTH; row offsets are int32 within a batch row,
+"tf32" (the GPU default, GPU-DESIGN.md §2.4: 2e-3 relative) or "ieee" (exact fp32 on FMA units, equality with
+the CPU kernels; 3xTF32, the other exact mode of §2.4, spills with these tiles and is left to tuning). Tiles hold whole rows: d and D at most MAX_WIDTH; row offsets are int32 within a batch row,
 so N * max(d, D) < 2^31.
 """
 
@@ -45,23 +45,23 @@ import triton.language as tl
 from bucket_sort import bucket_sort
 
 # Tiles per (arch, operands, widest row): pair form (BLOCK_Q queries, BLOCK_K keys, warps), table form (BLOCK_R
-# rows, warps); operands "16bit" (fp16, bf16), "fp32" (tf32 products) or "ieee" (exact fp32, FMA). The largest
-# tiles that ptxas compiles without spills (aot.py checks every built variant); their speed is for a GPU run to
-# tune (GPU-DESIGN.md, stage C).
+# rows, warps); operands "16bit" (fp16, bf16), "tf32" (fp32 rows, tf32 products) or "ieee" (exact fp32, FMA).
+# The largest tiles that ptxas compiles without spills (aot.py checks every built variant); their speed is for a
+# GPU run to tune (GPU-DESIGN.md, stage C).
 _PAIR_TILES = {
     (80, "16bit"): {64: (64, 32, 8), 128: (32, 32, 8)},
-    (80, "fp32"): {64: (64, 32, 8), 128: (32, 32, 8)},
+    (80, "tf32"): {64: (64, 32, 8), 128: (32, 32, 8)},
     (80, "ieee"): {64: (16, 32, 8), 128: (32, 16, 8)},
     (90, "16bit"): {64: (64, 64, 8), 128: (32, 64, 8)},
-    (90, "fp32"): {64: (64, 64, 8), 128: (32, 32, 8)},
+    (90, "tf32"): {64: (64, 64, 8), 128: (32, 32, 8)},
     (90, "ieee"): {64: (32, 16, 8), 128: (32, 16, 8)},
 }
 _TABLE_TILES = {
     (80, "16bit"): {64: (64, 4), 128: (64, 8)},
-    (80, "fp32"): {64: (64, 8), 128: (32, 8)},
+    (80, "tf32"): {64: (64, 8), 128: (32, 8)},
     (80, "ieee"): {64: (16, 8), 128: (16, 8)},
     (90, "16bit"): {64: (64, 4), 128: (64, 8)},
-    (90, "fp32"): {64: (64, 8), 128: (32, 8)},
+    (90, "tf32"): {64: (64, 8), 128: (32, 8)},
     (90, "ieee"): {64: (32, 8), 128: (16, 8)},
 }
 # Buckets per table-form program (most buckets take the pair form: their programs only read the sizes).
@@ -72,13 +72,13 @@ NUM_WARPS = 4
 MAX_WIDTH = 128
 # form -> the FORM constexpr of the kernels.
 FORMS = {"auto": 0, "pair": 1, "table": 2}
-PRECISIONS = ("tf32", "tf32x3", "ieee")
+PRECISIONS = ("tf32", "ieee")
 
 
 def eq4_tiles(arch, float32, precision, width):
     """(pair, table) launch settings for sm_<arch> (80: any arch below 90), float32 rows or not, `precision` and
     tile width `width` (block_width of max(d, D)): dicts of the kernels' tile constexprs and num_warps."""
-    operands = ("ieee" if precision == "ieee" else "fp32") if float32 else "16bit"
+    operands = precision if float32 else "16bit"
     key = (90 if arch >= 90 else 80, operands)
     block_q, block_k, pair_warps = _PAIR_TILES[key][max(64, width)]
     block_r, table_warps = _TABLE_TILES[key][max(64, width)]
