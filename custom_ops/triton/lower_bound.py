@@ -32,8 +32,9 @@ K7 `finalize_rows_kernel` writes dQ = [mask != 0] * scale * dQacc in the output 
 Products: 16-bit inputs run tl.dot on their own dtype with fp32 accumulation (W and the tables are rounded to
 that dtype before their second product, as FlashAttention rounds P); float32 inputs take `precision`:
 "tf32" (the GPU default, GPU-DESIGN.md §2.4: 2e-3 relative) or "ieee" (exact fp32 on FMA units, equality with
-the CPU kernels; 3xTF32, the other exact mode of §2.4, spills with these tiles and is left to tuning). Tiles hold whole rows: d and D at most MAX_WIDTH; row offsets are int32 within a batch row,
-so N * max(d, D) < 2^31.
+the CPU kernels; 3xTF32, the other exact mode of §2.4, spills with these tiles and is left to tuning).
+Tiles hold whole rows: d and D at most MAX_WIDTH; row offsets are int32 within a batch row, so
+N * max(d, D) < 2^31.
 """
 
 import os
