@@ -45,6 +45,9 @@ namespace keras_yoso {
 namespace {
 
 constexpr int64_t kErrorSize = 4096;
+// The alignment asked of XLA's scratch allocator: XLA refuses more than 16 bytes (its device
+// allocations are 256-byte aligned whatever is asked), and the CUDA launchers need no more.
+constexpr size_t kScratchAlignment = 16;
 
 // One argument of a handler: its buffer, the rank its primitive declares for it, its name in messages.
 struct Operand {
@@ -260,7 +263,7 @@ ffi::Error CudaHandler(void* stream, ffi::ScratchAllocator scratch, ffi::Remaini
       const int32_t sized = ky_device_workspace_bytes(P::kName, in.data(), N, call.attributes.data(), A, &bytes, error,
                                                       kErrorSize);
       if (sized != KY_OK) return sized;
-      workspace = scratch.Allocate(static_cast<size_t>(std::max<int64_t>(bytes, 1)), 256);
+      workspace = scratch.Allocate(static_cast<size_t>(std::max<int64_t>(bytes, 1)), kScratchAlignment);
       if (!workspace.has_value()) {
         const std::string message = std::string(P::kName) + ": XLA's scratch allocator could not allocate a " +
                                     std::to_string(bytes) + "-byte workspace";
