@@ -175,3 +175,27 @@ def test_hash_fidelity_at_tiny_sizes_prints_every_method_and_writes_json_and_png
     for method in ("hadamard ", "hadamard_interleaved ", "gaussian "):
         assert method in proc.stdout, proc.stdout
     assert "interleaved / hadamard" in proc.stdout
+
+
+def test_gpu_triton_kernels_dry_run_times_every_part_and_writes_its_record(tmp_path):
+    """The GPU timing script of the bucket-sorted Triton kernels, on tiny shapes under Triton's
+    interpreter (its GPU run is recorded in docs/data/gpu_2026-11-28)."""
+    pytest.importorskip("torch")
+    pytest.importorskip("triton")
+    proc = _run("gpu_triton_kernels.py", tmp_path, "--dry-run", timeout=300)
+    _assert_wrote(proc, tmp_path, "gpu_triton_kernels.json", "gpu_triton_kernels.png")
+    records = json.loads((tmp_path / "gpu_triton_kernels.json").read_text())["records"]
+    assert records and all("error" not in r for r in records), records
+    assert all(set(r["ms"]) == {"forward", "dV", "eq4 dQ,dK", "fwd+bwd"} for r in records)
+    assert "| 48 | bfloat16 | uniform |" in proc.stdout
+
+
+def test_gpu_report_renders_the_recorded_gpu_run():
+    proc = subprocess.run([sys.executable, os.path.join("benchmarks", "gpu_report.py"),
+                           os.path.join("docs", "data", "gpu_2026-11-28")], cwd=REPO, capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for title in ("Correctness of the CUDA kernels", "The layer on JAX and PyTorch", "Triton kernels against SDPA",
+                  "Rates"):
+        assert title in proc.stdout
+    assert "| 16,384 | bfloat16 | uniform |" in proc.stdout

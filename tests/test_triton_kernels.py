@@ -166,7 +166,9 @@ def _check_empty_buckets():
 
 def _uses_table_form(num_q, num_k, dim, value_dim):
     """The cost test of lower_bound._uses_table_form (module docstring of lower_bound.py), restated."""
-    return 2 * value_dim * dim * (num_q + num_k) < (value_dim + 2 * dim) * num_q * num_k
+    lower_bound, = _import_kernels("lower_bound")
+    factor = int(lower_bound.PAIR_COST_FACTOR)
+    return 2 * value_dim * dim * (num_q + num_k) < factor * (value_dim + 2 * dim) * num_q * num_k
 
 
 def _check_lower_bound(tau, nq, nk, dim, width, masks, codes_kind, dtype, forms):

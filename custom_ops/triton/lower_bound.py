@@ -22,7 +22,7 @@ Per hash h and bucket c (queries Q_c, dY_c and keys K_c, V_c, both sorted by buc
   dQ_c = dY_c T_c and dK_c = V_c U_c, 4 D d (n_q + n_k) FLOPs, linear in the bucket's size whatever the skew.
   One program per (b, h, TABLE_BUCKETS consecutive buckets), which it takes one after another.
 
-Each bucket takes the cheaper form, `_uses_table_form` (the same integer test in both kernels, so every bucket
+Each bucket takes the cheaper form as measured (`_uses_table_form`, PAIR_COST_FACTOR) (the same integer test in both kernels, so every bucket
 is counted exactly once); `form` forces one of them for tests and measurements. Both kernels add fp32 partial
 rows into accumulators dQacc [B, Nq, d], dKacc [B, Nk, d] (zeroed by the launcher) with relaxed atomic adds
 (`sem="relaxed"`: a plain RED, no fences). Within one hash a row is written by one pair window (two where its
@@ -65,6 +65,11 @@ _TABLE_TILES = {
     (90, "tf32"): {64: (64, 8), 128: (32, 8)},
     (90, "ieee"): {64: (32, 8), 128: (16, 8)},
 }
+# How many times its FLOP count the pair form costs against the table form's, measured on an H200
+# (2026-11-28, bf16, B*H = 32, d = D = 64, m = 32; docs/data/gpu_2026-11-28/eq4_forms.txt): the table form
+# was faster at 16 and 64 rows per bucket (15.3 against 34.8 ms at 16,384 tokens, tau 8) and slower at 4 rows
+# (tau 12). With 8 the cost test takes the faster form at each measured size; tuning the pair tiles lowers it.
+PAIR_COST_FACTOR = tl.constexpr(8)
 # Buckets per table-form program (most buckets take the pair form: their programs only read the sizes).
 TABLE_BUCKETS = 16
 FINALIZE_BLOCK = 1024
@@ -100,8 +105,9 @@ def block_width(width):
 @triton.jit
 def _uses_table_form(num_q, num_k, dim, value_dim, FORM: tl.constexpr):
     """True where a bucket of num_q queries and num_k keys takes the table form: forced (FORM 2), never
-    (FORM 1), or where it costs fewer FLOPs, 4 D d (n_q + n_k) < (2 D + 4 d) n_q n_k (FORM 0). int64 math:
-    exact and identical in every kernel for lengths below 2^26."""
+    (FORM 1), or where it costs less (FORM 0): 4 D d (n_q + n_k) < PAIR_COST_FACTOR (2 D + 4 d) n_q n_k, its
+    FLOPs against the pair form's weighted by their measured efficiency. int64 math: exact and identical in
+    every kernel for lengths below 2^26."""
     if FORM == 2:
         uses = num_q >= 0
     elif FORM == 1:
@@ -109,7 +115,7 @@ def _uses_table_form(num_q, num_k, dim, value_dim, FORM: tl.constexpr):
     else:
         nq = num_q.to(tl.int64)
         nk = num_k.to(tl.int64)
-        uses = 2 * value_dim * dim * (nq + nk) < (value_dim + 2 * dim) * nq * nk
+        uses = 2 * value_dim * dim * (nq + nk) < PAIR_COST_FACTOR * (value_dim + 2 * dim) * nq * nk
     return uses
 
 
