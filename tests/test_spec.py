@@ -143,3 +143,17 @@ def test_each_primitive_names_a_composite_function_of_its_inputs_and_attributes_
     module, function = primitive.composite.rsplit(".", 1)
     reference = getattr(importlib.import_module(f"keras_yoso.ops.composite.{module}"), function)
     assert list(inspect.signature(reference).parameters) == list(primitive.input_names + primitive.attribute_names)
+
+
+def test_the_c_abi_constants_python_restates_are_the_headers():
+    from keras_yoso.ops.providers import native_library
+
+    header = dict(re.findall(r"#define (KY_\w+) (\d+)", _read("c_api", "yoso_c_api.h")))
+    assert int(header["KY_ABI_VERSION"]) == native_library.ABI_VERSION
+    assert {name: int(header["KY_" + name.upper()]) for name in native_library.DTYPE_CODES} == \
+        native_library.DTYPE_CODES
+    assert int(header["KY_MAX_RANK"]) == native_library.MAX_RANK
+    assert (int(header["KY_OK"]), int(header["KY_INVALID_ARGUMENT"])) == (native_library._OK,
+                                                                          native_library._INVALID_ARGUMENT)
+    assert int(header["KY_ERROR_SIZE"]) == native_library._ERROR_SIZE
+    assert "kErrorSize = KY_ERROR_SIZE" in _read("jax", "yoso_xla_ffi.cc")

@@ -45,6 +45,9 @@ extern "C" {
 
 #define KY_MAX_RANK 8
 
+/* The size of the error buffer the library's own callers pass (a message is truncated to it). */
+#define KY_ERROR_SIZE 4096
+
 /* The library is built with -fvisibility=hidden: only the entries below are exported. */
 #if defined(__GNUC__) || defined(__clang__)
 #define KY_EXPORT __attribute__((visibility("default")))

@@ -44,7 +44,7 @@ KY_PRIMITIVES(KY_XLA_DECLARE)
 namespace keras_yoso {
 namespace {
 
-constexpr int64_t kErrorSize = 4096;
+constexpr int64_t kErrorSize = KY_ERROR_SIZE;
 // The alignment asked of XLA's scratch allocator: XLA refuses more than 16 bytes (its device
 // allocations are 256-byte aligned whatever is asked), and the CUDA launchers need no more.
 constexpr size_t kScratchAlignment = 16;

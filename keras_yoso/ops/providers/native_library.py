@@ -21,7 +21,8 @@ from keras_yoso.ops import _spec
 
 # The folder of the keras_yoso package (keras_yoso/ops/providers/../..), where the compiled libraries lie.
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-# custom_ops/cc/c_api/yoso_c_api.h: KY_ABI_VERSION, dtype codes, return codes, KY_MAX_RANK.
+# custom_ops/cc/c_api/yoso_c_api.h: KY_ABI_VERSION, dtype codes, return codes, KY_MAX_RANK, KY_ERROR_SIZE
+# (tests/test_spec.py reads them there).
 ABI_VERSION = 7
 DTYPE_CODES = {"float32": 0, "float16": 1, "bfloat16": 2, "int32": 3}
 _OK, _INVALID_ARGUMENT = 0, 1
