@@ -24,6 +24,8 @@ backend); the extras pull in the rest:
   .[jax] / .[torch]   those backends (the keras.ops composite runs on them)
   .[examples]     what the examples add on every backend (matplotlib); combine: .[jax,examples]
   .[test]         what the test suite needs (TensorFlow backend)
+  .[docs]         the documentation site's build (docs/requirements.txt)
+  .[gpu-build]    Triton and PyTorch, to test and compile the bucket-sorted GPU kernels (custom_ops/triton)
 
 Environment:
   KERAS_YOSO_BUILD_CUSTOM_OPS=0  build no library at all: a pure-Python install (the composite)
@@ -75,6 +77,12 @@ def _version():
     """keras_yoso/_version.py's __version__ (read, not imported: the package needs Keras)."""
     with open(os.path.join(HERE, "keras_yoso", "_version.py"), encoding="utf-8") as f:
         return re.search(r'^__version__ = "([^"]+)"$', f.read(), flags=re.M).group(1)
+
+
+def _requirements(*path):
+    """The requirement lines of the file at `path` (from the source root), comments dropped."""
+    with open(os.path.join(HERE, *path), encoding="utf-8") as f:
+        return [line.strip() for line in f if line.strip() and not line.lstrip().startswith("#")]
 
 
 def _find_cuda():
@@ -308,6 +316,9 @@ setup(
         "hub": [KERAS_HUB, "safetensors"],
         "test": [TENSORFLOW_REQUIREMENT, TENSORFLOW_TEXT, KERAS_HUB, "safetensors", "pytest>=8", "hypothesis>=6.100",
                  "matplotlib"],
+        # The documentation site (mkdocs build --strict), and the Triton kernels' tests and AOT build.
+        "docs": _requirements("docs", "requirements.txt"),
+        "gpu-build": _requirements("custom_ops", "triton", "requirements.txt") + ["torch>=2.4"],
     },
     zip_safe=False,
 )
