@@ -18,13 +18,21 @@ docs/quality.md holds each table between `<!-- quality-table: KEY -->` and `<!--
 tests/test_quality_records.py fails when a published table differs from what this renders.
 """
 
-import glob
+import importlib.util
 import math
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # plot.py beside this file, run as a script
-import plot  # noqa: E402
+
+def _plot_module():
+    """plot.py beside this file (benchmarks/ is not a package: loaded by path, sys.path untouched)."""
+    spec = importlib.util.spec_from_file_location("quality_plot", os.path.join(os.path.dirname(__file__), "plot.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+plot = _plot_module()
 
 DATA = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "docs", "data")
 DEFAULT_FILES = ("quality_mqar_2026-11-25.json", "quality_2026-11-26.json")
