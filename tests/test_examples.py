@@ -531,3 +531,14 @@ def test_classifier_rejects_token_ids_outside_the_vocabulary_naming_the_range():
         with pytest.raises(ValueError, match=rf"expected token ids in \[0, vocabulary_size\) = \[0, 257\)\. "
                                              rf"Received: token_ids with {received}"):
             classifier(ids)
+
+
+def test_a_run_says_when_it_compiles_and_evaluates_so_no_phase_is_silent(tmp_path, capsys):
+    """The first step of each interval (it compiles the training step: tens of seconds on 2 cores) and
+    each evaluation print a line before or as they happen, when stdout is not a terminal."""
+    long_text_classifier.main(_tags_command(str(tmp_path / "run")))
+    out = capsys.readouterr().out
+    assert out.count("first step of this interval took") == 3, out
+    assert "(it includes compiling the training step)" in out
+    assert re.search(r"step 3/9: evaluating on \d+ validation examples\n", out), out
+    assert re.search(r"evaluating on \d+ test examples\n", out), out

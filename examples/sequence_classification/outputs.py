@@ -32,6 +32,7 @@ def finish_run(task, args, tokenizer, class_names, classifier, state, encoded, t
     """Test evaluation, then the outputs, most valuable first: model.keras (every backend), the SavedModel
     (TensorFlow), metrics.json, and last history.png (a plot that cannot be drawn only warns)."""
     test_batches = split_batches(args, encoded["test"], test)
+    print(f"evaluating on {len(test)} test examples", flush=True)
     start, start_cpu = time.perf_counter(), process_cpu_seconds()
     test_loss, test_accuracy = evaluate(classifier, test_batches)
     test_seconds, test_cpu_seconds = time.perf_counter() - start, process_cpu_seconds() - start_cpu

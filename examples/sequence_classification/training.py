@@ -82,6 +82,7 @@ def _train_and_export(task, args, tokenizer, class_names, train, validation, tes
         state["train_cpu_seconds"] += process_cpu_seconds() - start_cpu
         state["step"] = until
         if until % args.eval_every == 0 or until == args.steps:
+            print(f"step {until}/{args.steps}: evaluating on {len(validation)} validation examples", flush=True)
             val_loss, val_accuracy = evaluate(classifier, validation_batches)
             means = interval.means()
             for key, value in (("step", until), ("train_loss", means["loss"]), ("train_accuracy", means["accuracy"]),
