@@ -143,11 +143,26 @@ def optional_seed(value, name="seed"):
     raise _layer_error(name, "an integer or None", value)
 
 
+# Seeds drawn by `resolve_seed` lie in [1, SEED_MODULUS), and `derived_seed` wraps around modulo SEED_MODULUS.
+SEED_MODULUS = 2 ** 31
+
+
 def resolve_seed(value, name="seed"):
     """An int seed: `value`, or for None one drawn now. Layers call it at construction and keep the
     result in get_config, so a reloaded layer hashes (and drops out) as the original."""
     value = optional_seed(value, name)
-    return random.randint(1, 2 ** 31 - 1) if value is None else value
+    return random.randint(1, SEED_MODULUS - 1) if value is None else value
+
+
+def derived_seed(seed, stream):
+    """The seed of stream `stream` (an int >= 0) of the int `seed`: (seed + stream) mod SEED_MODULUS.
+
+    One stored seed gives a layer's sublayers, or a model's layers, seeds of their own: a block's
+    dropouts take streams 1 and 2 of the block's seed, `CausalLM` block i stream 7 i of the model's,
+    `replace_attention` its i-th cloned layer stream i. Configs and checkpoints store only the seed
+    they were derived from, so this formula is part of the saved format: changed, a reloaded model
+    would draw other hash functions and dropout masks than it was trained with."""
+    return (seed + stream) % SEED_MODULUS
 
 
 def _power_text(value):

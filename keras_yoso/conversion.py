@@ -150,8 +150,9 @@ class _Rewrite:
         self.pairs = []  # (old layer, new layer, kind)
 
     def _kwargs(self):
-        # One seed per replaced layer, so the layers hash with different functions: seed, seed + 1, ...
-        return {**self.attention_kwargs, "seed": (self.seed + len(self.pairs)) % 2 ** 31}
+        # One seed per replaced layer, so the layers hash with different functions: stream i of the seed for
+        # the i-th layer cloned (every layer counts, replaced or copied).
+        return {**self.attention_kwargs, "seed": _validation.derived_seed(self.seed, len(self.pairs))}
 
     def clone(self, layer):
         config = layer.get_config()
@@ -249,7 +250,8 @@ def replace_attention(model, attention="yoso", max_length=None, **attention_kwar
         **attention_kwargs: The new attention's own arguments (e.g. `num_hashes`, `hash_code_len`,
             `use_expectation` for YOSO; `max_relative_position`, `causal` for LinearRelative). The
             replaced layer's arguments (num_heads, key_dim, ...) cannot be set here. With `seed=s`,
-            the replaced layers get seeds s, s + 1, ... in model order (s drawn now when absent).
+            the replaced layers get distinct seeds derived from s: (s + i) mod 2**31 for the layer cloned
+            after i others, replaced or copied, in model order (s drawn now when absent).
 
     Returns:
         A new Functional (or Sequential) model. A keras-hub backbone comes back as a Functional model

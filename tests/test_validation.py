@@ -6,6 +6,9 @@ per-bucket table), the message of the Python side must appear word for word in t
 kernels' checks (yoso_checks.h), reached through every wrapper built here: the TensorFlow op's
 shape function and kernel, and the C ABI of the native library. The bad inputs have a batch of 0,
 so the kernels reject them before anything is allocated or read.
+
+Seeds: the one derivation of sublayer seeds (`derived_seed`) gives the values of the formulas saved
+models were made with.
 """
 
 import ast
@@ -150,3 +153,41 @@ def test_kernel_message_contains_the_python_message(case, wrapper):
     expected = python_message()
     assert str(BAD_NUM_BUCKETS if case == "num_buckets" else TABLE_WEIGHT_DIM) in expected
     assert expected in WRAPPERS[wrapper](op, inputs, num_buckets)
+
+
+# Seeds near the wrap-around at 2**31, where the formulas' "% 2 ** 31" matters.
+_SEEDS = (0, 5, 2 ** 31 - 8, 2 ** 31 - 1)
+
+
+def _old_seed_formulas(seed):
+    """The seeds derived from `seed` before derived_seed, written as the formulas saved models were
+    made with: CausalLM block i, (seed + 7 i) % 2**31; a TransformerEncoderBlock's dropouts, (seed + 1)
+    and (seed + 2) % 2**31; replace_attention's layer cloned after i others, (seed + i) % 2**31."""
+    blocks = [(seed + 7 * i) % 2 ** 31 for i in range(3)]
+    return {"blocks": blocks, "dropouts": [((s + 1) % 2 ** 31, (s + 2) % 2 ** 31) for s in blocks],
+            "replaced": [(seed + 1) % 2 ** 31, (seed + 3) % 2 ** 31]}
+
+
+@pytest.mark.parametrize("seed", _SEEDS)
+def test_derived_seeds_are_bit_identical_to_the_formulas_saved_models_were_made_with(seed):
+    import keras
+
+    from keras_yoso import replace_attention
+    from keras_yoso.models import CausalLM
+
+    for stream in (0, 1, 2, 7, 14, 1000):
+        assert _validation.derived_seed(seed, stream) == (seed + stream) % 2 ** 31
+    expected = _old_seed_formulas(seed)
+    model = CausalLM(10, 8, hidden_dim=8, num_layers=3, num_heads=2, intermediate_dim=8,
+                     attention_kwargs={"seed": seed, "num_hashes": 2, "hash_code_len": 2})
+    model(np.zeros((1, 2), "int32"))
+    assert [block.attention_kwargs["seed"] for block in model.blocks] == expected["blocks"]
+    assert [(block._attention_dropout.seed, block._output_dropout.seed) for block in model.blocks] == \
+        expected["dropouts"]
+    inputs = keras.Input((6, 8))
+    x = keras.layers.Dense(8, name="embed")(inputs)  # cloned first: the attentions come after 1 and 3 others
+    x = keras.layers.MultiHeadAttention(2, 4, name="first")(x, x)
+    x = keras.layers.Dense(8, name="between")(x)
+    x = keras.layers.MultiHeadAttention(2, 4, name="second")(x, x)
+    converted = replace_attention(keras.Model(inputs, x), num_hashes=2, hash_code_len=2, seed=seed)
+    assert [converted.get_layer(name).seed for name in ("first", "second")] == expected["replaced"]

@@ -120,7 +120,8 @@ class TransformerEncoderBlock(keras.layers.Layer):
         # Seeded from the attention seed: the masks then come from the dropouts' SeedGenerator states on
         # every backend (unseeded, PyTorch draws them from its global generator, which no checkpoint holds).
         seed = self.attention_kwargs.get("seed")
-        dropout_seeds = (None, None) if seed is None else ((seed + 1) % 2 ** 31, (seed + 2) % 2 ** 31)
+        dropout_seeds = (None, None) if seed is None else (_validation.derived_seed(seed, 1),
+                                                           _validation.derived_seed(seed, 2))
         self._attention_dropout = keras.layers.Dropout(self.dropout, seed=dropout_seeds[0], dtype=self.dtype_policy)
         self._attention_norm = keras.layers.LayerNormalization(
             epsilon=self.layer_norm_epsilon, dtype=self.dtype_policy, name="attention_norm")

@@ -62,11 +62,12 @@ class CausalLM(keras.Model):
         # Every block's seed (hash functions, dropout) is derived from one stored seed.
         self.attention_kwargs["seed"] = _validation.resolve_seed(self.attention_kwargs.get("seed"),
                                                                  "attention_kwargs['seed']")
+        seed = self.attention_kwargs["seed"]
         self.blocks = [
-            TransformerEncoderBlock(num_heads, intermediate_dim, attention=attention,
+            TransformerEncoderBlock(num_heads, intermediate_dim, attention=attention, dropout=dropout,
                                     attention_kwargs={**self.attention_kwargs,
-                                                      "seed": (self.attention_kwargs["seed"] + 7 * i) % 2 ** 31},
-                                    dropout=dropout, norm_first=True, causal=True, name=f"block_{i}")
+                                                      "seed": _validation.derived_seed(seed, 7 * i)},
+                                    norm_first=True, causal=True, name=f"block_{i}")
             for i in range(num_layers)]
         self.final_norm = keras.layers.LayerNormalization(epsilon=1e-5, name="final_norm")
         self.logits_dense = keras.layers.Dense(vocabulary_size, name="logits", dtype="float32")
