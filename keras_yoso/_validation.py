@@ -90,10 +90,8 @@ def integer(value, name, low, high=None, *, allow_none=False, layer=False):
         expected = (f"an integer in [{low}, {high}]" if high is not None
                     else "a positive integer" if low == 1 else f"an integer >= {low}")
         raise _layer_error(name, expected + (" or None" if allow_none else ""), value)
-    if allow_none:
-        raise ValueError(f"{name} must be None or an integer >= {low}, got {value!r}")
     bound = f"in [{low}, {high}]" if high is not None else f">= {low}"
-    raise ValueError(f"{name} must be an integer {bound}, got {value!r}")
+    raise ValueError(f"{name} must be {'None or ' if allow_none else ''}an integer {bound}, got {value!r}")
 
 
 def choice(value, name, choices, *, layer=False):

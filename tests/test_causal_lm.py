@@ -181,3 +181,17 @@ def test_check_token_ids_is_defined_in_a_public_module_and_exported_by_the_packa
     assert not any(part.startswith("_") for part in module.split(".")), module
     with pytest.raises(ValueError, match=r"argument `ids`: expected token ids in \[0, vocabulary_size\) = \[0, 5\)"):
         keras_yoso.check_token_ids(np.array([[0, 5]]), 5, "ids")
+
+
+@pytest.mark.parametrize("attention", sorted(ATTENTIONS))
+def test_causal_lm_init_cache_takes_max_length_as_the_attentions_and_the_block_do(attention):
+    model = CausalLM(50, 16, hidden_dim=16, num_layers=2, num_heads=2, intermediate_dim=16, attention=attention,
+                     attention_kwargs=ATTENTIONS[attention])
+    tokens = np.random.default_rng(3).integers(0, 50, (2, 10)).astype(np.int32)
+    logits, _ = model.call_with_cache(tokens, model.init_cache(2, max_length=10), 0)
+    np.testing.assert_allclose(to_numpy(logits), to_numpy(model(tokens)), atol=1e-4)
+    if attention == "softmax":  # the key/value caches are sized by max_length, the model's by default
+        assert [tuple(cache["key"].shape) for cache in model.init_cache(2, 10)] == [(2, 10, 2, 8)] * 2
+        assert [tuple(cache["key"].shape) for cache in model.init_cache(2)] == [(2, 16, 2, 8)] * 2
+    with pytest.raises(ValueError, match=r"max_length must be None or an integer in \[1, 16\], got 17"):
+        model.init_cache(2, 17)  # beyond the position table

@@ -87,10 +87,15 @@ class CausalLM(keras.Model):
         if not self.built:
             self(ops.zeros((1, 1), "int32"))
 
-    def init_cache(self, batch_size):
-        """The decoding state: one cache per block (`TransformerEncoderBlock.init_cache`)."""
+    def init_cache(self, batch_size, max_length=None):
+        """The decoding state: one cache per block (`TransformerEncoderBlock.init_cache`), for sequences of
+        up to `max_length` tokens (None: the model's `max_length`, its position table, which also bounds
+        it). `max_length` sizes softmax's key/value caches; the states of "yoso" and "linear_relative"
+        do not grow with it."""
+        max_length = _validation.integer(max_length, "max_length", 1, self.max_length, allow_none=True)
         self._ensure_built()
-        return [block.init_cache(batch_size, self.max_length) for block in self.blocks]
+        return [block.init_cache(batch_size, self.max_length if max_length is None else max_length)
+                for block in self.blocks]
 
     def call_with_cache(self, token_ids, cache, cache_update_index):
         """Logits `[B, T, vocabulary_size]` of T new tokens starting at `cache_update_index`, and the
