@@ -195,3 +195,14 @@ def test_causal_lm_init_cache_takes_max_length_as_the_attentions_and_the_block_d
         assert [tuple(cache["key"].shape) for cache in model.init_cache(2)] == [(2, 16, 2, 8)] * 2
     with pytest.raises(ValueError, match=r"max_length must be None or an integer in \[1, 16\], got 17"):
         model.init_cache(2, 17)  # beyond the position table
+
+
+def test_generate_refuses_a_prompt_that_is_not_of_an_integer_dtype_naming_the_dtype_expected_and_received():
+    model = CausalLM(50, 16, hidden_dim=16, num_layers=1, num_heads=2, intermediate_dim=16,
+                     attention_kwargs=ATTENTIONS["yoso"])
+    for prompt, dtype in [(np.ones((2, 4), np.float32), "float32"), (keras.ops.ones((2, 4)), "float32"),
+                          ([[1.0, 2.5]], "float64"), (np.ones((2, 4), bool), "bool")]:
+        with pytest.raises(ValueError, match=r"argument `prompt`: expected token ids of an integer dtype \(e\.g\. "
+                                             rf"int32\)\. Received: prompt of dtype {dtype}$"):
+            model.generate(prompt, 2)
+    assert tuple(model.generate(np.ones((2, 4), np.int64), 2).shape) == (2, 2)

@@ -109,12 +109,17 @@ class CausalLM(keras.Model):
 
     def generate(self, prompt, max_new_tokens, sampler="greedy", temperature=1.0, seed=None):
         """`[B, max_new_tokens]` int32 tokens following `prompt` (int `[B, P]`, P >= 1, all rows of
-        one length, ids in [0, vocabulary_size) (else ValueError); P + max_new_tokens <= max_length).
+        one length, ids in [0, vocabulary_size); P + max_new_tokens <= max_length; else ValueError,
+        also for a prompt of a float or bool dtype, which is not read as token ids).
 
         sampler: "greedy" (argmax), "random" (softmax(logits / temperature) sampling, with Gumbel
         noise drawn from `seed` before the loop) or a callable `logits [B, V] -> ids [B]` written in
         keras.ops (it runs inside the compiled loop).
         """
+        dtype = _validation.dtype_name(prompt)
+        if not dtype.startswith(("int", "uint")):
+            raise ValueError("Received an invalid value for argument `prompt`: expected token ids of an integer "
+                             f"dtype (e.g. int32). Received: prompt of dtype {dtype}")
         check_token_ids(prompt, self.vocabulary_size, "prompt")
         prompt = ops.cast(ops.convert_to_tensor(prompt), "int32")
         shape = _backend.static_shape(prompt)
