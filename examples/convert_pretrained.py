@@ -82,7 +82,9 @@ def load_backbone(args):
     backbone = keras_hub.models.BertBackbone.from_preset(args.pretrained, load_weights=args.mode != "scratch")
     if args.mode == "softmax":
         return backbone
-    return keras_yoso.replace_attention(backbone, "yoso", max_length=args.max_length, num_hashes=args.num_hashes,
+    # Extended to --max-length positions when longer than the checkpoint's; a shorter one reads the first of them.
+    max_length = args.max_length if args.max_length > backbone.max_sequence_length else None
+    return keras_yoso.replace_attention(backbone, "yoso", max_length=max_length, num_hashes=args.num_hashes,
                                         hash_code_len=args.hash_code_len, seed=args.seed)
 
 

@@ -245,8 +245,9 @@ def replace_attention(model, attention="yoso", max_length=None, **attention_kwar
         max_length: None, or the new number of learned positions: keras-hub's `PositionEmbedding`
             and `TokenAndPositionEmbedding` and any `keras.layers.Embedding` whose name contains
             "position" get `max_length` rows, the trained rows copied in order and repeated
-            (Longformer's initialization; a shorter length keeps the first rows), and a Functional model's
-            inputs whose length axis (axis 1) was the old number of positions get `max_length`.
+            (Longformer's initialization), and a Functional model's inputs whose length axis (axis 1)
+            was the old number of positions get `max_length`. A length below the model's raises
+            ValueError (it would drop trained rows); to read shorter sequences, leave it out.
         **attention_kwargs: The new attention's own arguments (e.g. `num_hashes`, `hash_code_len`,
             `use_expectation` for YOSO; `max_relative_position`, `causal` for LinearRelative). The
             replaced layer's arguments (num_heads, key_dim, ...) cannot be set here. With `seed=s`,
@@ -276,6 +277,12 @@ def replace_attention(model, attention="yoso", max_length=None, **attention_kwar
             raise ValueError(f"replace_attention(max_length={max_length}) extends learned position embeddings, and "
                              f"model {model.name!r} has none (keras-hub PositionEmbedding or "
                              "TokenAndPositionEmbedding, or a keras Embedding named '...position...').")
+        if max_length < old_length:
+            raise ValueError(f"replace_attention(max_length={max_length}) extends learned position embeddings, and "
+                             f"model {model.name!r} has {old_length} trained positions: a shorter table would drop "
+                             f"rows {max_length}..{old_length - 1}, and the model could no longer read sequences "
+                             f"longer than {max_length}. Leave max_length out (the model reads sequences of up to "
+                             f"{old_length} positions as they are), or pass max_length >= {old_length}.")
 
         def resized(tensor):
             shape = tuple(tensor.shape)

@@ -85,6 +85,14 @@ def test_converted_checkpoint_keeps_its_weights_and_copies_positions_to_the_new_
     assert type(backbone.get_layer("transformer_layer_0")._self_attention_layer).__name__ == "YosoAttention"
 
 
+def test_a_max_length_below_the_checkpoints_positions_keeps_all_of_them(checkpoint):
+    directory, tensors = checkpoint
+    args = convert_pretrained.parse_args(["--pretrained", directory, "--max-length", str(POSITIONS // 2)] + TINY_RUN)
+    backbone = convert_pretrained.load_backbone(args)
+    np.testing.assert_array_equal(to_numpy(backbone.get_layer("position_embedding").position_embeddings),
+                                  tensors["embeddings.position_embeddings.weight"])
+
+
 def test_each_mode_fine_tunes_on_the_builtin_task_and_writes_its_outputs(checkpoint, tmp_path):
     directory, _ = checkpoint
     lengths = {}

@@ -133,6 +133,20 @@ def test_position_embedding_named_position_is_extended_and_inputs_lengthened():
     assert to_numpy(converted([ids, np.tile(np.arange(30), (2, 1))])).shape == (2, 30, WIDTH)
 
 
+def test_a_max_length_below_the_learned_positions_raises_instead_of_dropping_trained_rows():
+    tokens = keras.Input((LENGTH,), dtype="int32")
+    positions = keras.Input((LENGTH,), dtype="int32")
+    x = keras.layers.Embedding(20, WIDTH, name="tokens")(tokens) + keras.layers.Embedding(
+        LENGTH, WIDTH, name="position_table")(positions)
+    model = keras.Model([tokens, positions], keras.layers.MultiHeadAttention(2, 8, name="mha")(x, x))
+    with pytest.raises(ValueError, match=rf"max_length=8\) extends .* has {LENGTH} trained positions: a shorter "
+                                         rf"table would drop rows 8..{LENGTH - 1}.*Leave max_length out"):
+        replace_attention(model, "yoso", max_length=8, num_hashes=4)
+    same = replace_attention(model, "yoso", max_length=LENGTH, num_hashes=4)
+    np.testing.assert_array_equal(to_numpy(same.get_layer("position_table").embeddings),
+                                  to_numpy(model.get_layer("position_table").embeddings))
+
+
 class _Subclassed(keras.Model):
     def __init__(self):
         super().__init__()
