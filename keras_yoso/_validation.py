@@ -40,6 +40,11 @@ MAX_CUMULATION_HASH_CODE_LEN = MAX_NUM_BUCKETS_LOG2
 # Largest per-bucket table of the weighted cumulation's custom op, W * D floats
 # (kMaxBucketTableFloats: the CPU kernel's [W, D] K^T V table of one bucket, 1 GiB).
 MAX_BUCKET_TABLE_FLOATS = 2 ** 28
+# Largest decoding state an attention layer's `init_cache` allocates, in bytes (4 GiB): YOSO's bucket
+# tables take 4 * batch * heads * num_hashes * 2**hash_code_len * value_dim bytes whatever the context
+# length, 8 GiB at hash_code_len 20 for a single sequence of 4 heads of 16 values with 32 hashes. Larger
+# states are refused (check_decoding_state) rather than allocated for a setting chosen for training.
+MAX_DECODING_STATE_BYTES = 2 ** 32
 
 # --- the tensor checks of the layers (keras_yoso._backend holds the backend-specific part) --------
 # Shapes as Python tuples (None where unknown); a run-time assertion for dims known only when a
@@ -211,6 +216,15 @@ def check_bucket_table(weight_dim, value_dim, limit=MAX_BUCKET_TABLE_FLOATS):
     (the native kernels': MAX_BUCKET_TABLE_FLOATS)."""
     if weight_dim is not None and value_dim is not None and weight_dim * value_dim > limit:
         raise ValueError(bucket_table_message(weight_dim, value_dim, limit))
+
+
+def check_decoding_state(size, what, fix):
+    """ValueError when a decoding state of `size` bytes (`what`: which one and how it is sized) exceeds
+    MAX_DECODING_STATE_BYTES; `fix` says which arguments make it smaller."""
+    if size > MAX_DECODING_STATE_BYTES:
+        raise ValueError(f"{what} would allocate {size:,} bytes ({size / 2 ** 30:.1f} GiB), above the limit of "
+                         f"{_power_text(MAX_DECODING_STATE_BYTES)} bytes ({MAX_DECODING_STATE_BYTES / 2 ** 30:g} GiB, "
+                         f"keras_yoso._validation.MAX_DECODING_STATE_BYTES): {fix}")
 
 
 def dims_agree(dims, what):

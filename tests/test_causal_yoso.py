@@ -208,3 +208,19 @@ def test_decoding_argument_errors_name_the_argument():
         layer(x, x, cache_update_index=0)
     with pytest.raises(ValueError, match="batch_size"):
         layer.init_cache(0)
+
+
+def test_init_cache_refuses_bucket_tables_over_the_documented_limit_naming_their_size(monkeypatch):
+    from keras_yoso import _validation
+
+    with pytest.raises(ValueError, match=r"YosoAttention\.init_cache: its bucket tables, 4 bytes \* batch_size 1 \* "
+                                         r"num_heads 4 \* num_hashes 32 \* 2\*\*hash_code_len 1048576 \* value_dim 16, "
+                                         r"would allocate 8,589,934,592 bytes \(8\.0 GiB\), above the limit of 2\*\*32 "
+                                         r"bytes \(4 GiB, keras_yoso\._validation\.MAX_DECODING_STATE_BYTES\): lower "
+                                         r"hash_code_len"):
+        YosoAttention(4, 16, num_hashes=32, hash_code_len=20).init_cache(1)
+    layer = _layer()  # tables of 4 bytes * 3 * 2 heads * 4 hashes * 2**3 * 8 = 6,144 bytes for a batch of 3
+    monkeypatch.setattr(_validation, "MAX_DECODING_STATE_BYTES", 6144)
+    assert tuple(layer.init_cache(3)["tables"].shape) == (6, 4, 8, 8)  # at the limit
+    with pytest.raises(ValueError, match="would allocate 8,192 bytes"):
+        layer.init_cache(4)

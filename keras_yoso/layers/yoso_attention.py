@@ -410,12 +410,19 @@ class YosoAttention(MultiHeadAttentionBase):
         b * num_heads + h (`keras_yoso.ops.yoso_decoding_state`; 4 * batch_size * num_heads * num_hashes *
         2**hash_code_len * value_dim bytes, whatever the context length), and with conv_window=w > 1
         "values", the last w - 1 values `[batch_size, w - 1, num_heads, value_dim]`. `max_length`
-        is accepted for the keras-hub contract and not used (the state does not grow)."""
+        is accepted for the keras-hub contract and not used (the state does not grow). Tables over
+        `keras_yoso._validation.MAX_DECODING_STATE_BYTES` (4 GiB) raise ValueError naming their size."""
         batch_size = _validation.integer(batch_size, "batch_size", 1)
         _validation.integer(max_length, "max_length", 1, allow_none=True)
         if self._use_expectation:
             raise ValueError("YosoAttention(use_expectation=True) (YOSO-E, O(T S)) has no constant-size decoding "
                              "state: decode with sampled YOSO (use_expectation=False).")
+        _validation.check_decoding_state(
+            4 * batch_size * self._num_heads * self._num_hashes * 2 ** self._hash_code_len * self._value_dim,
+            f"YosoAttention.init_cache: its bucket tables, 4 bytes * batch_size {batch_size} * num_heads "
+            f"{self._num_heads} * num_hashes {self._num_hashes} * 2**hash_code_len {2 ** self._hash_code_len} * "
+            f"value_dim {self._value_dim},",
+            "lower hash_code_len (each bit doubles the tables), num_hashes or batch_size")
         cache = {"tables": yoso_ops.yoso_decoding_state(batch_size * self._num_heads, self._num_hashes,
                                                         self._hash_code_len, self._value_dim)}
         if self._conv_window is not None and self._conv_window > 1:
