@@ -21,9 +21,12 @@ loop of single-token decoding steps through the layers' caches).
 Outputs (`--output-dir`, default runs/causal_lm-<attention>-<backend>/):
     metrics.json   task accuracy of the generated answers (exact key, per digit), bits per byte on
                    the test sequences, time, all arguments, the history (training loss of every step,
-                   validation bits per byte at each evaluation)
+                   bits per byte on the first 16 test sequences at each evaluation during training)
     history.png    one curve per metric against the training step: the training loss of each step, the
-                   validation bits per byte
+                   bits per byte on the first 16 test sequences
+
+There is no validation split: the evaluations during training score the first 16 test sequences
+(all of them when --test-sequences is smaller), to show progress; nothing is selected on them.
 
 It prints what it is doing from the start (each phase with its sizes), then the training loss every
 --progress-every steps with the elapsed time.
@@ -40,6 +43,8 @@ import numpy as np
 
 ATTENTIONS = ("yoso", "linear_relative", "softmax")
 KEY_DIGITS = 5
+# Test sequences scored at each evaluation during training: the first ones, up to this many.
+EVALUATION_SEQUENCES = 16
 QUESTION = b" What is the pass key? The pass key is "
 FILLER = [
     b"The grass is green.", b"The sky is blue.", b"The sun is yellow.", b"Here we go.", b"There and back again.",
@@ -203,9 +208,9 @@ def step_losses(running_means):
     return means * counts - np.concatenate([[0.0], means[:-1] * counts[:-1]])
 
 
-def save_history(path, losses, validation, title):
-    """One curve per metric against the training step: the loss of every step (left), the validation
-    bits per byte at each evaluation (right)."""
+def save_history(path, losses, evaluations, title):
+    """One curve per metric against the training step: the loss of every step (left), the bits per byte
+    on the first test sequences at each evaluation (right)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -214,10 +219,10 @@ def save_history(path, losses, validation, title):
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
     left.plot(np.arange(1, len(losses) + 1), losses, alpha=0.8)
     left.set_ylabel("training loss per step (weighted, nats)")
-    if validation:
-        steps, values = zip(*validation)
+    if evaluations:
+        steps, values = zip(*evaluations)
         right.plot(steps, values, "o-")
-    right.set_ylabel("validation bits per byte")
+    right.set_ylabel(f"bits per byte, first {EVALUATION_SEQUENCES} test sequences")
     for axis in (left, right):
         axis.set_xlabel("training step")
         axis.grid(alpha=0.3)
@@ -255,8 +260,9 @@ def main(argv=None):
                                                       warmup_steps=max(1, args.steps // 10))
     model.compile(optimizer=keras.optimizers.Adam(schedule, clipnorm=1.0),
                   loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), jit_compile="auto")
-    validation, losses = [], []
-    every = -(-args.steps // min(4, args.steps))  # steps between validations: 4 validations at most
+    evaluations, losses = [], []
+    every = -(-args.steps // min(4, args.steps))  # steps between evaluations: 4 evaluations at most
+    evaluated = min(EVALUATION_SEQUENCES, len(tx))
     batch_rng = np.random.default_rng(args.seed + 1)
 
     class Batches(keras.utils.PyDataset):
@@ -275,8 +281,8 @@ def main(argv=None):
 
     class Record(keras.callbacks.Callback):
         """The loss of every step (Keras logs the running mean of the epoch), a progress line every
-        --progress-every steps, and the validation bits per byte at each epoch end (one `fit` epoch
-        per validation interval)."""
+        --progress-every steps, and the bits per byte on the first test sequences at each epoch end
+        (one `fit` epoch per evaluation interval)."""
 
         def on_epoch_begin(self, epoch, logs=None):
             self.running_means = []
@@ -292,13 +298,13 @@ def main(argv=None):
 
         def on_epoch_end(self, epoch, logs=None):
             # Between epochs: on JAX the model's variables are only synced back at epoch ends.
-            bpb = bits_per_byte(model, tx[:16], ty[:16], args.batch_size)
-            validation.append((len(losses), bpb))
-            progress(f"step {len(losses)}/{args.steps}: validation bits/byte {bpb:.3f} (16 test sequences)",
-                     run_started)
+            bpb = bits_per_byte(model, tx[:evaluated], ty[:evaluated], args.batch_size)
+            evaluations.append((len(losses), bpb))
+            progress(f"step {len(losses)}/{args.steps}: test bits/byte {bpb:.3f} (the first {evaluated} of "
+                     f"{len(tx)} test sequences)", run_started)
 
-    progress(f"training {args.steps} steps of batch {args.batch_size}, validating every {every} steps (the first "
-             "step also compiles the model)", run_started)
+    progress(f"training {args.steps} steps of batch {args.batch_size}, evaluating every {every} steps on the first "
+             f"{evaluated} test sequences (the first step also compiles the model)", run_started)
     started = time.time()
     record = Record()
     while len(losses) < args.steps:
@@ -318,10 +324,11 @@ def main(argv=None):
         "test_bits_per_byte": bpb, "train_seconds": round(train_seconds, 1), "test_seconds": round(test_seconds, 1),
         "steps": args.steps, "parameters": model.count_params(),
         "examples": [{"key": k.decode(), "generated": a} for k, a in list(zip(test_keys, answers))[:8]],
-        "validation_bits_per_byte": validation, "training_loss_per_step": losses, "arguments": vars(args),
+        "evaluated_test_sequences": evaluated, "test_bits_per_byte_during_training": evaluations,
+        "training_loss_per_step": losses, "arguments": vars(args),
     }
     (output_dir / "metrics.json").write_text(json.dumps(metrics, indent=2))
-    save_history(output_dir / "history.png", losses, validation,
+    save_history(output_dir / "history.png", losses, evaluations,
                  f"{args.attention} on {backend}: passkey at {args.sequence_length} bytes")
     print(f"{args.attention} ({backend}): answer accuracy {exact:.1%} (digits {per_digit:.1%}, chance 10%), "
           f"test bits/byte {bpb:.3f}, trained {train_seconds:.0f} s; wrote {output_dir}/metrics.json and "

@@ -496,22 +496,27 @@ def test_invalid_options_are_rejected_naming_the_option(argv, match, capsys):
 import causal_lm  # noqa: E402
 
 
-def test_causal_lm_prints_each_phase_from_the_start_and_one_loss_per_step(tmp_path, capsys):
+def test_causal_lm_prints_each_phase_one_loss_per_step_and_how_many_test_sequences_it_evaluates(tmp_path, capsys):
     metrics = causal_lm.main(["--sequence-length", "512", "--steps", "6", "--train-sequences", "8",
                               "--test-sequences", "2", "--batch-size", "2", "--hidden-dim", "16", "--num-layers", "1",
                               "--num-hashes", "4", "--progress-every", "2", "--output-dir", str(tmp_path)])
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].endswith("importing Keras and keras_yoso")  # before the slow imports
     phases = ["generating 8 training and 2 test passkey sequences of 512 bytes", "building the model",
-              "parameters", "training 6 steps of batch 2, validating every 2 steps", "step 1/6: loss",
-              "step 2/6: loss", "step 2/6: validation bits/byte", "step 6/6: loss", "step 6/6: validation",
-              "testing:"]
+              "parameters", "training 6 steps of batch 2, evaluating every 2 steps on the first 2 test sequences",
+              "step 1/6: loss", "step 2/6: loss", "step 2/6: test bits/byte", "step 6/6: loss",
+              "step 6/6: test bits/byte", "testing:"]
     at = [next(i for i, line in enumerate(lines) if phase in line) for phase in phases]
     assert at == sorted(at), lines
+    # The evaluations score the test split (there is no validation split), as many sequences as there are.
+    evaluations = [line for line in lines if "/6: test bits/byte" in line]
+    assert len(evaluations) == 3 and all(line.endswith("(the first 2 of 2 test sequences)") for line in evaluations)
+    assert not any("validation" in line for line in lines), lines
+    assert metrics["evaluated_test_sequences"] == 2
     # One loss per step on one global step axis (not Keras' running mean, which restarts every epoch).
     losses = metrics["training_loss_per_step"]
     assert len(losses) == 6 and np.isfinite(losses).all()
-    assert [step for step, _ in metrics["validation_bits_per_byte"]] == [2, 4, 6]
+    assert [step for step, _ in metrics["test_bits_per_byte_during_training"]] == [2, 4, 6]
 
 
 def test_step_losses_recover_each_step_from_the_running_means_of_an_epoch():
