@@ -30,7 +30,7 @@ ATTENTIONS = {
 @pytest.mark.parametrize("attention", sorted(ATTENTIONS))
 def test_causal_block_decoding_with_a_cache_equals_the_full_causal_forward(attention):
     block = TransformerEncoderBlock(2, 32, attention=attention, attention_kwargs={**ATTENTIONS[attention], "seed": 4},
-                                    causal=True, norm_first=True, dropout=0.0)
+                                    causal=True, normalize_first=True, dropout=0.0)
     x = np.random.default_rng(0).normal(size=(2, 11, 16)).astype(np.float32)
     full = to_numpy(block(x))
     cache = block.init_cache(2, max_length=11)

@@ -22,10 +22,10 @@ ATTENTION_CLASSES = {"yoso": YosoAttention, "softmax": keras.layers.MultiHeadAtt
 
 
 @pytest.mark.parametrize("attention", list(ATTENTION_CLASSES))
-@pytest.mark.parametrize("norm_first", [False, True], ids=["post_ln", "pre_ln"])
-def test_output_shape_and_attention_layer(attention, norm_first):
+@pytest.mark.parametrize("normalize_first", [False, True], ids=["post_ln", "pre_ln"])
+def test_output_shape_and_attention_layer(attention, normalize_first):
     x = np.random.default_rng(0).normal(size=(2, 9, 16)).astype(np.float32)
-    block = TransformerEncoderBlock(4, 32, attention=attention, norm_first=norm_first,
+    block = TransformerEncoderBlock(4, 32, attention=attention, normalize_first=normalize_first,
                                     attention_kwargs=YOSO_KWARGS if attention == "yoso" else None)
     assert block(x).shape == (2, 9, 16)
     assert isinstance(block.attention_layer, ATTENTION_CLASSES[attention])
@@ -83,7 +83,7 @@ def test_keras_masks_are_used_and_propagated():
     tokens = keras.Input((None,), dtype="int32")
     x = keras.layers.Embedding(20, 16, mask_zero=True)(tokens)
     x = TransformerEncoderBlock(2, 32, attention_kwargs=YOSO_KWARGS)(x)
-    x = TransformerEncoderBlock(2, 32, attention_kwargs=YOSO_KWARGS, norm_first=True)(x)
+    x = TransformerEncoderBlock(2, 32, attention_kwargs=YOSO_KWARGS, normalize_first=True)(x)
     model = keras.Model(tokens, x)
     short = np.array([[4, 5, 6, 0], [7, 0, 0, 0]])
     long = np.concatenate([short, np.zeros((2, 7), short.dtype)], axis=1)
@@ -96,9 +96,9 @@ def test_keras_masks_are_used_and_propagated():
 
 def test_config_round_trip_and_keras_save_load(tmp_path):
     block = TransformerEncoderBlock(2, 24, attention_kwargs=dict(YOSO_KWARGS, conv_window=3), dropout=0.2,
-                                    norm_first=True, activation="relu", layer_norm_epsilon=1e-6)
+                                    normalize_first=True, activation="relu", layer_norm_epsilon=1e-6)
     config = block.get_config()
-    for argument in ("num_heads", "intermediate_dim", "attention", "attention_kwargs", "dropout", "norm_first",
+    for argument in ("num_heads", "intermediate_dim", "attention", "attention_kwargs", "dropout", "normalize_first",
                      "activation", "layer_norm_epsilon"):
         assert argument in config
     assert TransformerEncoderBlock.from_config(config).get_config() == config
@@ -113,6 +113,23 @@ def test_config_round_trip_and_keras_save_load(tmp_path):
     expected = to_numpy(model(data))
     model.save(tmp_path / "encoder.keras")
     np.testing.assert_array_equal(to_numpy(keras.saving.load_model(tmp_path / "encoder.keras")(data)), expected)
+
+
+def test_normalize_first_is_keras_hubs_name_and_configs_saved_with_norm_first_still_load():
+    x = np.random.default_rng(5).normal(size=(2, 6, 16)).astype(np.float32)
+    block = TransformerEncoderBlock(2, 24, attention_kwargs=YOSO_KWARGS, normalize_first=True)
+    expected = to_numpy(block(x))
+    config = block.get_config()
+    assert block.normalize_first is True and config["normalize_first"] is True and "norm_first" not in config
+    saved_before = {**{k: v for k, v in config.items() if k != "normalize_first"}, "norm_first": True}
+    reloaded = TransformerEncoderBlock.from_config(saved_before)
+    reloaded(x)
+    reloaded.set_weights(block.get_weights())
+    assert reloaded.normalize_first is True and reloaded.get_config() == config
+    np.testing.assert_array_equal(to_numpy(reloaded(x)), expected)
+    assert TransformerEncoderBlock(2, 24, norm_first=False).normalize_first is False
+    with pytest.raises(ValueError, match="both `normalize_first` and its former name `norm_first`"):
+        TransformerEncoderBlock(2, 24, normalize_first=True, norm_first=False)
 
 
 # ----------------------------------------------------------------------------

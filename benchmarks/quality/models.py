@@ -141,7 +141,7 @@ def build_causal_model(args, name, kwargs, vocab, length, query_positions):
 
 class EncoderBlock(keras.layers.Layer):
     """Pre-LN Transformer encoder block around any registered attention (keras_yoso's
-    TransformerEncoderBlock with norm_first=True, which only takes its own attentions):
+    TransformerEncoderBlock with normalize_first=True, which only takes its own attentions):
     x = x + Dropout(Attn(LN(x), padding_mask)); x = x + Dropout(FFN(LN(x)))."""
 
     def __init__(self, attention, ffn_dim, dropout, seed, **kwargs):

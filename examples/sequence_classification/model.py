@@ -104,7 +104,7 @@ def build_classifier(vocab_size, num_classes, args):
         x = keras_yoso.TransformerEncoderBlock(
             args.num_heads, args.ffn_dim, attention=attention,
             attention_kwargs={**attention_kwargs, "seed": args.seed * 1000 + i + 1},
-            dropout=args.dropout, norm_first=True, name=f"encoder_{i}")(x)
+            dropout=args.dropout, normalize_first=True, name=f"encoder_{i}")(x)
     x = keras.layers.LayerNormalization(epsilon=1e-5, name="final_norm")(x)
     x = MaskedMeanPooling(name="masked_mean")(x)
     x = keras.layers.Dense(args.ffn_dim, activation="relu", name="classifier_hidden")(x)

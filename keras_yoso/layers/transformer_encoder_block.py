@@ -10,9 +10,9 @@ from keras_yoso.layers.attention_registry import attention_class
 class TransformerEncoderBlock(keras.layers.Layer):
     """Transformer encoder block: self-attention and a feed-forward network, each with a residual.
 
-    Post-LN (`norm_first=False`, Vaswani et al. 2017):
+    Post-LN (`normalize_first=False`, Vaswani et al. 2017):
         x = LN(x + Dropout(Attention(x, x)));  y = LN(x + Dropout(FFN(x)))
-    Pre-LN (`norm_first=True`):
+    Pre-LN (`normalize_first=True`):
         x = x + Dropout(Attention(LN(x), LN(x)));  y = x + Dropout(FFN(LN(x)))
     with FFN(x) = Dense(hidden)(activation(Dense(intermediate_dim)(x))).
 
@@ -48,7 +48,10 @@ class TransformerEncoderBlock(keras.layers.Layer):
             (YOSO) exactly as the original.
         dropout: Dropout rate after the attention and after the feed-forward
             network (the attention's own dropout is set in attention_kwargs).
-        norm_first: False for post-LN, True for pre-LN.
+        normalize_first: False for post-LN, True for pre-LN (keras-hub's
+            `TransformerEncoder` argument of the same name).
+        norm_first: The former name of `normalize_first`, still accepted (as
+            a keyword), so configs saved with it load.
         activation: Activation of the feed-forward hidden layer.
         layer_norm_epsilon: Epsilon of the layer normalizations.
         causal: If True, causal self-attention (a decoder block without
@@ -73,7 +76,7 @@ class TransformerEncoderBlock(keras.layers.Layer):
         attention="yoso",
         attention_kwargs=None,
         dropout=0.1,
-        norm_first=False,
+        normalize_first=False,
         activation="gelu",
         layer_norm_epsilon=1e-5,
         causal=False,
@@ -86,6 +89,14 @@ class TransformerEncoderBlock(keras.layers.Layer):
             raise ValueError("Received an invalid value for argument `attention_kwargs`: expected a dict or "
                              f"None. Received: attention_kwargs={attention_kwargs!r}")
         self._attention_class = attention_class(attention)
+        normalize_first = _validation.boolean(normalize_first, "normalize_first", layer=True)
+        if "norm_first" in kwargs:  # the former name, in the configs saved before the rename
+            norm_first = _validation.boolean(kwargs.pop("norm_first"), "norm_first", layer=True)
+            if normalize_first and not norm_first:
+                raise ValueError("Received both `normalize_first` and its former name `norm_first`, with different "
+                                 f"values: pass `normalize_first` only. Received: normalize_first={normalize_first}, "
+                                 f"norm_first={norm_first}")
+            normalize_first = norm_first
         super().__init__(**kwargs)
         self.supports_masking = True
         self.num_heads = num_heads
@@ -97,7 +108,7 @@ class TransformerEncoderBlock(keras.layers.Layer):
         self.attention_kwargs["seed"] = _validation.resolve_seed(self.attention_kwargs.get("seed"),
                                                                  "attention_kwargs['seed']")
         self.dropout = float(dropout)
-        self.norm_first = norm_first
+        self.normalize_first = normalize_first
         self.activation = keras.activations.get(activation)
         self.layer_norm_epsilon = layer_norm_epsilon
         self.causal = _validation.boolean(causal, "causal", layer=True)
@@ -167,7 +178,7 @@ class TransformerEncoderBlock(keras.layers.Layer):
                              "(causal=True).")
         x = inputs
         residual = x
-        if self.norm_first:
+        if self.normalize_first:
             x = self._attention_norm(x)
         if cache is not None:
             x, cache = self._attention_layer(x, x, query_mask=padding_mask, value_mask=padding_mask,
@@ -179,14 +190,14 @@ class TransformerEncoderBlock(keras.layers.Layer):
         else:
             x = self._attention_layer(x, x, query_mask=padding_mask, value_mask=padding_mask, training=training)
         x = residual + self._attention_dropout(x, training=training)
-        if not self.norm_first:
+        if not self.normalize_first:
             x = self._attention_norm(x)
         residual = x
-        if self.norm_first:
+        if self.normalize_first:
             x = self._output_norm(x)
         x = self._output_dense(self._intermediate_dense(x))
         x = residual + self._output_dropout(x, training=training)
-        if not self.norm_first:
+        if not self.normalize_first:
             x = self._output_norm(x)
         if cache is not None:
             return x, cache
@@ -202,7 +213,7 @@ class TransformerEncoderBlock(keras.layers.Layer):
             "attention": self.attention,
             "attention_kwargs": self.attention_kwargs,
             "dropout": self.dropout,
-            "norm_first": self.norm_first,
+            "normalize_first": self.normalize_first,
             "activation": keras.activations.serialize(self.activation),
             "layer_norm_epsilon": self.layer_norm_epsilon,
             "causal": self.causal,

@@ -67,7 +67,7 @@ class CausalLM(keras.Model):
             TransformerEncoderBlock(num_heads, intermediate_dim, attention=attention, dropout=dropout,
                                     attention_kwargs={**self.attention_kwargs,
                                                       "seed": _validation.derived_seed(seed, 7 * i)},
-                                    norm_first=True, causal=True, name=f"block_{i}")
+                                    normalize_first=True, causal=True, name=f"block_{i}")
             for i in range(num_layers)]
         self.final_norm = keras.layers.LayerNormalization(epsilon=1e-5, name="final_norm")
         self.logits_dense = keras.layers.Dense(vocabulary_size, name="logits", dtype="float32")
