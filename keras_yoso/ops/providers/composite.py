@@ -40,11 +40,8 @@ class _CompositeProvider(base.Provider):
         return ("any",)
 
     def runs(self, name, device, causal=0):
-        """Every primitive, on every device the backend computes on."""
+        """Every primitive, on every device the backend computes on (so `device_error` finds none)."""
         return True
-
-    def device_error(self, tensors, causal=0, primitives=()):
-        return None
 
     def linear_relative_total(self, phi_q, phi_k, v, scores, horizon, causal, chunk_size):
         """Provider.linear_relative_total: composite/linear_relative.py."""
