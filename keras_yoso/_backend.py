@@ -86,6 +86,27 @@ def static_shape(x):
     return tuple(None if d is None else int(d) for d in shape)
 
 
+def run_time_shape(x):
+    """The shape of `x` as a tuple of its dims: ints where known now, and in a TensorFlow graph (not
+    compiled by XLA) scalar int tensors for the dims known only when it runs, for messages of run-time
+    assertions (`text`); None where a dim stays unknown (XLA drops those assertions)."""
+    shape = static_shape(x)
+    if shape is None or None not in shape or not is_tensorflow() or in_xla_context():
+        return shape
+    dims = _tf().shape(x)
+    return tuple(dims[axis] if dim is None else dim for axis, dim in enumerate(shape))
+
+
+def text(parts):
+    """`parts` (strs, ints, None, and scalar tensors of a TensorFlow graph from `run_time_shape`) joined
+    into one message: a str when no part is a graph tensor, else a string tensor whose value is the text
+    when the graph runs (the message of a run-time assertion, `check`)."""
+    if not any(is_symbolic(part) for part in parts):
+        return "".join(str(part) for part in parts)
+    tf = _tf()
+    return tf.strings.join([tf.strings.as_string(part) if is_symbolic(part) else str(part) for part in parts])
+
+
 def data_error(message):
     """The exception of a check that needs the data (codes in range, a padding mask)."""
     if is_tensorflow():
@@ -96,8 +117,9 @@ def data_error(message):
 def check(condition, message, error=None):
     """Checks the boolean scalar `condition` when it can. Returns the run-time assertions to make the
     result depend on (`after`): none eagerly (it raises `error` or `data_error(message)` now);
-    one TensorFlow assertion in a TensorFlow graph; none in traced JAX code, which cannot assert
-    (callers that must not skip a check test `can_check` first)."""
+    one TensorFlow assertion in a TensorFlow graph (`message` may then be a string tensor, `text`);
+    none in traced JAX code, which cannot assert (callers that must not skip a check test `can_check`
+    first)."""
     if not is_symbolic(condition):
         if not bool(ops.convert_to_numpy(condition)):
             raise error if error is not None else data_error(message)

@@ -47,9 +47,12 @@ MAX_BUCKET_TABLE_FLOATS = 2 ** 28
 MAX_DECODING_STATE_BYTES = 2 ** 32
 
 # --- the tensor checks of the layers (keras_yoso._backend holds the backend-specific part) --------
-# Shapes as Python tuples (None where unknown); a run-time assertion for dims known only when a
-# TensorFlow graph runs; tensors made to depend on such assertions; whether they can run here.
+# Shapes as Python tuples (None where unknown), and with the dims known only when a TensorFlow graph
+# runs (for messages, joined by `text`); a run-time assertion for such dims; tensors made to depend on
+# such assertions; whether they can run here.
 static_shape = _backend.static_shape
+run_time_shape = _backend.run_time_shape
+text = _backend.text
 run_time_check = _backend.check
 after_checks = _backend.after
 can_check = _backend.can_check

@@ -55,6 +55,19 @@ def test_mask_shape_unknown_while_tracing_is_checked_at_run_time(layer_name):
         fn(_x(), np.ones((2, 5), bool))
 
 
+def test_mask_length_error_under_unknown_dims_gives_the_run_time_lengths(layer_name):
+    # Traced with every length unknown, the message is made when the graph runs: the lengths, not None.
+    layer = LAYERS[layer_name]()
+    fn = tf.function(lambda a, m: layer(a, a, query_mask=m),
+                     input_signature=[tf.TensorSpec([None, None, 8]), tf.TensorSpec([None, None], tf.bool)])
+    with pytest.raises(tf.errors.InvalidArgumentError) as error:
+        fn(_x(), np.ones((2, 5), bool))
+    assert (f"{layer_name} expects `query_mask` of shape (batch, target_length) = (2, 6), with batch and "
+            "target_length from `query` (2, 6, 8) and source_length from `value` (2, 6, 8). Received: `query_mask` "
+            "of shape (2, 5)") in str(error.value)
+    assert "None" not in str(error.value)
+
+
 def test_attention_mask_under_xla_raises_at_trace_time(layer_name):
     # XLA compiles tf.debugging.Assert to nothing, so the padding check cannot run there: a causal
     # mask would silently act as "no mask". The layer refuses instead, and tells what to pass.

@@ -48,6 +48,16 @@ def _zero_padded_rows(x, mask):
     return ops.where(mask[:, :, None], x, ops.zeros((), x.dtype))
 
 
+def _tuple_text(dims):
+    """The parts of the text of the tuple `dims` ("(2, 5)"; ints, names, None or run-time scalars) for
+    `_validation.text`."""
+    parts = ["("]
+    for k, dim in enumerate(dims):
+        parts += [", "] if k else []
+        parts.append(dim)
+    return parts + ([",)"] if len(dims) == 1 else [")"])
+
+
 def _merge_masks(*masks):
     merged = None
     for mask in masks:
@@ -331,7 +341,7 @@ class MultiHeadAttentionBase(keras.layers.Layer):
         for arg, tensor in tensors.items():
             layout, dims = self._CALL_LAYOUTS[arg]
             got = shape(tensor)
-            message = self._shape_message(arg, layout, dims, got, query, value)
+            message = self._shape_message(arg, layout, dims, got, shape(query), shape(value))
             if arg == "attention_mask" and got is not None:
                 dims = self._ATTENTION_MASK_DIMS.get(len(got), dims)
             if got is None or len(got) != len(dims):
@@ -353,25 +363,30 @@ class MultiHeadAttentionBase(keras.layers.Layer):
                 ok = ops.equal(actual, wanted)
                 if arg == "attention_mask":
                     ok = ops.logical_or(ok, ops.equal(actual, 1))
-                checks += _validation.run_time_check(ok, message, error=ValueError(message))
+                # The lengths the graph runs with, where `message` can only say None.
+                run_time = self._shape_message(arg, layout, dims, _validation.run_time_shape(tensor),
+                                               _validation.run_time_shape(query), _validation.run_time_shape(value))
+                checks += _validation.run_time_check(ok, run_time, error=ValueError(message))
         return checks
 
-    def _shape_message(self, arg, layout, dims, got, query, value):
-        shape = _validation.static_shape
-        sizes = {"batch": shape(query)[0], "target": shape(query)[1], "source": shape(value)[1]}
+    def _shape_message(self, arg, layout, dims, got, query_shape, value_shape):
+        """The message of a call-shape mistake of `arg`. The shapes are tuples of dims (ints, None where
+        unknown, or the scalar tensors of `_validation.run_time_shape`: then the message is a string
+        tensor that gives them when the graph runs); `got` None: unknown rank."""
+        sizes = {"batch": query_shape[0], "target": query_shape[1], "source": value_shape[1]}
         names = layout.strip("()").split(", ")
-        want = "(" + ", ".join(name if dim is None or sizes[dim] is None else str(sizes[dim])
-                               for name, dim in zip(names, dims)) + ")"
+        want = _tuple_text([name if dim is None or sizes[dim] is None else sizes[dim]
+                            for name, dim in zip(names, dims)])
         if arg == "attention_mask":
-            head = (f"{type(self).__name__} accepts `attention_mask` only of shape [batch, target_length, "
-                    f"source_length] (a padding mask) = {want} (a dim of 1 broadcasts; also [target_length, "
+            head = [f"{type(self).__name__} accepts `attention_mask` only of shape [batch, target_length, "
+                    "source_length] (a padding mask) = ", *want, " (a dim of 1 broadcasts; also [target_length, "
                     f"source_length], and [batch, num_heads = {self._num_heads}, target_length, source_length] "
-                    "with the same mask in every head)")
+                    "with the same mask in every head)"]
         else:
-            head = f"{type(self).__name__} expects `{arg}` of shape {layout} = {want}"
-        return (f"{head}, with batch and "
-                f"target_length from `query` {shape(query)} and source_length from `value` {shape(value)}. "
-                f"Received: `{arg}` of shape {None if got is None else tuple(got)}")
+            head = [f"{type(self).__name__} expects `{arg}` of shape {layout} = ", *want]
+        return _validation.text([*head, ", with batch and target_length from `query` ", *_tuple_text(query_shape),
+                                 " and source_length from `value` ", *_tuple_text(value_shape),
+                                 f". Received: `{arg}` of shape ", *(["None"] if got is None else _tuple_text(got))])
 
     def build(self, query_shape, value_shape, key_shape=None):
         """Creates the query/key/value/output projections (and the subclass weights)."""
