@@ -96,7 +96,7 @@ def config():
     provider, error = _dispatch.native_provider()
     runs = [("native kernels on this backend", "loaded" if provider else f"not loaded: {error}"),
             ("native kernels serve", " and ".join(provider.devices()) if provider else "-")]
-    causal = _dispatch.kernels_table(causal=1)
+    causal = _dispatch.kernels_table(causal=_spec.CAUSAL)
     for name, row in _dispatch.kernels_table().items():
         runs.append((name, ", ".join(f"{device}: {where}" for device, where in row.items())))
         if "causal" in (a.name for a in _spec.PRIMITIVES[name].attributes):

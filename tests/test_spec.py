@@ -157,3 +157,18 @@ def test_the_c_abi_constants_python_restates_are_the_headers():
                                                                           native_library._INVALID_ARGUMENT)
     assert int(header["KY_ERROR_SIZE"]) == native_library._ERROR_SIZE
     assert "kErrorSize = KY_ERROR_SIZE" in _read("jax", "yoso_xla_ffi.cc")
+
+
+def test_the_causal_attribute_is_a_named_direction_that_transposing_reverses():
+    # CheckCausalAttr (yoso_checks.h) takes -1, 0 and 1: the table names them, and the gradients'
+    # transposed cumulations take the opposite direction through one function, never a hand-written minus.
+    low, high = re.search(r"CheckCausalAttr\(int64_t causal\) \{\s*if \(causal >= (-?\d+) && causal <= (-?\d+)\)",
+                          _read("kernels", "yoso_checks.h")).groups()
+    assert _spec.DIRECTIONS == (_spec.ANTICAUSAL, _spec.BIDIRECTIONAL, _spec.CAUSAL) == tuple(range(int(low),
+                                                                                                   int(high) + 1))
+    assert [_spec.transposed_direction(d) for d in _spec.DIRECTIONS] == [_spec.CAUSAL, _spec.BIDIRECTIONAL,
+                                                                        _spec.ANTICAUSAL]
+    for primitive in _spec.PRIMITIVES.values():
+        for attribute in primitive.attributes:
+            if attribute.name == "causal":
+                assert attribute.default == _spec.BIDIRECTIONAL, primitive.name

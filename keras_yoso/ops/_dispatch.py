@@ -77,7 +77,7 @@ def custom_ops_available():
     return native_provider()[0] is not None
 
 
-def provider(implementation, tensors=(), causal=0, primitives=()):
+def provider(implementation, tensors=(), causal=_spec.BIDIRECTIONAL, primitives=()):
     """The provider that runs an op called with `implementation` on `tensors`, running `primitives`
     (names of `_spec.PRIMITIVES`) on the device of `tensors`.
 
@@ -104,7 +104,7 @@ def provider(implementation, tensors=(), causal=0, primitives=()):
     return native
 
 
-def kernels_table(causal=0):
+def kernels_table(causal=_spec.BIDIRECTIONAL):
     """{primitive: {device: provider name}}: for each primitive of `_spec.PRIMITIVES` and each device
     of `_spec.DEVICES`, what "auto" runs it on there in this process ("custom_op" or "composite") for
     a call with `causal`, outside any compiled function."""

@@ -56,9 +56,24 @@ def _input(name, kind, rank=None):
 Output = collections.namedtuple("Output", "name dtype")
 
 
-# The devices a primitive can have a kernel on, and those whose kernels take causal != 0.
+# The devices a primitive can have a kernel on, and those whose kernels take a direction other than
+# BIDIRECTIONAL.
 DEVICES = ("cpu", "gpu")
 CAUSAL_DEVICES = ("cpu",)
+
+# The `causal` attribute of the cumulations is a direction, not a flag: which keys count for query i,
+# positions aligned (Nq == Nk). CheckCausalAttr of custom_ops/cc/kernels/yoso_checks.h takes these three.
+ANTICAUSAL = -1    # keys j >= i
+BIDIRECTIONAL = 0  # every key
+CAUSAL = 1         # keys j <= i (causal attention)
+DIRECTIONS = (ANTICAUSAL, BIDIRECTIONAL, CAUSAL)
+
+
+def transposed_direction(direction):
+    """The direction of a cumulation with the roles of queries and keys exchanged (each key sums the
+    queries it meets: the gradients): key j of a causal cumulation meets the queries i >= j, so
+    CAUSAL and ANTICAUSAL swap and BIDIRECTIONAL stays."""
+    return -direction
 
 
 class Primitive(collections.namedtuple("Primitive", "name inputs attributes outputs output_shapes raw_op composite "
@@ -73,8 +88,9 @@ class Primitive(collections.namedtuple("Primitive", "name inputs attributes outp
     it has a kernel on ("gpu": a CUDA kernel in the native library and the TensorFlow op library,
     when they were built with nvcc)."""
 
-    def runs_on(self, device, causal=0):
-        """True when the primitive has a kernel on `device` ("cpu", "gpu") for a call with `causal`."""
+    def runs_on(self, device, causal=BIDIRECTIONAL):
+        """True when the primitive has a kernel on `device` ("cpu", "gpu") for a call in the direction
+        `causal` (`DIRECTIONS`)."""
         return device in self.devices and (not causal or device in CAUSAL_DEVICES)
 
     @property
@@ -161,7 +177,8 @@ _VALUE_OUT = (Output("output", "value"),)
 
 
 _HASH_ATTRIBUTES = (Attribute("num_hashes", "int"), Attribute("hash_code_len", "int"))
-_CUMULATION_ATTRIBUTES = (Attribute("num_buckets", "int"), Attribute("causal", "int", 0))
+# causal: the direction of the cumulation, one of DIRECTIONS.
+_CUMULATION_ATTRIBUTES = (Attribute("num_buckets", "int"), Attribute("causal", "int", BIDIRECTIONAL))
 
 PRIMITIVES = {p.name: p for p in (
     Primitive(name="gaussian_hash_codes", inputs=(_input("x", "rows"), _input("projection", "float32", 2)),

@@ -175,7 +175,7 @@ def hash_codes(x, num_hashes, hash_code_len, seed=None, method=_validation.DEFAU
     if seed is not None and not _validation.is_integer(seed):
         _seed_tensor(seed)
     x = _validation.float_tensor(x, "x", 3)
-    provider = _dispatch.provider(implementation, (x,), 0, (_spec.hash_primitive(method).name,))
+    provider = _dispatch.provider(implementation, (x,), _spec.BIDIRECTIONAL, (_spec.hash_primitive(method).name,))
     dim = _backend.static_shape(x)[2]
     if dim is None:
         raise ValueError(f"the last dimension of x must be known statically, got shape {_backend.static_shape(x)}")

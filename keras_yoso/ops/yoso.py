@@ -43,7 +43,7 @@ def _ones_mask(codes):
 
 
 def _prepare_sides(query_codes, key_codes, query_mask, key_mask, query_side, key_side, num_buckets, provider,
-                   widths=(), causal=0):
+                   widths=(), causal=_spec.BIDIRECTIONAL):
     """Converts and checks the codes and masks of both sides and the per-position tensors.
 
     query_side / key_side: [(name, tensor [B, N, *])] of each side; widths: extra
@@ -94,8 +94,8 @@ def _prepare_sides(query_codes, key_codes, query_mask, key_mask, query_side, key
 
 
 def _lsh(provider, qm, qc, km, kc, value, num_buckets, causal):
-    """lsh_cumulation, differentiable in `value` (its gradient is the transposed cumulation, in the
-    opposite direction when causal)."""
+    """lsh_cumulation in the direction `causal`, differentiable in `value` (its gradient is the transposed
+    cumulation, `lsh_cumulation_gradient`)."""
 
     @ops.custom_gradient
     def cumulation(v):
@@ -114,8 +114,8 @@ def _roles(*names):
 
 
 def _direction(causal):
-    """The providers' `causal` int (1 or 0) of the public `causal` flag."""
-    return 1 if _validation.boolean(causal, "causal") else 0
+    """The providers' direction (`_spec.DIRECTIONS`) of the public `causal` flag: CAUSAL or BIDIRECTIONAL."""
+    return _spec.CAUSAL if _validation.boolean(causal, "causal") else _spec.BIDIRECTIONAL
 
 
 def lsh_cumulation(query_codes, key_codes, value, num_buckets, query_mask=None, key_mask=None,
@@ -205,7 +205,8 @@ def weighted_lsh_cumulation(query_codes, query_weight, key_codes, key_weight, va
     query_weight = _validation.float_tensor(query_weight, "query_weight", 3)
     key_weight = _validation.float_tensor(key_weight, "key_weight", 3)
     value = _validation.float_tensor(value, "value", 3)
-    provider = _dispatch.provider(implementation, (query_weight, key_weight, value), 0, ("weighted_lsh_cumulation",))
+    provider = _dispatch.provider(implementation, (query_weight, key_weight, value), _spec.BIDIRECTIONAL,
+                                  ("weighted_lsh_cumulation",))
     widths = [([("query_weight", query_weight, 2), ("key_weight", key_weight, 2)],
                "weight widths (axis 2 of query_weight and key_weight)")]
     qc, kc, qm, km, (query_weight,), (key_weight, value) = _prepare_sides(
@@ -302,7 +303,7 @@ def yoso_cumulation(query, key, value, query_codes, key_codes, hash_code_len, qu
                 else:
                     dq = provider.run("collision_cumulation", qm, qc, q, dy, km, kc, k, v, hash_code_len, epsilon)
                     dk = provider.run("collision_cumulation", km, kc, k, v, qm, qc, q, dy, hash_code_len, epsilon)
-                dv = provider.run("lsh_cumulation", km, kc, qm, qc, dy, num_buckets, -causal)
+                dv = provider.lsh_cumulation_gradient(qm, qc, km, kc, dy, num_buckets, causal)
                 return ops.cast(dq, q.dtype), ops.cast(dk, k.dtype), ops.cast(dv, v.dtype)
 
             return ops.cast(provider.run("lsh_cumulation", qm, qc, km, kc, v, num_buckets, causal), v.dtype), grad
@@ -331,7 +332,8 @@ def collision_cumulation(query_codes, query, query_weight, key_codes, key, key_w
     query = ops.cast(_validation.float_tensor(query, "query", 3), dtype)
     key = ops.cast(_validation.float_tensor(key, "key", 3), dtype)
     key_weight = ops.cast(_validation.float_tensor(key_weight, "key_weight", 3), dtype)
-    provider = _dispatch.provider(implementation, (query, query_weight, key, key_weight), 0, ("collision_cumulation",))
+    provider = _dispatch.provider(implementation, (query, query_weight, key, key_weight), _spec.BIDIRECTIONAL,
+                                  ("collision_cumulation",))
     widths = [([("query", query, 2), ("key", key, 2)], "query and key widths (axis 2)"),
               ([("query_weight", query_weight, 2), ("key_weight", key_weight, 2)],
                "weight widths (axis 2 of query_weight and key_weight)")]
@@ -483,9 +485,9 @@ def lsh_cumulation_step(query_codes, key_codes, value, tables, query_mask=None, 
                          f"of two in [1, 2**{_validation.MAX_NUM_BUCKETS_LOG2}] known statically (axis 2), got shape "
                          f"{_backend.static_shape(tables)}") from None
     value = _validation.float_tensor(value, "value", 3)
-    provider = _dispatch.provider(implementation, (value, tables), 1, ("lsh_cumulation_step",))
+    provider = _dispatch.provider(implementation, (value, tables), _spec.CAUSAL, ("lsh_cumulation_step",))
     qc, kc, qm, km, _, (value,) = _prepare_sides(query_codes, key_codes, query_mask, key_mask, [],
-                                                 [("value", value)], num_buckets, provider, causal=1)
+                                                 [("value", value)], num_buckets, provider, causal=_spec.CAUSAL)
     checks = _validation.agree([("query_codes", qc, 0), ("tables", tables, 0)], "batch sizes (axis 0) of the codes "
                                "and tables")
     checks += _validation.agree([("query_codes", qc, 1), ("tables", tables, 1)], "num_hashes (axis 1 of the codes "

@@ -4,6 +4,7 @@ import numpy as np
 from keras import ops
 
 from keras_yoso import _backend
+from keras_yoso.ops import _spec
 from keras_yoso.ops.composite.chunking import COMPUTE_DTYPE
 from keras_yoso.ops.composite.chunking import f32
 from keras_yoso.ops.composite.chunking import has_zero_dim
@@ -101,9 +102,9 @@ def _causal_hash_rows(query_ids, key_ids, qw_table, kw_table, v_table, num_rows,
 def causal_cumulation(query_mask, query_codes, query_weight, key_mask, key_codes, key_weight, value, num_buckets,
                       causal):
     """`[B, N, D]` float32: (1/m) sum_h sum_{j allowed} [qc == kc] <query_weight_i, key_weight_j> value_j
-    over kept pairs, with j <= i (causal=1) or j >= i (causal=-1); query_weight and key_weight None
-    for weight 1 (the causal lsh_cumulation, eq. 2). The eq. 4 backward of causal YOSO is two of
-    these (dQ causal, dK anti-causal).
+    over kept pairs, with j <= i (causal=CAUSAL) or j >= i (causal=ANTICAUSAL, `_spec.DIRECTIONS`);
+    query_weight and key_weight None for weight 1 (the causal lsh_cumulation, eq. 2). The eq. 4
+    backward of causal YOSO is two of these (dQ causal, dK anti-causal).
 
     Per hash, a stable sort of the merged keys and queries by code, then segmented prefix sums in
     chunks of C = CAUSAL_CHUNK sorted entries (`_causal_hash_rows`). Time per (row, hash):
@@ -116,7 +117,7 @@ def causal_cumulation(query_mask, query_codes, query_weight, key_mask, key_codes
     value_dim = ops.shape(value)[2]
     if has_zero_dim(batch, length, value_dim):
         return ops.zeros((batch, length, value_dim), COMPUTE_DTYPE)
-    flip = causal < 0
+    flip = causal == _spec.ANTICAUSAL
 
     def oriented(x, axis):
         return ops.flip(x, axis=axis) if flip else x
@@ -158,8 +159,9 @@ def causal_cumulation(query_mask, query_codes, query_weight, key_mask, key_codes
     return keep_rows(query_mask, oriented(total, 1) / num_hashes)
 
 
-def directed_lsh_cumulation(query_mask, query_codes, key_mask, key_codes, value, num_buckets, causal=0):
-    """The primitive lsh_cumulation: every key (causal=0, cumulation.lsh_cumulation) or the keys on one
+def directed_lsh_cumulation(query_mask, query_codes, key_mask, key_codes, value, num_buckets,
+                            causal=_spec.BIDIRECTIONAL):
+    """The primitive lsh_cumulation: every key (BIDIRECTIONAL, cumulation.lsh_cumulation) or the keys on one
     side of each query (`causal_cumulation`)."""
     if causal:
         return causal_cumulation(query_mask, query_codes, None, key_mask, key_codes, None, value, num_buckets, causal)
@@ -167,8 +169,8 @@ def directed_lsh_cumulation(query_mask, query_codes, key_mask, key_codes, value,
 
 
 def directed_weighted_lsh_cumulation(query_mask, query_codes, query_weight, key_mask, key_codes, key_weight, value,
-                                     num_buckets, causal=0):
-    """The primitive weighted_lsh_cumulation: every key (causal=0, cumulation.weighted_lsh_cumulation) or
+                                     num_buckets, causal=_spec.BIDIRECTIONAL):
+    """The primitive weighted_lsh_cumulation: every key (BIDIRECTIONAL, cumulation.weighted_lsh_cumulation) or
     the keys on one side of each query (`causal_cumulation`)."""
     if causal:
         return causal_cumulation(query_mask, query_codes, query_weight, key_mask, key_codes, key_weight, value,
@@ -178,7 +180,7 @@ def directed_weighted_lsh_cumulation(query_mask, query_codes, query_weight, key_
 
 
 def directed_lower_bound_gradients(query_mask, query_codes, query, key_mask, key_codes, key, value, output_gradient,
-                                   num_buckets, causal=0):
+                                   num_buckets, causal=_spec.BIDIRECTIONAL):
     """The primitive lower_bound_gradients: (dQ, dK) of eq. 4, unscaled (the caller multiplies by
     tau / 2), in one pass (cumulation.lower_bound_gradients) or, causal, as two weighted cumulations
     (dQ_i over keys j <= i, dK_j over queries i >= j)."""
@@ -186,6 +188,6 @@ def directed_lower_bound_gradients(query_mask, query_codes, query, key_mask, key
         return (causal_cumulation(query_mask, query_codes, output_gradient, key_mask, key_codes, value, key,
                                   num_buckets, causal),
                 causal_cumulation(key_mask, key_codes, value, query_mask, query_codes, output_gradient, query,
-                                  num_buckets, -causal))
+                                  num_buckets, _spec.transposed_direction(causal)))
     return lower_bound_gradients(query_mask, query_codes, query, key_mask, key_codes, key, value, output_gradient,
                                  num_buckets, 1.0)

@@ -24,6 +24,7 @@ tables: nothing of size n x m x D or n x Dv x dk.
 from keras import ops
 
 from keras_yoso import _backend
+from keras_yoso.ops import _spec
 from keras_yoso.ops.parallel import mesh
 from keras_yoso.ops.composite.chunking import f32
 from keras_yoso.ops.composite.masking import bucket_ids
@@ -39,8 +40,8 @@ CHUNK_FLOATS = 2 ** 20
 
 
 def _remote(table, axis, size, causal):
-    """The sum of the other devices' `table` that `causal` lets this device's queries see."""
-    if causal == 0:
+    """The sum of the other devices' `table` that the direction `causal` lets this device's queries see."""
+    if causal == _spec.BIDIRECTIONAL:
         return mesh.psum(table, axis) - table
     return mesh.exclusive_scan(table, axis, size, causal)
 
@@ -88,13 +89,13 @@ def lsh_remote(axis, size, query_mask, query_codes, key_mask, key_codes, value, 
 
 
 def lower_bound_remote(axis, size, query_mask, query_codes, query, key_mask, key_codes, key, value,
-                       output_gradient, num_buckets, scale, causal=0):
+                       output_gradient, num_buckets, scale, causal=_spec.BIDIRECTIONAL):
     """The other devices' pairs of the eq. 4 gradients (dQ [B, Nq, d], dK [B, Nk, d]) float32, through the
     outer-product tables of V (x) K and dY (x) Q."""
     dq = _outer_term(axis, size, key_codes, key_mask, value, key, query_codes, query_mask, output_gradient,
                      num_buckets, causal)
     dk = _outer_term(axis, size, query_codes, query_mask, output_gradient, query, key_codes, key_mask, value,
-                     num_buckets, -causal)
+                     num_buckets, _spec.transposed_direction(causal))
     return scale * dq, scale * dk
 
 

@@ -22,10 +22,10 @@ tensors, causal, primitives)` is the one place that picks a provider for a call:
 when it runs every primitive of the call on the call's device, else the composite ("auto") or an
 error naming the primitive and the device ("custom_op").
 
-The `causal` attribute of the cumulations (a Python int) restricts which keys count for a query,
-positions aligned (Nq == Nk, checked by ops/yoso.py): 0 every key, 1 keys j <= i (causal
-attention), -1 keys j >= i (the transposed cumulations of a causal backward: dK_j and dV_j sum
-over queries i >= j).
+The `causal` attribute of the cumulations is a direction (`_spec.DIRECTIONS`, a Python int): which
+keys count for a query, positions aligned (Nq == Nk, checked by ops/yoso.py): BIDIRECTIONAL every
+key, CAUSAL keys j <= i (causal attention), ANTICAUSAL keys j >= i (the transposed cumulations of a
+causal backward, `_spec.transposed_direction`: dK_j and dV_j sum over queries i >= j).
 """
 
 import functools
@@ -72,14 +72,14 @@ class Provider:
         """The devices of `_spec.DEVICES` its kernels are loaded for in this process."""
         return ("cpu",)
 
-    def runs(self, name, device, causal=0):
-        """True when primitive `name` runs here on `device` for a call with `causal`: the provider's
-        kernels are loaded for the device and the primitive has a kernel there (`_spec`)."""
+    def runs(self, name, device, causal=_spec.BIDIRECTIONAL):
+        """True when primitive `name` runs here on `device` for a call in the direction `causal`: the
+        provider's kernels are loaded for the device and the primitive has a kernel there (`_spec`)."""
         return device in self.devices() and _spec.PRIMITIVES[name].runs_on(device, causal)
 
-    def device_error(self, tensors, causal=0, primitives=()):
-        """None when the provider runs each of `primitives` on the device of `tensors` (for a `causal`
-        call when causal is nonzero), else a message naming the device and, where the device is
+    def device_error(self, tensors, causal=_spec.BIDIRECTIONAL, primitives=()):
+        """None when the provider runs each of `primitives` on the device of `tensors` in the direction
+        `causal`, else a message naming the device and, where the device is
         served, the first primitive without a kernel there. "auto" then takes the composite;
         "custom_op" raises ValueError with this message."""
         device = self.device_of(tensors)
@@ -88,7 +88,8 @@ class Provider:
                     f"runs on {device} (use implementation='composite' or 'auto' there)")
         for name in primitives:
             if not self.runs(name, device, causal):
-                why = " with causal != 0" if causal and _spec.PRIMITIVES[name].runs_on(device) else ""
+                directed = causal != _spec.BIDIRECTIONAL and _spec.PRIMITIVES[name].runs_on(device)
+                why = " with causal != 0" if directed else ""
                 return (f"{name} has no {device} kernel{why} in the keras_yoso native kernels "
                         "(use implementation='composite' or 'auto' there)")
         return None
@@ -99,30 +100,32 @@ class Provider:
         raise NotImplementedError
 
     # The gradients of the cumulations, each a cumulation with the roles of queries and keys exchanged
-    # (the transposed sum, in the opposite direction when causal). Written once here: ops/yoso.py's
-    # custom gradients and the TensorFlow raw ops' registered gradients call them.
+    # (the transposed sum, in `_spec.transposed_direction` of the forward's). Written once here:
+    # ops/yoso.py's custom gradients and the TensorFlow raw ops' registered gradients call them.
 
     def lsh_cumulation_gradient(self, query_mask, query_codes, key_mask, key_codes, output_gradient, num_buckets,
-                                causal=0):
+                                causal=_spec.BIDIRECTIONAL):
         """d value `[B, Nk, D]` of lsh_cumulation: each key sums the upstream rows of the queries it meets."""
         return self.run("lsh_cumulation", key_mask, key_codes, query_mask, query_codes, output_gradient, num_buckets,
-                        -causal)
+                        _spec.transposed_direction(causal))
 
     def weighted_lsh_cumulation_gradients(self, query_mask, query_codes, query_weight, key_mask, key_codes,
-                                          key_weight, value, output_gradient, num_buckets, causal=0):
+                                          key_weight, value, output_gradient, num_buckets,
+                                          causal=_spec.BIDIRECTIONAL):
         """(d query_weight, d key_weight, d value) of weighted_lsh_cumulation: with s_ij = [qc_i == kc_j],
         d qw_i = sum_j s_ij <dy_i, v_j> kw_j, d kw_j = sum_i s_ij <v_j, dy_i> qw_i and
         d v_j = sum_i s_ij <kw_j, qw_i> dy_i, three weighted cumulations."""
         run = functools.partial(self.run, "weighted_lsh_cumulation")
+        transposed = _spec.transposed_direction(causal)
         return (run(query_mask, query_codes, output_gradient, key_mask, key_codes, value, key_weight, num_buckets,
                     causal),
                 run(key_mask, key_codes, value, query_mask, query_codes, output_gradient, query_weight, num_buckets,
-                    -causal),
+                    transposed),
                 run(key_mask, key_codes, key_weight, query_mask, query_codes, query_weight, output_gradient,
-                    num_buckets, -causal))
+                    num_buckets, transposed))
 
     def lower_bound_gradients(self, query_mask, query_codes, query, key_mask, key_codes, key, value,
-                              output_gradient, num_buckets, scale, causal=0, fused=True):
+                              output_gradient, num_buckets, scale, causal=_spec.BIDIRECTIONAL, fused=True):
         """(dQ, dK) of the eq. 4 lower bound times `scale`; causal: dQ_i over keys j <= i, dK_j over
         queries i >= j. fused=True: each pair's weight <dY_i, V_j> computed once for both (the
         primitive lower_bound_gradients); False: two weighted cumulations, dQ = W(dY, V; K) and
@@ -135,7 +138,7 @@ class Provider:
         dq = self.run("weighted_lsh_cumulation", query_mask, query_codes, output_gradient, key_mask, key_codes, value,
                       key, num_buckets, causal)
         dk = self.run("weighted_lsh_cumulation", key_mask, key_codes, value, query_mask, query_codes, output_gradient,
-                      query, num_buckets, -causal)
+                      query, num_buckets, _spec.transposed_direction(causal))
         return scale * dq, scale * dk
 
     def linear_relative_total(self, phi_q, phi_k, v, scores, horizon, causal, chunk_size):
@@ -175,10 +178,10 @@ class DelegatingProvider(Provider):
     def devices(self):
         return self.inner.devices()
 
-    def runs(self, name, device, causal=0):
+    def runs(self, name, device, causal=_spec.BIDIRECTIONAL):
         return self.inner.runs(name, device, causal)
 
-    def device_error(self, tensors, causal=0, primitives=()):
+    def device_error(self, tensors, causal=_spec.BIDIRECTIONAL, primitives=()):
         return self.inner.device_error(tensors, causal, primitives)
 
     def run(self, name, *arguments):

@@ -39,7 +39,7 @@ class _CompositeProvider(base.Provider):
     def devices(self):
         return ("any",)
 
-    def runs(self, name, device, causal=0):
+    def runs(self, name, device, causal=_spec.BIDIRECTIONAL):
         """Every primitive, on every device the backend computes on (so `device_error` finds none)."""
         return True
 

@@ -125,12 +125,11 @@ def _register_gradients():
     gradients (providers/base.py), as ops/yoso.py's custom gradients take them."""
 
     def _causal(op):
-        """The op's causal attr (0 for graphs built before it existed); the transposed cumulations,
-        which sum over the queries of a key, run in the opposite direction (-causal)."""
+        """The op's causal attr, a direction (BIDIRECTIONAL for graphs built before it existed)."""
         try:
             return op.get_attr("causal")
         except ValueError:
-            return 0
+            return _spec.BIDIRECTIONAL
 
     @tf.RegisterGradient("YosoLshCumulation")
     def _lsh_cumulation_grad(op, dy):
@@ -155,7 +154,8 @@ def _register_gradients():
         d_dy, d_value, d_key = PROVIDER.weighted_lsh_cumulation_gradients(
             qm, qc, dy, km, kc, value, key, tf.cast(d_query_gradient, dy.dtype), num_buckets, causal)
         d_value_2, d_dy_2, d_query = PROVIDER.weighted_lsh_cumulation_gradients(
-            km, kc, value, qm, qc, dy, query, tf.cast(d_key_gradient, dy.dtype), num_buckets, -causal)
+            km, kc, value, qm, qc, dy, query, tf.cast(d_key_gradient, dy.dtype), num_buckets,
+            _spec.transposed_direction(causal))
         return [None, None, d_query, None, None, d_key, d_value + d_value_2, d_dy + d_dy_2]
 
     for name in ("YosoGaussianHashCodes", "YosoHadamardHashCodes", "YosoCollisionCumulation"):
