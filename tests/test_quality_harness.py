@@ -154,6 +154,74 @@ def test_chunked_causal_linear_attention_matches_direct_formula():
     np.testing.assert_allclose(out, expected, rtol=2e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("causal", [True, False])
+def test_kernel_attention_with_key_log_scales_beyond_float32_equals_the_formula(causal):
+    # Performer hands its key features over as exp(scale) * phi with scales far outside float32's exp range
+    # (here +-90): the result is the formula's, finite, and padded keys take no part.
+    import keras
+
+    rng = np.random.default_rng(6)
+    q, k = (rng.random((2, 21, 3, 4)).astype("float32") + 0.1 for _ in range(2))
+    v = rng.standard_normal((2, 21, 3, 5)).astype("float32")
+    log_scale = (rng.standard_normal((2, 21, 3)) * 30).astype("float32")
+    mask = np.ones((2, 21), bool)
+    mask[1, 15:] = False
+    out = _numpy(attentions.kernel_attention(*(keras.ops.convert_to_tensor(t) for t in (q, k, v)), causal,
+                                             mask=None if causal else mask, chunk_size=8, epsilon=0.0,
+                                             key_log_scale=keras.ops.convert_to_tensor(log_scale)))
+    keys = k * np.exp(log_scale.astype(np.float64))[..., None]
+    allowed = np.tril(np.ones((21, 21))) if causal else mask[:, None, None, :]
+    scores = np.einsum("bihf,bjhf->bhij", q, keys) * allowed
+    expected = np.einsum("bhij,bjhd->bihd", scores, v) / scores.sum(-1).transpose(0, 2, 1)[..., None]
+    assert np.all(np.isfinite(out))
+    np.testing.assert_allclose(out, expected, rtol=2e-5, atol=1e-6)
+
+
+def test_performer_trains_without_nan_where_its_keys_grow():
+    # Keys of norm 60 (x = k / d^(1/4) of norm ~ 21): exp(-|x|^2 / 2) is far below float32's range, where the
+    # earlier data-independent key offset turned every key feature to 0 and the gradient to NaN.
+    import keras
+
+    layer = attentions.build_attention("performer", num_heads=2, key_dim=8, causal=True, length=24, seed=0,
+                                       num_features=16, chunk_size=8)
+    x = np.random.default_rng(7).standard_normal((2, 24, 16)).astype("float32")
+    layer.build(x.shape)
+    key = layer.projections["key"]
+    key.kernel.assign(key.kernel * 60.0 / np.linalg.norm(_numpy(key(x)), axis=-1).mean())
+    y = _numpy(layer(x))
+    assert np.all(np.isfinite(y)) and np.abs(y).max() > 1e-3
+    grads = _gradients(layer, x)
+    assert all(np.all(np.isfinite(g)) for g in grads) and any(np.abs(g).max() > 0 for g in grads)
+
+
+def _gradients(layer, x):
+    """Gradients of sum(layer(x)^2) with respect to the layer's trainable weights, as NumPy arrays."""
+    import keras
+
+    x = keras.ops.convert_to_tensor(x)
+    loss = lambda: keras.ops.sum(layer(x) ** 2)  # noqa: E731
+    if BACKEND == "tensorflow":
+        import tensorflow as tf
+
+        with tf.GradientTape() as tape:
+            value = loss()
+        return [_numpy(g) for g in tape.gradient(value, layer.trainable_weights)]
+    if BACKEND == "torch":
+        for w in layer.trainable_weights:
+            w.value.grad = None
+        loss().backward()
+        return [_numpy(w.value.grad) for w in layer.trainable_weights]
+    import jax
+
+    values = [w.value for w in layer.trainable_weights]
+
+    def stateless(values):
+        with keras.StatelessScope(state_mapping=list(zip(layer.trainable_weights, values))):
+            return loss()
+
+    return [_numpy(g) for g in jax.grad(stateless)(values)]
+
+
 def test_sliding_window_sees_only_its_window():
     x = np.random.default_rng(5).standard_normal((1, 30, 16)).astype("float32")
     layer = _caller(attentions.build_attention("sliding_window", 2, 8, True, 30, seed=0, window=5), x.shape)

@@ -209,44 +209,81 @@ class ProjectedAttention(keras.layers.Layer):
         raise NotImplementedError
 
 
+_NO_SCALE = -1e30  # key_log_scale of a padded key, and the scale of an empty prefix: exp(-1e30 - M) = 0
+
+
 def _masked_keys(k, mask):
     """Key features / keys with padded positions set to 0 (so they add nothing to kernel sums)."""
     return k if mask is None else k * ops.cast(mask, k.dtype)[:, :, None, None]
 
 
-def kernel_attention(phi_q, phi_k, v, causal, mask=None, chunk_size=64, epsilon=1e-6):
-    """Linear (kernelized) attention: out_i = sum_j <phi_q_i, phi_k_j> v_j / sum_j <phi_q_i, phi_k_j>
-    over j <= i (causal) or all unpadded j (Katharopoulos et al. 2020, eq. 4-6).
+def kernel_attention(phi_q, phi_k, v, causal, mask=None, chunk_size=64, epsilon=1e-6, key_log_scale=None):
+    """Linear (kernelized) attention: out_i = sum_j <phi_q_i, k_j> v_j / (sum_j <phi_q_i, k_j> + epsilon)
+    over j <= i (causal) or all unpadded j (Katharopoulos et al. 2020, eq. 4-6), with the key features
+    k_j = exp(key_log_scale_j) phi_k_j (phi_k_j alone when key_log_scale is None).
 
-    phi_q, phi_k: [B, T, H, F] nonnegative features; v: [B, T, H, D] -> [B, T, H, D].
-    The denominator rides along as an extra all-ones value column. Causal: prefix sums over chunks of
-    `chunk_size` rows -- inside a chunk the masked [C, C] products, across chunks the exclusive
-    cumulative sum of the per-chunk states sum_j phi_k_j [v_j, 1]^T ([F, D + 1]); the same numbers as
-    the paper's per-position cumulative sum (eq. 8), with O(T (C + F D)) work and no [T, F, D] tensor.
+    phi_q, phi_k: [B, T, H, F] nonnegative features; v: [B, T, H, D]; key_log_scale: [B, T, H] or None
+    -> [B, T, H, D]. The denominator rides along as an extra all-ones value column.
+
+    key_log_scale lets a caller hand over keys whose features would overflow or underflow float32 if
+    exponentiated whole (Performer's exp(w . k - |k|^2 / 2)): every sum is taken relative to the largest
+    scale it contains, the running maximum M_i = max_{j <= i} key_log_scale_j (causal) or the maximum
+    over the unpadded keys (bidirectional), so no factor exp(key_log_scale_j - M_i) exceeds 1 and the key
+    with the largest scale enters with its own phi_k. M_i multiplies numerator and denominator alike, so
+    the result is the formula above exactly, and causal outputs depend on keys j <= i only (online
+    softmax does the same with its running max). The caller stops the gradient through key_log_scale.
+
+    Causal: prefix sums over chunks of `chunk_size` rows -- inside a chunk the masked [C, C] products,
+    across chunks the exclusive prefix of the per-chunk states sum_j k_j [v_j, 1]^T ([F, D + 1]); the same
+    numbers as the paper's per-position cumulative sum (eq. 8), with O(T (C + F D)) work and no
+    [T, F, D] tensor. With key_log_scale each chunk's state is taken relative to the chunk's largest
+    scale and the prefix is an associative scan that rescales to the larger of two scales.
     """
     phi_k = _masked_keys(phi_k, mask)
     v1 = ops.concatenate([v, ops.ones_like(v[..., :1])], axis=-1)
+    if key_log_scale is not None and mask is not None:  # padded keys never set the reference scale
+        key_log_scale = ops.where(ops.cast(mask, "bool")[:, :, None], key_log_scale, _NO_SCALE)
     if not causal:
+        if key_log_scale is not None:
+            reference = ops.max(key_log_scale, axis=1, keepdims=True)
+            phi_k = phi_k * ops.exp(key_log_scale - reference)[..., None]
         kv = ops.einsum("bthf,bthe->bhfe", phi_k, v1)
         out = ops.einsum("bthf,bhfe->bthe", phi_q, kv)
-    else:
-        batch, length, heads, features = ops.shape(phi_q)
-        chunk = min(chunk_size, length)
-        chunks = -(-length // chunk)
-        pad = chunks * chunk - length
+        return out[..., :-1] / (out[..., -1:] + epsilon)
+    batch, length, heads, features = ops.shape(phi_q)
+    chunk = min(chunk_size, length)
+    chunks = -(-length // chunk)
+    pad = chunks * chunk - length
 
-        def blocks(x):
-            x = ops.pad(x, ((0, 0), (0, pad), (0, 0), (0, 0))) if pad else x
-            return ops.reshape(x, (batch, chunks, chunk, heads, ops.shape(x)[-1]))
+    def blocks(x):
+        x = ops.pad(x, ((0, 0), (0, pad)) + ((0, 0),) * (len(x.shape) - 2)) if pad else x
+        return ops.reshape(x, (batch, chunks, chunk) + tuple(x.shape[2:]))
 
-        q, k, vv = blocks(phi_q), blocks(phi_k), blocks(v1)
-        lower = ops.cast(ops.tril(ops.ones((chunk, chunk))), q.dtype)  # key j <= query i inside a chunk
-        scores = ops.einsum("bnihf,bnjhf->bnhij", q, k) * lower
-        intra = ops.einsum("bnhij,bnjhe->bnihe", scores, vv)
+    q, k, vv = blocks(phi_q), blocks(phi_k), blocks(v1)
+    lower = ops.cast(ops.tril(ops.ones((chunk, chunk))), q.dtype)  # key j <= query i inside a chunk
+    scores = ops.einsum("bnihf,bnjhf->bnhij", q, k) * lower
+    if key_log_scale is None:
         states = ops.einsum("bnjhf,bnjhe->bnhfe", k, vv)
         before = ops.cumsum(states, axis=1) - states  # sum over the earlier chunks only
         inter = ops.einsum("bnihf,bnhfe->bnihe", q, before)
-        out = ops.reshape(intra + inter, (batch, chunks * chunk, heads, ops.shape(v1)[-1]))[:, :length]
+    else:
+        scale = ops.transpose(blocks(key_log_scale), (0, 1, 3, 2))  # [B, N, H, C]
+        chunk_max = ops.max(scale, axis=-1)  # [B, N, H]
+        states = ops.einsum("bnjhf,bnjhe,bnhj->bnhfe", k, vv, ops.exp(scale - chunk_max[..., None]))
+
+        def merge(a, b):  # (scale, state relative to it) of two spans -> of their union
+            top = ops.maximum(a[0], b[0])
+            return top, (a[1] * ops.exp(a[0] - top)[..., None, None] + b[1] * ops.exp(b[0] - top)[..., None, None])
+
+        upto_max, upto = ops.associative_scan(merge, (chunk_max, states), axis=1)  # chunks 0..n
+        earlier_max = ops.pad(upto_max[:, :-1], ((0, 0), (1, 0), (0, 0)), constant_values=_NO_SCALE)
+        earlier = ops.pad(upto[:, :-1], ((0, 0), (1, 0), (0, 0), (0, 0), (0, 0)))  # chunks 0..n-1
+        within = ops.max(ops.where(ops.cast(lower, "bool"), scale[..., None, :], _NO_SCALE), axis=-1)  # [B,N,H,i]
+        running_max = ops.maximum(earlier_max[..., None], within)  # M_i
+        scores = scores * ops.exp(ops.minimum(scale[..., None, :] - running_max[..., :, None], 0.0))
+        inter = ops.einsum("bnihf,bnhfe,bnhi->bnihe", q, earlier, ops.exp(earlier_max[..., None] - running_max))
+    intra = ops.einsum("bnhij,bnjhe->bnihe", scores, vv)
+    out = ops.reshape(intra + inter, (batch, chunks * chunk, heads, ops.shape(v1)[-1]))[:, :length]
     return out[..., :-1] / (out[..., -1:] + epsilon)
 
 
@@ -283,13 +320,19 @@ class PerformerAttention(ProjectedAttention):
     """FAVOR+ (Choromanski et al. 2021, "Rethinking Attention with Performers", eq. 5 and Lemma 1):
     softmax kernel exp(<q, k>/sqrt(d)) estimated with positive orthogonal random features
     phi(x) = exp(w_f . x - |x|^2 / 2) / sqrt(F), x = q / d^(1/4) (or k / d^(1/4)), then
-    linear attention (`kernel_attention`, causal by prefix sums).
+    linear attention (`kernel_attention`, causal by prefix sums), all in float32.
 
-    Numerical stabilisation (the kernel is unchanged, only rescaled): query features are divided by
-    their own max over features (a per-row factor, which the normalisation cancels); key features by
-    the data-independent bound exp(max_f |w_f|^2 / 2) >= exp(w_f . x - |x|^2 / 2), so no key exponent
-    is positive. (The official code divides keys by their max over the whole sequence, which would make
-    early outputs depend on later keys through rounding/underflow -- not allowed in causal models here.)
+    Numerical stabilisation, as the paper's code does it (the kernel is unchanged, only rescaled):
+    each exponent has its maximum subtracted before exp. A query's maximum over its features is a
+    per-row factor that the normalisation cancels. A key's maximum over its features, s_j, is handed to
+    `kernel_attention` as key_log_scale, which weighs key j by exp(s_j - max_{j' <= i} s_j') for query
+    i -- the running maximum, where the official code takes the maximum over the whole sequence, which
+    in a causal model would let later keys change earlier outputs through rounding. So no exponent
+    is positive, the largest key feature so far is exactly 1 / sqrt(F), and the denominator has an
+    epsilon of 1e-6 (the official code's). The earlier version subtracted a data-independent bound from
+    the keys instead: once training grew the keys, every key feature underflowed, the denominator
+    went below 1e-19, its square (in the gradient) to 0 beside an epsilon of 1e-30, and the runs on
+    MQAR (64, 4) turned NaN at steps 186 and 53 of 400 (docs/data/quality_mqar_2026-11-25.json).
     The features are drawn once from `seed` and kept fixed (the paper may redraw them during training).
     """
 
@@ -302,7 +345,6 @@ class PerformerAttention(ProjectedAttention):
         w = orthogonal_gaussian(self.num_features, self.key_dim, rng)
         self.features = self.add_weight(name="random_features", shape=w.shape, trainable=False,
                                         initializer=keras.initializers.Constant(w))
-        self.key_offset = float(0.5 * np.max(np.sum(w.astype(np.float64) ** 2, axis=1)))
 
     def attend(self, q, k, v, mask):
         scale = self.key_dim ** -0.25
@@ -312,11 +354,12 @@ class PerformerAttention(ProjectedAttention):
             x = x * scale
             return ops.einsum("bthd,fd->bthf", x, w) - 0.5 * ops.sum(x * x, axis=-1, keepdims=True)
 
-        zq = exponent(q)
-        zq = zq - ops.stop_gradient(ops.max(zq, axis=-1, keepdims=True))
+        zq, zk = exponent(q), exponent(k)
+        key_max = ops.stop_gradient(ops.max(zk, axis=-1, keepdims=True))
         norm = 1.0 / math.sqrt(self.num_features)
-        phi_q, phi_k = ops.exp(zq) * norm, ops.exp(exponent(k) - self.key_offset) * norm
-        return kernel_attention(phi_q, phi_k, v, self.causal, mask, self.chunk_size, epsilon=1e-30)
+        phi_q = ops.exp(zq - ops.stop_gradient(ops.max(zq, axis=-1, keepdims=True))) * norm
+        phi_k = ops.exp(zk - key_max) * norm
+        return kernel_attention(phi_q, phi_k, v, self.causal, mask, self.chunk_size, key_log_scale=key_max[..., 0])
 
 
 register("performer", {"num_features": 64, "chunk_size": 64},
