@@ -87,6 +87,22 @@ def test_step_arguments_are_checked_naming_the_argument(implementation):
         ops.yoso_decoding_state(0, M, TAU, D)
 
 
+def test_decoding_state_over_the_documented_limit_is_refused_naming_its_size(monkeypatch):
+    from keras_yoso import _validation
+
+    with pytest.raises(ValueError, match=r"yoso_decoding_state: its bucket tables, 4 bytes \* batch_size 4 \* "
+                                         r"num_hashes 32 \* 2\*\*hash_code_len 1048576 \* value_dim 16, would "
+                                         r"allocate 8,589,934,592 bytes \(8\.0 GiB\), above the limit of 2\*\*32 "
+                                         r"bytes \(4 GiB, keras_yoso\._validation\.MAX_DECODING_STATE_BYTES\): "
+                                         r"lower hash_code_len"):
+        ops.yoso_decoding_state(4, 32, 20, 16)
+    # At the limit it is allocated (lowered here to 4 bytes * 2 * 3 * 2**2 * 5 = 480).
+    monkeypatch.setattr(_validation, "MAX_DECODING_STATE_BYTES", 480)
+    assert tuple(ops.yoso_decoding_state(2, 3, 2, 5).shape) == (2, 3, 4, 5)
+    with pytest.raises(ValueError, match="would allocate 640 bytes"):
+        ops.yoso_decoding_state(2, 4, 2, 5)
+
+
 @pytest.mark.skipif(BACKEND != "jax", reason="JAX: jit with a donated state, vmap of the FFI call")
 def test_jax_step_runs_in_jit_with_the_tables_donated_and_under_vmap():
     import jax

@@ -443,11 +443,17 @@ def yoso_decoding_state(batch_size, num_hashes, hash_code_len, value_dim):
     """The decoding state of causal YOSO before any position: zero bucket tables
     `[batch_size, num_hashes, 2**hash_code_len, value_dim]` float32 (T_h[b] = the sum of the values
     of the earlier keys with code b in hash h: 4 B m 2^tau D bytes, whatever the context length).
-    `lsh_cumulation_step` reads and extends it."""
+    `lsh_cumulation_step` reads and extends it. Tables over
+    `keras_yoso._validation.MAX_DECODING_STATE_BYTES` (4 GiB) raise ValueError naming their size."""
     batch_size = _validation.integer(batch_size, "batch_size", 1)
     num_hashes = _validation.integer(num_hashes, "num_hashes", 1)
     hash_code_len = _validation.hash_code_len(hash_code_len, cumulation=True)
     value_dim = _validation.integer(value_dim, "value_dim", 1)
+    _validation.check_decoding_state(
+        4 * batch_size * num_hashes * 2 ** hash_code_len * value_dim,
+        f"yoso_decoding_state: its bucket tables, 4 bytes * batch_size {batch_size} * num_hashes {num_hashes} * "
+        f"2**hash_code_len {2 ** hash_code_len} * value_dim {value_dim},",
+        "lower hash_code_len (each bit doubles the tables), num_hashes, value_dim or batch_size")
     return ops.zeros((batch_size, num_hashes, 2 ** hash_code_len, value_dim), "float32")
 
 
