@@ -66,6 +66,9 @@ HASH_METHODS = ("gaussian", "hadamard", "hadamard_interleaved")
 # (tests/test_hash_statistics.py). "hadamard" (the default before 2026-11) falls short of it at
 # wide angles and small d; it stays for the layers saved with it.
 DEFAULT_HASH_METHOD = "hadamard_interleaved"
+# YosoAttention's m hashes of tau bits each (docs/layer.md says when to change tau).
+DEFAULT_NUM_HASHES = 32
+DEFAULT_HASH_CODE_LEN = 6
 # The backward estimators of sampled YOSO (yoso_cumulation: the lower bound of eq. 4, or the
 # *YOSO collision estimator of appendix eq. 2) and of YOSO-E (yoso_expectation: eq. 4's lower
 # bound on the expectation, or the exact derivative of the expectation).
@@ -238,8 +241,9 @@ def dims_agree(dims, what):
         raise ValueError(f"{what} must agree: {listed}")
 
 
-def codes_message(name, num_buckets_):
-    return f"{name} must hold codes in [0, num_buckets) = [0, {num_buckets_})"
+def codes_message(name, bucket_count):
+    """The message of codes outside [0, bucket_count) (bucket_count: the num_buckets the codes index)."""
+    return f"{name} must hold codes in [0, num_buckets) = [0, {bucket_count})"
 
 
 # --- tensors --------------------------------------------------------------------------------------
@@ -280,7 +284,7 @@ def float_tensor(x, name, rank):
     return _with_rank(ops.convert_to_tensor(x), rank, name, f"rank {rank}")
 
 
-def codes_tensor(codes, name, num_buckets_):
+def codes_tensor(codes, name, bucket_count):
     """int32 `[B, m, N]` codes. Codes of an integer type wider than int32 are range-checked before
     the cast, so 2**32 + 3 cannot wrap around to the valid code 3."""
     dtype = dtype_name(codes)
@@ -289,22 +293,22 @@ def codes_tensor(codes, name, num_buckets_):
     if dtype in _WIDE_INT_DTYPES and isinstance(codes, (np.ndarray, list, tuple)):
         # Checked on the host first: JAX without x64 would wrap int64 to int32 on conversion.
         host = np.asarray(codes)
-        if host.size and (host.min() < 0 or host.max() >= num_buckets_):
-            raise _backend.data_error(codes_message(name, num_buckets_))
+        if host.size and (host.min() < 0 or host.max() >= bucket_count):
+            raise _backend.data_error(codes_message(name, bucket_count))
     codes = _with_rank(ops.convert_to_tensor(codes), 3, name, "shape [batch, num_hashes, length]")
     if dtype in _WIDE_INT_DTYPES:
-        checks = codes_in_range(codes, num_buckets_, name)
+        checks = codes_in_range(codes, bucket_count, name)
         (codes,) = _backend.after(checks, [codes])
     return ops.cast(codes, "int32")
 
 
-def codes_in_range(codes, num_buckets_, name):
+def codes_in_range(codes, bucket_count, name):
     """Checks 0 <= codes < num_buckets: raises now when the codes are known, else returns the
     TensorFlow run-time assertions. Traced JAX code cannot raise: there, out-of-range codes are
     dropped by the composite like masked positions (docs/errors.md)."""
     if not _backend.can_check(codes) or _backend.static_shape(codes) is not None and 0 in _backend.static_shape(codes):
         return []
-    return _backend.assert_in_range(codes, 0, num_buckets_, codes_message(name, num_buckets_))
+    return _backend.assert_in_range(codes, 0, bucket_count, codes_message(name, bucket_count))
 
 
 def _is_numeric(dtype):

@@ -191,3 +191,30 @@ def test_derived_seeds_are_bit_identical_to_the_formulas_saved_models_were_made_
     x = keras.layers.MultiHeadAttention(2, 4, name="second")(x, x)
     converted = replace_attention(keras.Model(inputs, x), num_hashes=2, hash_code_len=2, seed=seed)
     assert [converted.get_layer(name).seed for name in ("first", "second")] == expected["replaced"]
+
+
+# --- defaults and names ------------------------------------------------------------------------------
+
+def test_yoso_attention_takes_its_hash_defaults_from_validation():
+    import inspect
+
+    from keras_yoso import YosoAttention
+
+    parameters = inspect.signature(YosoAttention.__init__).parameters
+    assert parameters["num_hashes"].default == _validation.DEFAULT_NUM_HASHES == 32
+    assert parameters["hash_code_len"].default == _validation.DEFAULT_HASH_CODE_LEN == 6
+    layer = YosoAttention(2, 4)
+    assert (layer.num_hashes, layer.hash_code_len) == (_validation.DEFAULT_NUM_HASHES,
+                                                       _validation.DEFAULT_HASH_CODE_LEN)
+
+
+def test_no_check_parameter_shadows_or_dodges_a_check_of_the_same_name():
+    # A parameter named like a check of the module (num_buckets) would hide it in the body; one with a
+    # trailing underscore (num_buckets_) dodges it with a name that says nothing more.
+    import inspect
+
+    checks = {name for name, value in vars(_validation).items() if inspect.isfunction(value)}
+    for name, function in vars(_validation).items():
+        if inspect.isfunction(function) and function.__module__ == _validation.__name__:
+            for parameter in inspect.signature(function).parameters:
+                assert parameter not in checks and not parameter.endswith("_"), (name, parameter)
