@@ -72,6 +72,16 @@ KY_CPU_CLONES inline void WeightedCumulationHashes(
   }
 }
 
+// The lower-bound backward's dims (value_dim = W, vector_dim = d) as the weighted walk reads them:
+// weights of width W (dY and V) and values of width d (K and Q).
+inline CumulationDims AsWeightedWalk(const CumulationDims& lower_bound_dims) {
+  CumulationDims walk = lower_bound_dims;
+  walk.weight_dim = lower_bound_dims.value_dim;
+  walk.value_dim = lower_bound_dims.vector_dim;
+  walk.vector_dim = 0;
+  return walk;
+}
+
 // Working memory of one LowerBoundGradientsCpu worker beyond the weighted walk's: the dK side.
 struct LowerBoundScratch {
   WeightedScratch walk;                       // sort, key chunks, pair weights, table V^T K
@@ -280,17 +290,20 @@ void WeightedLshCumulationCpu(const CumulationDims& d, int64_t causal, const flo
 // WeightedLshCumulationCpu(qm, qc, dY, km, kc, V, K) and (km, kc, V, qm, qc, dY, Q), which is how
 // causal = 1 is computed (dQ_i over keys j <= i, dK_j over queries i >= j; Nq == Nk).
 // query [B, Nq, d], key [B, Nk, d], value [B, Nk, W], output_gradient [B, Nq, W] -> query_gradient
-// [B, Nq, d], key_gradient [B, Nk, d]; dims: weight_dim = W, value_dim = d.
+// [B, Nq, d], key_gradient [B, Nk, d]; dims as CheckLowerBoundGradients fills them (value_dim = W,
+// vector_dim = d), walked as a weighted cumulation whose weights are dY and V (width W) and whose
+// values are K and Q (width d): AsWeightedWalk.
 // Per hash the kept queries and keys are sorted by code once, and each bucket either computes
 // P = dY V^T (nq nk W multiply-adds) and applies it to both sides (2 nq nk d), or goes through
 // the tables V^T K and dY^T Q (2 (nq + nk) W d), whichever costs less: a quarter fewer
 // multiply-adds and half the sorting of the two weighted cumulations on the pair path.
 // Work units and the fixed-order sum over hash groups as in WeightedLshCumulationCpu.
 template <typename T, typename ParallelFor>
-void LowerBoundGradientsCpu(const CumulationDims& d, int64_t causal, const float* query_mask,
+void LowerBoundGradientsCpu(const CumulationDims& lower_bound_dims, int64_t causal, const float* query_mask,
                             const int32_t* query_codes, const T* query, const float* key_mask,
                             const int32_t* key_codes, const T* key, const T* value, const T* output_gradient,
                             T* query_gradient, T* key_gradient, ParallelFor&& pf) {
+  const CumulationDims d = internal::AsWeightedWalk(lower_bound_dims);
   if (causal != 0) {
     CumulationDims keys_first = d;
     std::swap(keys_first.num_queries, keys_first.num_keys);

@@ -268,9 +268,9 @@ inline std::string CheckWeightedLshCumulation(const Shape& query_mask, const Sha
   return error.empty() ? CheckBucketTable(d->weight_dim, d->value_dim) : error;
 }
 
-// lower_bound_gradients: query [B, Nq, d], key [B, Nk, d], value [B, Nk, W], output_gradient
-// [B, Nq, W], the per-bucket table W * d within its limit, causal as in CheckLshCumulation; fills d
-// (d.weight_dim = W, d.value_dim = d: the outputs are [B, Nq, d] and [B, Nk, d]).
+// lower_bound_gradients: query [B, Nq, d], key [B, Nk, d], value [B, Nk, D], output_gradient
+// [B, Nq, D], the per-bucket table D * d within its limit, causal as in CheckLshCumulation; fills d
+// (d.value_dim = D, d.vector_dim = d: the outputs are [B, Nq, d] and [B, Nk, d]).
 inline std::string CheckLowerBoundGradients(const Shape& query_mask, const Shape& query_codes,
                                             const Shape& query, const Shape& key_mask,
                                             const Shape& key_codes, const Shape& key,
@@ -279,14 +279,13 @@ inline std::string CheckLowerBoundGradients(const Shape& query_mask, const Shape
   std::string error = CheckLshCumulation(query_mask, query_codes, key_mask, key_codes, value,
                                          num_buckets, d, causal);
   if (!error.empty()) return error;
-  d->weight_dim = d->value_dim;
   error = CheckShape(output_gradient, "output_gradient", "[batch, num_queries, value_dim]",
-                     {d->batch, d->num_queries, d->weight_dim});
+                     {d->batch, d->num_queries, d->value_dim});
   if (error.empty()) error = CheckShape(query, "query", "[batch, num_queries, dim]", {d->batch, d->num_queries, -1});
   if (!error.empty()) return error;
-  d->value_dim = query.dims[2];
-  error = CheckShape(key, "key", "[batch, num_keys, dim]", {d->batch, d->num_keys, d->value_dim});
-  return error.empty() ? CheckBucketTable(d->weight_dim, d->value_dim) : error;
+  d->vector_dim = query.dims[2];
+  error = CheckShape(key, "key", "[batch, num_keys, dim]", {d->batch, d->num_keys, d->vector_dim});
+  return error.empty() ? CheckBucketTable(d->value_dim, d->vector_dim) : error;
 }
 
 // collision_cumulation: query [B, Nq, d], query_weight [B, Nq, W], key [B, Nk, d],

@@ -270,8 +270,8 @@ struct LowerBoundGradients {
   static std::string Check(const Shape* in, const AttributeValue* a, Dims* d, Shape* out) {
     const std::string error = CheckLowerBoundGradients(in[0], in[1], in[2], in[3], in[4], in[5], in[6], in[7],
                                                        a[0].int_value, d, a[1].int_value);
-    out[0] = MakeShape({d->batch, d->num_queries, d->value_dim});
-    out[1] = MakeShape({d->batch, d->num_keys, d->value_dim});
+    out[0] = MakeShape({d->batch, d->num_queries, d->vector_dim});
+    out[1] = MakeShape({d->batch, d->num_keys, d->vector_dim});
     return error;
   }
   template <typename T, typename ParallelFor>
