@@ -34,6 +34,9 @@ Environment:
   KERAS_YOSO_CUDA_ARCHS=...  semicolon-separated SM versions, e.g. "80;90"
   CUDA_HOME=/path            CUDA toolkit root (default: from nvcc, else /usr/local/cuda)
   KERAS_YOSO_JOBS=N          parallel compile jobs (default: CPU count)
+  KERAS_YOSO_TRITON_CUBINS=DIR  embed the Triton kernels' cubins of an AOT build
+                             (python custom_ops/triton/aot.py --out DIR; docs/build.md) in both libraries:
+                             lsh_cumulation and lower_bound_gradients then run them on sm_80 / sm_90 GPUs
 
 Every build first deletes the op libraries (and objects) of earlier builds at its output paths,
 so a wheel holds the library of this build or none. It prints each compile and how long it took
@@ -62,6 +65,10 @@ XLA_FFI_SOURCES = [os.path.join("custom_ops", "cc", "jax", "yoso_xla_ffi.cc")]
 TF_GLUE = os.path.join("custom_ops", "cc", "tf")
 CC_SOURCES = [os.path.join(TF_GLUE, "yoso_kernels.cc"), os.path.join(TF_GLUE, "yoso_ops.cc")]
 CUDA_SOURCES = [os.path.join(KERNELS, "yoso_gpu.cu")]
+# The driver-API launcher of the Triton cubins (plain C++, libcuda opened at run time) and the cubin
+# table: none, or the one custom_ops/triton/embed.py writes from KERAS_YOSO_TRITON_CUBINS.
+TRITON_SOURCES = [os.path.join(KERNELS, "triton_launch.cc")]
+NO_TRITON_CUBINS = os.path.join(KERNELS, "triton_cubins_none.cc")
 DEFAULT_ARCHS = "75;80;86;89;90"
 # Seconds between the "still compiling" lines: each line also turns pip's spinner.
 HEARTBEAT_SECONDS = 15
@@ -187,6 +194,26 @@ def _xla_ffi_include_dir():
     return None
 
 
+def _triton_sources(build_temp):
+    """The launcher and the cubin table: the AOT build named by KERAS_YOSO_TRITON_CUBINS embedded
+    (custom_ops/triton/embed.py writes the table into build_temp), or no cubins."""
+    cubins = os.environ.get("KERAS_YOSO_TRITON_CUBINS")
+    if not cubins:
+        return TRITON_SOURCES + [NO_TRITON_CUBINS]
+    if not os.path.isfile(os.path.join(cubins, "manifest.json")):
+        raise SystemExit(f"KERAS_YOSO_TRITON_CUBINS={cubins} holds no manifest.json (build it with "
+                         f"python custom_ops/triton/aot.py --out {cubins})")
+    sys.path.insert(0, os.path.join(HERE, "custom_ops", "triton"))
+    import embed  # noqa: E402  (needs no Triton)
+
+    os.makedirs(build_temp, exist_ok=True)
+    table = os.path.join(os.path.abspath(build_temp), "triton_cubins.cc")
+    with open(table, "w", encoding="utf-8") as out:
+        out.write(embed.cubins_source(cubins))
+    _say(f"embedding the Triton cubins of {cubins}")
+    return TRITON_SOURCES + [table]
+
+
 def _cxx():
     return os.environ.get("CXX", "g++")
 
@@ -215,7 +242,7 @@ class BuildLibraries(build_ext):
     def _build_native(self, out_path, build_dir):
         start = time.perf_counter()
         include = _xla_ffi_include_dir()
-        sources = NATIVE_SOURCES + (XLA_FFI_SOURCES if include else [])
+        sources = NATIVE_SOURCES + _triton_sources(self.build_temp) + (XLA_FFI_SOURCES if include else [])
         if include is None:
             _say("no jaxlib headers at build time: the native library holds no XLA FFI handlers "
                  "(JAX then runs the composite; PyTorch is unaffected)")
@@ -225,7 +252,7 @@ class BuildLibraries(build_ext):
             flags += ["-isystem", include]  # XLA's headers: their warnings are not ours
         # Export the ky_* entries only (template instantiations, ifunc resolvers and the static CUDA
         # runtime stay local).
-        link = ["-pthread", "-Wl,--version-script=" + os.path.join(HERE, C_API, "exports.map")]
+        link = ["-pthread", "-ldl", "-Wl,--version-script=" + os.path.join(HERE, C_API, "exports.map")]
         nvcc, cuda_home = _find_cuda()
         cuda_jobs = {}
         if cuda_home:
@@ -265,11 +292,13 @@ class BuildLibraries(build_ext):
         if cuda_home:
             common += ["-DGOOGLE_CUDA=1", "-I" + os.path.join(cuda_home, "include")]
         extra_jobs = {}
+        sources = CC_SOURCES
         link = tf.sysconfig.get_link_flags()
         if cuda_home:
             extra_jobs = self._cuda_jobs(nvcc)
+            sources = CC_SOURCES + _triton_sources(self.build_temp)
             link += _cuda_link_flags(cuda_home)
-        self._compile_and_link(CC_SOURCES, common, link, out_path, build_dir, extra_jobs)
+        self._compile_and_link(sources, common, link, out_path, build_dir, extra_jobs)
         _say(f"built {out_path} ({'CPU + CUDA' if cuda_home else 'CPU only'}) in {time.perf_counter() - start:.0f} s")
 
     @staticmethod

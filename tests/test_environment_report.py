@@ -12,6 +12,7 @@ from conftest import CUSTOM_OPS_EXPECTED
 from keras_yoso import _environment
 from keras_yoso import _version
 from keras_yoso.ops import _spec
+from keras_yoso.ops.providers import native_library
 
 
 def _fields():
@@ -34,7 +35,7 @@ def test_the_report_says_which_native_library_was_found_and_how_it_was_built():
     libraries = _fields()["libraries"]
     if CUSTOM_OPS_EXPECTED:
         assert os.path.exists(libraries["native library"]), libraries["native library"]
-        assert libraries["C ABI version"] == "7"
+        assert libraries["C ABI version"] == str(native_library.ABI_VERSION)
         assert libraries["built with"].startswith("compiler ")
         cuda = libraries["CUDA kernels"] == "yes"
         assert ("CUDA runtime" in libraries["built with"]) == cuda

@@ -119,7 +119,10 @@ def test_weighted_cumulation_is_held_to_the_table_limit_the_provider_declares(in
 
 
 class _OnGpu(_Recording):
-    """A native provider whose calls all run on "gpu", where it serves the primitives `_spec` lists there."""
+    """A native provider whose calls all run on "gpu", where it serves the primitives `_spec` lists there that
+    its build holds (`fused_on_gpu`: whether the build embeds the Triton kernels of lower_bound_gradients)."""
+
+    fused_on_gpu = True
 
     def device_of(self, tensors):
         return "gpu"
@@ -127,9 +130,13 @@ class _OnGpu(_Recording):
     def devices(self):
         return ("cpu", "gpu")
 
+    def builds_gpu_kernel(self, name):
+        return name != "lower_bound_gradients" or self.fused_on_gpu
 
-def test_the_eq4_backward_runs_as_two_weighted_cumulations_where_the_fused_kernel_is_not_on_the_device(install):
-    provider = install(_OnGpu())
+
+@pytest.mark.parametrize("fused_on_gpu", [False, True])
+def test_the_eq4_backward_runs_fused_on_a_gpu_only_where_the_build_holds_that_kernel(install, fused_on_gpu):
+    provider = install(_OnGpu(fused_on_gpu=fused_on_gpu))
     rng = np.random.default_rng(1)
     q, k = unit_rows(rng, (1, 6, 8)), unit_rows(rng, (1, 7, 8))
     v = rng.standard_normal((1, 7, 5)).astype(np.float32)
@@ -137,8 +144,8 @@ def test_the_eq4_backward_runs_as_two_weighted_cumulations_where_the_fused_kerne
     cotangent = rng.standard_normal((1, 6, 5)).astype(np.float32)
     _, (dq, dk, _) = vjp(lambda a, b, c: ops.yoso_cumulation(a, b, c, qc, kc, 2, implementation="custom_op"),
                          [q, k, v], cotangent)
-    assert "lower_bound_gradients" not in provider.ran
-    assert provider.ran.count("weighted_lsh_cumulation") == 2
+    assert ("lower_bound_gradients" in provider.ran) == fused_on_gpu
+    assert provider.ran.count("weighted_lsh_cumulation") == (0 if fused_on_gpu else 2)
     want_dq, want_dk, _ = ref.yoso_lower_bound_gradients(q, k, v, qc, kc, 2, cotangent)
     np.testing.assert_allclose(dq, want_dq, rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(dk, want_dk, rtol=1e-4, atol=1e-4)

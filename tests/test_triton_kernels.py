@@ -15,11 +15,13 @@ The AOT test builds a few variants for sm_80 and sm_90 with custom_ops/triton/ao
 ptxas and cuobjdump) and requires its SASS and resource checks to pass.
 """
 
+import ctypes
 import json
 import os
 import re
 import subprocess
 import sys
+import tempfile
 import time
 import traceback
 
@@ -201,6 +203,89 @@ def _check_lower_bound(tau, nq, nk, dim, width, masks, codes_kind, dtype, forms)
         _assert_close(dk, expected[1], dtype)
 
 
+# Torch dtypes of the kernels' pointer parameter types (aot.py's parameter tables).
+_POINTER_DTYPES = {"*i32": torch.int32, "*fp32": torch.float32, "*fp16": torch.float16, "*bf16": torch.bfloat16}
+
+
+def _run_plan(plan, inputs, outputs):
+    """Runs a C++ launch plan (ky_device_launch_plan) with the Triton kernels: every launch's variant, grid, warps
+    and arguments as the driver-API launcher would pass them (input / output tensors, workspace regions viewed in
+    the parameter's dtype, scalars), with the constexprs the AOT build compiles that variant with. The workspace
+    starts as 0xFF bytes (NaN floats, -1 ints) but for the regions the plan zeroes."""
+    aot, = _import_kernels("aot")
+    workspace = torch.full((plan["workspace_bytes"],), 255, dtype=torch.uint8, device=DEVICE)
+    starts = sorted({a[1] for launch in plan["launches"] for a in launch["args"] if a[0] == "ws"} |
+                    {offset for offset, _ in plan["zeroed"]})
+    ends = dict(zip(starts, starts[1:] + [plan["workspace_bytes"]]))
+    for offset, size in plan["zeroed"]:
+        assert offset + size <= ends[offset], "a zeroed region overlaps the next one"
+        workspace[offset:offset + size] = 0
+    for launch in plan["launches"]:
+        built = {v[0]: v for v in aot.variants(launch["arch"])}
+        _, kernel, dtype, constexprs, num_warps, _ = built[launch["variant"]]
+        parameters = aot.declared_parameters(kernel.__name__, dtype)
+        assert launch["num_warps"] == num_warps
+        assert [a[0] for a in launch["args"][len(parameters):]] == ["null", "null"], launch["args"]
+        assert len(launch["args"]) == len(parameters) + 2
+        args = []
+        for (name, kind), (source, value) in zip(parameters, launch["args"]):
+            if source in ("in", "out"):
+                tensor = (inputs if source == "in" else outputs)[value]
+                assert tensor.dtype == _POINTER_DTYPES[kind], f"{launch['variant']}: {name} is {kind}, got {tensor.dtype}"
+                args.append(tensor)
+            elif source == "ws":
+                assert kind.startswith("*") and value % 16 == 0, f"{launch['variant']}: {name} ({kind}) at {value}"
+                args.append(workspace[value:ends[value]].view(_POINTER_DTYPES[kind]))
+            else:
+                assert (source, kind) in (("i32", "i32"), ("fp32", "fp32")), f"{launch['variant']}: {name}"
+                args.append(int(value) if source == "i32" else float(value))
+        kernel[tuple(launch["grid"])](*args, **constexprs, num_warps=num_warps)
+
+
+def _check_plan(name, primitive, tau, nq, nk, dim, width, masks, codes_kind, dtype, arch):
+    """The C++ launch plan of `primitive` for sm_<arch> (computed by the test process, read from KY_TRITON_PLANS) run in the
+    interpreter against float64."""
+    with open(os.environ["KY_TRITON_PLANS"], encoding="utf-8") as plans:
+        plan = json.load(plans)[name]
+    rng = np.random.default_rng(nq + 10 * nk + 1000 * tau + dim + arch)
+    batch, buckets = 2, 1 << tau
+    qc, kc = _codes(rng, batch, nq, tau, codes_kind), _codes(rng, batch, nk, tau, codes_kind)
+    qm, km = _mask(rng, batch, nq, masks), _mask(rng, batch, nk, masks)
+    rqc, rkc = _reference_codes(qc, tau, "query"), _reference_codes(kc, tau, "key")
+    v, dy = _rows(rng, km, width, dtype), _rows(rng, qm, width, dtype)
+    if primitive == "lsh_cumulation":
+        out = _nan((batch, nq, width), dtype)
+        _run_plan(plan, [_t(qm), _t(qc), _t(km), _t(kc), v], [out])
+        _assert_close(out, ref.lsh_cumulation(rqc, rkc, _numpy(v), qm, km), dtype)
+        return
+    q, k = _rows(rng, qm, dim, dtype), _rows(rng, km, dim, dtype)
+    dq, dk = _nan((batch, nq, dim), dtype), _nan((batch, nk, dim), dtype)
+    _run_plan(plan, [_t(qm), _t(qc), q, _t(km), _t(kc), k, v, dy], [dq, dk])
+    expected = ref.yoso_lower_bound_gradients(*(np.nan_to_num(_numpy(x)) for x in (q, k, v)), rqc, rkc, tau,
+                                              np.nan_to_num(_numpy(dy)), qm, km)[:2]
+    _assert_close(dq, expected[0] * 2.0 / tau, dtype)
+    _assert_close(dk, expected[1] * 2.0 / tau, dtype)
+
+
+# Stands for the inputs' data, which a plan never reads (the C ABI refuses null pointers).
+_UNREAD = ctypes.create_string_buffer(16)
+
+
+def plan_inputs(primitive, tau, nq, nk, dim, width, dtype):
+    """(KyTensor views of the plan's inputs, their data never read, attributes) for ky_device_launch_plan."""
+    from keras_yoso.ops.providers import native_library
+
+    rows = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}[dtype]
+    batch = 2
+    shapes = {"query_mask": ("float32", (batch, nq)), "query_codes": ("int32", (batch, NUM_HASHES, nq)),
+              "key_mask": ("float32", (batch, nk)), "key_codes": ("int32", (batch, NUM_HASHES, nk)),
+              "query": (rows, (batch, nq, dim)), "key": (rows, (batch, nk, dim)), "value": (rows, (batch, nk, width)),
+              "output_gradient": (rows, (batch, nq, width))}
+    names = (["query_mask", "query_codes", "key_mask", "key_codes", "value"] if primitive == "lsh_cumulation" else
+             ["query_mask", "query_codes", "query", "key_mask", "key_codes", "key", "value", "output_gradient"])
+    return [native_library.tensor_view(ctypes.addressof(_UNREAD), *shapes[n]) for n in names], [1 << tau, 0]
+
+
 def _case_id(prefix, *parts):
     return "-".join([prefix] + [str(p).replace("torch.", "") if not isinstance(p, tuple) else "+".join(p)
                                 for p in parts])
@@ -227,7 +312,18 @@ LOWER_BOUND_CASES = {_case_id("lower_bound", *case): (_check_lower_bound, case) 
     (3, 300, 300, 16, 16, "random", "zipf", torch.bfloat16, ("pair", "table", "auto")),
     (1, 300, 300, 16, 16, "random", "uniform", torch.float16, ("auto",)),
 ]}
-CASES = {**SORT_CASES, **CUMULATION_CASES, **LOWER_BOUND_CASES}
+# The C++ launch plans (triton_launch.h), both arches' tiles: (primitive, tau, Nq, Nk, d, D, masks, codes, dtype,
+# arch); d is unused by lsh_cumulation.
+PLAN_CASES = {_case_id("plan", *case): (_check_plan, case) for case in [
+    ("lsh_cumulation", 3, 7, 300, 0, 16, "random", "zipf", torch.float32, 80),
+    ("lsh_cumulation", 6, 300, 300, 0, 33, "random", "uniform", torch.bfloat16, 90),
+    ("lsh_cumulation", 1, 1, 7, 0, 1, "zero", "uniform", torch.float16, 80),
+    ("lower_bound_gradients", 3, 300, 300, 16, 33, "random", "zipf", torch.float32, 80),
+    ("lower_bound_gradients", 3, 300, 300, 16, 16, "random", "zipf", torch.bfloat16, 90),
+    ("lower_bound_gradients", 1, 1, 7, 33, 1, "none", "uniform", torch.float32, 90),
+    ("lower_bound_gradients", 3, 7, 300, 1, 16, "zero", "zipf", torch.float16, 80),
+]}
+CASES = {**SORT_CASES, **CUMULATION_CASES, **LOWER_BOUND_CASES, **PLAN_CASES}
 
 
 def run_cases(names):
@@ -238,7 +334,7 @@ def run_cases(names):
         started = time.perf_counter()
         try:
             check, arguments = CASES[name]
-            check(*arguments)
+            check(*((name,) if name in PLAN_CASES else ()), *arguments)
         except Exception:  # noqa: BLE001 - reported per case
             failed += 1
             print(f"FAIL {name}:\n{traceback.format_exc()}", flush=True)
@@ -253,7 +349,16 @@ _REPORT = []
 def _check_case(name):
     """Fails unless case `name` passed in the worker, which the first test to ask starts for every case."""
     if not _REPORT:
-        env = dict(os.environ, TRITON_INTERPRET="1")
+        from keras_yoso.ops.providers import native_library
+
+        plans = {}
+        for case, (_, (primitive, tau, nq, nk, dim, width, _, _, dtype, arch)) in PLAN_CASES.items():
+            inputs, attributes = plan_inputs(primitive, tau, nq, nk, dim, width, dtype)
+            plans[case] = native_library.device_launch_plan(primitive, inputs, attributes, arch, exact_fp32=True)
+        plans_file = os.path.join(tempfile.mkdtemp(prefix="ky_triton_plans_"), "plans.json")
+        with open(plans_file, "w", encoding="utf-8") as out:
+            json.dump(plans, out)
+        env = dict(os.environ, TRITON_INTERPRET="1", KY_TRITON_PLANS=plans_file)
         _REPORT.append(subprocess.run([sys.executable, os.path.abspath(__file__), *CASES], env=env,
                                       capture_output=True, text=True, timeout=900))
     run = _REPORT[0]
@@ -277,6 +382,46 @@ def test_lsh_cumulation_and_its_value_gradient_match_eq_2(case):
 @pytest.mark.parametrize("case", LOWER_BOUND_CASES)
 def test_lower_bound_gradients_match_eq_4_in_every_form(case):
     _check_case(case)
+
+
+@pytest.mark.parametrize("case", PLAN_CASES)
+def test_cpp_launch_plans_run_the_kernels_to_eq_2_and_eq_4(case):
+    _check_case(case)
+
+
+def test_launch_plans_refuse_what_the_kernels_cannot_take():
+    from keras_yoso.ops.providers import native_library
+
+    inputs, _ = plan_inputs("lower_bound_gradients", 3, 7, 7, 16, 16, torch.float32)
+    with pytest.raises(ValueError, match="1 to 12 bits"):
+        native_library.device_launch_plan("lower_bound_gradients", inputs, [1 << 13, 0], 80)
+    with pytest.raises(ValueError, match="causal = 1"):
+        native_library.device_launch_plan("lower_bound_gradients", inputs, [8, 1], 80)
+    with pytest.raises(ValueError, match="arch must be 80 or 90"):
+        native_library.device_launch_plan("lower_bound_gradients", inputs, [8, 0], 75)
+    wide, _ = plan_inputs("lower_bound_gradients", 3, 7, 7, 129, 16, torch.float32)
+    with pytest.raises(ValueError, match="at most 128"):
+        native_library.device_launch_plan("lower_bound_gradients", wide, [8, 0], 90)
+    hashing = [native_library.tensor_view(ctypes.addressof(_UNREAD), "float32", (1, 4, 8)),
+               native_library.tensor_view(ctypes.addressof(_UNREAD), "float32", (8, 6))]
+    with pytest.raises(ValueError, match="no Triton kernels"):
+        native_library.device_launch_plan("gaussian_hash_codes", hashing, [2, 3], 80)
+
+
+def test_launch_plans_take_tf32_products_only_when_asked():
+    from keras_yoso.ops.providers import native_library
+
+    inputs, attributes = plan_inputs("lower_bound_gradients", 3, 64, 64, 64, 64, torch.float32)
+    variants = {exact: [launch["variant"] for launch in native_library.device_launch_plan(
+        "lower_bound_gradients", inputs, attributes, 90, exact_fp32=exact)["launches"]] for exact in (True, False)}
+    assert "lower_bound_pairs_kernel_fp32_ieee_d64_a16" in variants[True]
+    assert "lower_bound_pairs_kernel_fp32_d64_a16" in variants[False]
+
+
+def test_variant_rows_of_the_cpp_launcher_are_those_aot_builds():
+    aot, = _import_kernels("aot")
+    assert aot.VARIANTS_FILE.read_text() == aot.variants_source(), (
+        "custom_ops/cc/kernels/triton_variants.inc is stale: run python custom_ops/triton/aot.py --emit-variants")
 
 
 def test_compiled_kernels_match_on_a_cuda_device():

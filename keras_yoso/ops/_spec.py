@@ -12,9 +12,10 @@ TensorFlow op library (providers/tensorflow.py), the axis roles of the tensors o
 holds them to this table.
 
 `devices` says where each primitive has a kernel: "cpu" (the C++ kernels: `ky_run`) and "gpu" (the
-CUDA kernels: `ky_run_device`, custom_ops/cc/kernels/yoso_gpu_primitives.h's KY_GPU_PRIMITIVES);
-a provider runs a primitive on a device where the row lists it and the provider's kernels are
-loaded for that device (`providers/base.Provider.runs`). The CUDA kernels take `causal = 0` only
+CUDA and Triton kernels: `ky_run_device`, custom_ops/cc/kernels/yoso_gpu_primitives.h's
+KY_GPU_PRIMITIVES); a provider runs a primitive on a device where the row lists it, the provider's
+kernels are loaded for that device and the build holds that kernel (`providers/base.Provider.runs`;
+lower_bound_gradients has only the Triton kernels on a GPU, which a build may leave out). The CUDA kernels take `causal = 0` only
 (`CAUSAL_DEVICES`).
 
 Every provider primitive (`providers/base.py`) takes its tensors and attributes in this order:
@@ -216,7 +217,7 @@ PRIMITIVES = {p.name: p for p in (
               attributes=_CUMULATION_ATTRIBUTES,
               outputs=(Output("query_gradient", "query"), Output("key_gradient", "query")),
               output_shapes=_lower_bound_shapes, raw_op="YosoLowerBoundGradients",
-              composite="causal.directed_lower_bound_gradients", devices=("cpu",)),
+              composite="causal.directed_lower_bound_gradients"),
     Primitive(name="collision_cumulation",
               inputs=(_input("query_mask", "mask"), _input("query_codes", "codes"), _input("query", "rows"),
                       _input("query_weight", "rows"), _input("key_mask", "mask"), _input("key_codes", "codes"),

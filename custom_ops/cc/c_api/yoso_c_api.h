@@ -31,7 +31,7 @@ extern "C" {
 #endif
 
 /* Bumped whenever an entry's signature or KyTensor changes; native_library.py checks it. */
-#define KY_ABI_VERSION 7
+#define KY_ABI_VERSION 8
 
 /* dtype codes; the float codes match keras_yoso::ScalarType. */
 #define KY_FLOAT32 0
@@ -120,6 +120,22 @@ KY_EXPORT int32_t ky_run_device(const char* primitive, const KyTensor* inputs, i
                                 const KyAttribute* attributes, int32_t num_attributes, KyTensor* outputs,
                                 int32_t num_outputs, void* workspace, int64_t workspace_bytes, void* stream,
                                 char* error, int64_t error_size);
+
+/* The Triton launch plan (custom_ops/cc/kernels/triton_launch.h) of a call of `primitive` (inputs and
+ * attributes as for ky_device_workspace_bytes; the data pointers are not read) for the cubins of compute
+ * capability `arch` (80: 8.x, 90: 9.0), with exact IEEE fp32 products for fp32 rows when exact_fp32 is
+ * nonzero (else TF32), written as NUL-terminated JSON into `plan` (plan_size bytes): the workspace it
+ * needs, the regions it zeroes, the kernels it launches in order with their grids and arguments. In every
+ * build, with or without CUDA or cubins: tests run the plans in Triton's interpreter. Returns
+ * KY_INVALID_ARGUMENT for a bad call, a primitive without Triton kernels or a call they cannot take, and
+ * KY_ERROR_SIZE-like truncation as KY_INTERNAL when plan_size is too small. */
+KY_EXPORT int32_t ky_device_launch_plan(const char* primitive, const KyTensor* inputs, int32_t num_inputs,
+                                        const KyAttribute* attributes, int32_t num_attributes, int32_t arch,
+                                        int32_t exact_fp32, char* plan, int64_t plan_size, char* error,
+                                        int64_t error_size);
+
+/* The number of Triton cubins embedded in this library (0: built without KERAS_YOSO_TRITON_CUBINS). */
+KY_EXPORT int32_t ky_triton_cubins(void);
 
 #ifdef __cplusplus
 }  /* extern "C" */

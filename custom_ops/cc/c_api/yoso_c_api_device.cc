@@ -13,6 +13,7 @@
 #include <type_traits>
 
 #include "primitive_call.h"
+#include "triton_primitives.h"
 #include "yoso_c_api.h"
 #include "yoso_primitives.h"
 
@@ -64,7 +65,7 @@ int64_t CountInvalidCodesOnDevice(const char* primitive, const TensorRef& codes,
 
 template <typename P>
 size_t WorkspaceBytes(const PrimitiveCall<P>& call) {
-  return kCodeCounterBytes + GpuRun<P>::WorkspaceBytes(call.dims);
+  return kCodeCounterBytes + GpuRun<P>::WorkspaceBytes(call.dims, call.attributes.data());
 }
 
 // Checks and runs primitive P on the GPU: the call, the GPU kernel's own limits, the workspace size,
@@ -95,11 +96,10 @@ std::string RunOnDevice(const KyTensor* inputs, int32_t num_inputs, const KyAttr
     }
     if (e.empty()) e = PrepareOutputs<P>(outputs, &call);
     if (!e.empty() || !call.work) return e;
-    ThrowOnCudaError(GpuRun<P>::Run(call.dims, static_cast<ScalarType>(call.dtype), call.attributes.data(),
-                                    call.in.data(), call.out.data(),
-                                    static_cast<char*>(workspace) + kCodeCounterBytes,
-                                    needed - kCodeCounterBytes, stream),
-                     P::kName, "launching its kernels");
+    e = GpuRun<P>::Run(call.dims, static_cast<ScalarType>(call.dtype), call.attributes.data(), call.in.data(),
+                       call.out.data(), static_cast<char*>(workspace) + kCodeCounterBytes,
+                       needed - kCodeCounterBytes, stream);
+    if (!e.empty()) throw std::runtime_error(std::string(P::kName) + " on the GPU: launching its kernels failed: " + e);
     return "";
   }
 }
@@ -117,7 +117,29 @@ std::string DeviceWorkspaceBytes(const KyTensor* inputs, int32_t num_inputs, con
     return e;
   }
 }
-#else
+#endif  // KY_WITH_CUDA
+
+// The Triton launch plan of P for cubins of `arch`, as JSON (triton_launch.h).
+template <typename P>
+std::string DeviceLaunchPlan(const KyTensor* inputs, int32_t num_inputs, const KyAttribute* attributes,
+                             int32_t num_attributes, int32_t arch, bool exact_fp32, std::string* json) {
+  if constexpr (!TritonPlanOf<P>::kExists) {
+    return std::string(P::kName) + " has no Triton kernels (they run lsh_cumulation and lower_bound_gradients)";
+  } else {
+    PrimitiveCall<P> call;
+    std::string e = PreparePrimitive<P>(inputs, num_inputs, attributes, num_attributes, nullptr, &call);
+    if (e.empty() && arch != 80 && arch != 90) e = "arch must be 80 or 90 (the built cubins), got " + std::to_string(arch);
+    TritonPlan plan;
+    if (e.empty()) {
+      e = TritonPlanOf<P>::Plan(call.dims, static_cast<ScalarType>(call.dtype), call.attributes.data(), arch,
+                                exact_fp32, &plan);
+    }
+    if (e.empty()) *json = TritonPlanJson(plan);
+    return e;
+  }
+}
+
+#if !KY_WITH_CUDA
 [[noreturn]] void ThrowNoCudaKernels() {
   throw std::runtime_error(
       "this keras_yoso native library holds no CUDA kernels (it was built without nvcc; rebuild it with the CUDA "
@@ -147,11 +169,35 @@ const char* ky_build_info(void) { return "compiler " __VERSION__ "; " KY_CUDA_TE
 
 int32_t ky_device_kernels(void) { return KY_WITH_CUDA ? 1 : 0; }
 
+int32_t ky_triton_cubins(void) { return kTritonCubinCount; }
+
+int32_t ky_device_launch_plan(const char* primitive, const KyTensor* inputs, int32_t num_inputs,
+                              const KyAttribute* attributes, int32_t num_attributes, int32_t arch, int32_t exact_fp32,
+                              char* plan, int64_t plan_size, char* error, int64_t error_size) {
+  return c_api::Guarded(error, error_size, [&]() -> std::string {
+    if (plan == nullptr || plan_size < 1) return "ky_device_launch_plan: plan must hold at least 1 byte";
+    plan[0] = '\0';
+    std::string json;
+    const std::string e = c_api::ForPrimitiveNamed(primitive, [&](auto p) {
+      return DeviceLaunchPlan<decltype(p)>(inputs, num_inputs, attributes, num_attributes, arch, exact_fp32 != 0,
+                                           &json);
+    });
+    if (!e.empty()) return e;
+    if (static_cast<int64_t>(json.size()) >= plan_size) {
+      throw std::length_error("the launch plan takes " + std::to_string(json.size() + 1) + " bytes, plan_size is " +
+                              std::to_string(plan_size));
+    }
+    json.copy(plan, json.size());
+    plan[json.size()] = '\0';
+    return "";
+  });
+}
+
 int32_t ky_has_device_kernel(const char* primitive) {
 #if KY_WITH_CUDA
   const std::string name = primitive == nullptr ? "" : primitive;
 #define KY_IS_NAMED(primitive_name, P) \
-  if (name == P::kName) return 1;
+  if (name == P::kName) return GpuRun<P>::Available() ? 1 : 0;
   KY_GPU_PRIMITIVES(KY_IS_NAMED)
 #undef KY_IS_NAMED
 #endif

@@ -1,5 +1,5 @@
-// The GPU run of each primitive of yoso_primitives.h that has a CUDA kernel: the launchers of
-// yoso_gpu.h behind one signature, so that every glue (the C ABI's ky_run_device, and through it
+// The GPU run of each primitive of yoso_primitives.h that has a GPU kernel: the launchers of
+// yoso_gpu.h and the Triton launch plans (triton_primitives.h) behind one signature, so that every glue (the C ABI's ky_run_device, and through it
 // the XLA FFI CUDA handlers and the torch.library CUDA kernels; the TensorFlow GPU op kernels)
 // runs any of them without per-primitive code. Plain C++ over the CUDA runtime API; no framework
 // include. Compiled only where the CUDA kernels are (KY_WITH_CUDA).
@@ -8,10 +8,16 @@
 // `in` and `out` are device tensors in P's order, in the float dtype `dtype` where P's kinds say so):
 //   Check(d, a)              "" or why this call cannot run on the GPU (a limit of the CUDA kernels
 //                            that the CPU kernels do not have, e.g. causal != 0)
-//   WorkspaceBytes(d)        device scratch the launcher needs (the caller allocates it)
+//   WorkspaceBytes(d, a)     device scratch the launcher needs (the caller allocates it)
 //   kDeterministic           false when the kernel's rounding depends on thread scheduling (float
 //                            atomics into bucket tables): TensorFlow refuses it under op determinism
-//   Run(d, dtype, a, in, out, workspace, workspace_bytes, stream)   enqueues the kernels on `stream`
+//   Available()              false when this build lacks the kernel (the Triton cubins are optional)
+//   Run(d, dtype, a, in, out, workspace, workspace_bytes, stream)   enqueues the kernels on `stream`;
+//                            "" or the CUDA error
+//
+// Where the Triton kernels (triton_primitives.h) plan a primitive and this library embeds cubins
+// for the stream's device, Run launches them (RunTriton) and the CUDA kernels of yoso_gpu.h
+// serve the other devices and calls; WorkspaceBytes covers both.
 //
 // Adding a GPU kernel for a primitive: its launcher (yoso_gpu.h/.cu), one GpuRun specialization
 // here and its name in KY_GPU_PRIMITIVES; keras_yoso/ops/_spec.py's row gets "gpu" in its
@@ -24,6 +30,7 @@
 #include <cstddef>
 #include <string>
 
+#include "triton_primitives.h"
 #include "yoso_gpu.h"
 #include "yoso_primitives.h"
 
@@ -37,13 +44,48 @@ inline std::string CheckGpuCausal(const char* primitive, int64_t causal) {
          " (the CUDA kernels take causal = 0 only)";
 }
 
+inline std::string CudaErrorText(cudaError_t status) {
+  if (status == cudaSuccess) return "";
+  return std::string("CUDA error ") + cudaGetErrorName(status) + " (" + cudaGetErrorString(status) + ")";
+}
+
+// The workspace of P's Triton plan for dims d (0 where the Triton kernels cannot take the call).
+template <typename P>
+size_t TritonWorkspaceBytes(const typename P::Dims& d, const AttributeValue* a) {
+  TritonPlan plan;
+  const std::string error = TritonPlanOf<P>::Plan(d, ScalarType::kFloat32, a, 80, true, &plan);
+  return error.empty() ? plan.workspace_bytes : 0;
+}
+
+// Runs P's Triton plan when the library embeds cubins for the stream's device and the plan takes
+// the call (*ran = true; "" or the driver's error); else *ran = false.
+template <typename P>
+std::string RunTriton(const typename P::Dims& d, ScalarType dtype, const AttributeValue* a, const TensorRef* in,
+                      const TensorRef* out, void* workspace, size_t bytes, cudaStream_t stream, bool* ran) {
+  *ran = false;
+  std::string error;
+  const int arch = TritonArchOfStream(stream, &error);
+  if (arch == 0) return error;
+  TritonPlan plan;
+  if (!TritonPlanOf<P>::Plan(d, dtype, a, arch, TritonExactFp32(), &plan).empty() || plan.workspace_bytes > bytes) {
+    return "";
+  }
+  void* inputs[P::kInputs.size()];
+  void* outputs[P::kOutputs.size()];
+  for (size_t i = 0; i < P::kInputs.size(); ++i) inputs[i] = in[i].data;
+  for (size_t i = 0; i < P::kOutputs.size(); ++i) outputs[i] = out[i].data;
+  *ran = true;
+  return RunTritonPlan(plan, inputs, outputs, workspace, stream);
+}
+
 // What a primitive without a device limit or scratch declares.
 struct GpuRunDefaults {
   static constexpr bool kDeterministic = true;
+  static bool Available() { return true; }
   template <typename Dims>
   static std::string Check(const Dims&, const AttributeValue*) { return ""; }
   template <typename Dims>
-  static size_t WorkspaceBytes(const Dims&) { return 0; }
+  static size_t WorkspaceBytes(const Dims&, const AttributeValue*) { return 0; }
 };
 
 template <typename P>
@@ -51,9 +93,10 @@ struct GpuRun;
 
 template <>
 struct GpuRun<GaussianHashCodes> : GpuRunDefaults {
-  static cudaError_t Run(const HashDims& d, ScalarType dtype, const AttributeValue*, const TensorRef* in,
+  static std::string Run(const HashDims& d, ScalarType dtype, const AttributeValue*, const TensorRef* in,
                          const TensorRef* out, void*, size_t, cudaStream_t stream) {
-    return GaussianHashCodesGpu(d, dtype, in[0].data, In<float>(in[1]), Out<int32_t>(out[0]), stream);
+    return CudaErrorText(
+        GaussianHashCodesGpu(d, dtype, in[0].data, In<float>(in[1]), Out<int32_t>(out[0]), stream));
   }
 };
 
@@ -62,9 +105,10 @@ struct GpuRun<HadamardHashCodesOf<kInterleaved>> : GpuRunDefaults {
   static std::string Check(const HashDims& d, const AttributeValue*) {
     return CheckGpuHadamardPaddedDim(d.padded_dim);
   }
-  static cudaError_t Run(const HashDims& d, ScalarType dtype, const AttributeValue*, const TensorRef* in,
+  static std::string Run(const HashDims& d, ScalarType dtype, const AttributeValue*, const TensorRef* in,
                          const TensorRef* out, void*, size_t, cudaStream_t stream) {
-    return HadamardHashCodesGpu(d, dtype, in[0].data, In<float>(in[1]), Out<int32_t>(out[0]), stream);
+    return CudaErrorText(
+        HadamardHashCodesGpu(d, dtype, in[0].data, In<float>(in[1]), Out<int32_t>(out[0]), stream));
   }
 };
 
@@ -74,11 +118,44 @@ struct GpuRun<LshCumulation> : GpuRunDefaults {
   static std::string Check(const CumulationDims&, const AttributeValue* a) {
     return CheckGpuCausal(LshCumulation::kName, a[1].int_value);
   }
-  static size_t WorkspaceBytes(const CumulationDims& d) { return LshCumulationWorkspaceBytes(d); }
-  static cudaError_t Run(const CumulationDims& d, ScalarType dtype, const AttributeValue*, const TensorRef* in,
+  static size_t WorkspaceBytes(const CumulationDims& d, const AttributeValue* a) {
+    const size_t cuda = LshCumulationWorkspaceBytes(d), triton = TritonWorkspaceBytes<LshCumulation>(d, a);
+    return cuda > triton ? cuda : triton;
+  }
+  static std::string Run(const CumulationDims& d, ScalarType dtype, const AttributeValue* a, const TensorRef* in,
                          const TensorRef* out, void* workspace, size_t bytes, cudaStream_t stream) {
-    return LshCumulationGpu(d, dtype, In<float>(in[0]), In<int32_t>(in[1]), In<float>(in[2]), In<int32_t>(in[3]),
-                            in[4].data, out[0].data, workspace, bytes, stream);
+    bool ran = false;
+    const std::string error = RunTriton<LshCumulation>(d, dtype, a, in, out, workspace, bytes, stream, &ran);
+    if (ran) return error;
+    return CudaErrorText(LshCumulationGpu(d, dtype, In<float>(in[0]), In<int32_t>(in[1]), In<float>(in[2]),
+                                          In<int32_t>(in[3]), in[4].data, out[0].data, workspace, bytes, stream));
+  }
+};
+
+// eq. 4 in one pass: the Triton kernels only (K1, K6, K7), where the library embeds them.
+template <>
+struct GpuRun<LowerBoundGradients> : GpuRunDefaults {
+  static constexpr bool kDeterministic = false;
+  static bool Available() { return TritonCubinsEmbedded(); }
+  static std::string Check(const CumulationDims& d, const AttributeValue* a) {
+    if (!Available()) {
+      return std::string(LowerBoundGradients::kName) +
+             " runs on the GPU through the Triton kernels, and this native library embeds none (build it with "
+             "KERAS_YOSO_TRITON_CUBINS, docs/build.md)";
+    }
+    TritonPlan plan;
+    return TritonPlanOf<LowerBoundGradients>::Plan(d, ScalarType::kFloat32, a, 80, true, &plan);
+  }
+  static size_t WorkspaceBytes(const CumulationDims& d, const AttributeValue* a) {
+    return TritonWorkspaceBytes<LowerBoundGradients>(d, a);
+  }
+  static std::string Run(const CumulationDims& d, ScalarType dtype, const AttributeValue* a, const TensorRef* in,
+                         const TensorRef* out, void* workspace, size_t bytes, cudaStream_t stream) {
+    bool ran = false;
+    const std::string error = RunTriton<LowerBoundGradients>(d, dtype, a, in, out, workspace, bytes, stream, &ran);
+    if (ran || !error.empty()) return error;
+    return std::string(LowerBoundGradients::kName) +
+           ": no embedded Triton cubin runs on this GPU (they are built for sm_80 (8.x) and sm_90a (9.0))";
   }
 };
 
@@ -88,23 +165,27 @@ struct GpuRun<WeightedLshCumulation> : GpuRunDefaults {
   static std::string Check(const CumulationDims&, const AttributeValue* a) {
     return CheckGpuCausal(WeightedLshCumulation::kName, a[1].int_value);
   }
-  static size_t WorkspaceBytes(const CumulationDims& d) { return WeightedLshCumulationWorkspaceBytes(d); }
-  static cudaError_t Run(const CumulationDims& d, ScalarType dtype, const AttributeValue*, const TensorRef* in,
+  static size_t WorkspaceBytes(const CumulationDims& d, const AttributeValue*) {
+    return WeightedLshCumulationWorkspaceBytes(d);
+  }
+  static std::string Run(const CumulationDims& d, ScalarType dtype, const AttributeValue*, const TensorRef* in,
                          const TensorRef* out, void* workspace, size_t bytes, cudaStream_t stream) {
-    return WeightedLshCumulationGpu(d, dtype, In<float>(in[0]), In<int32_t>(in[1]), in[2].data, In<float>(in[3]),
+    return CudaErrorText(WeightedLshCumulationGpu(d, dtype, In<float>(in[0]), In<int32_t>(in[1]), in[2].data, In<float>(in[3]),
                                     In<int32_t>(in[4]), in[5].data, in[6].data, out[0].data, workspace, bytes,
-                                    stream);
+                                    stream));
   }
 };
 
 template <>
 struct GpuRun<CollisionCumulation> : GpuRunDefaults {
-  static size_t WorkspaceBytes(const CumulationDims& d) { return CollisionCumulationWorkspaceBytes(d); }
-  static cudaError_t Run(const CumulationDims& d, ScalarType dtype, const AttributeValue* a, const TensorRef* in,
+  static size_t WorkspaceBytes(const CumulationDims& d, const AttributeValue*) {
+    return CollisionCumulationWorkspaceBytes(d);
+  }
+  static std::string Run(const CumulationDims& d, ScalarType dtype, const AttributeValue* a, const TensorRef* in,
                          const TensorRef* out, void* workspace, size_t bytes, cudaStream_t stream) {
-    return CollisionCumulationGpu(d, dtype, static_cast<int>(a[0].int_value), CollisionCumulation::Epsilon(a),
+    return CudaErrorText(CollisionCumulationGpu(d, dtype, static_cast<int>(a[0].int_value), CollisionCumulation::Epsilon(a),
                                   In<float>(in[0]), In<int32_t>(in[1]), in[2].data, in[3].data, In<float>(in[4]),
-                                  In<int32_t>(in[5]), in[6].data, in[7].data, out[0].data, workspace, bytes, stream);
+                                  In<int32_t>(in[5]), in[6].data, in[7].data, out[0].data, workspace, bytes, stream));
   }
 };
 
@@ -116,6 +197,7 @@ struct GpuRun<CollisionCumulation> : GpuRunDefaults {
   X(hadamard_interleaved_hash_codes, HadamardInterleavedHashCodes) \
   X(lsh_cumulation, LshCumulation)                                 \
   X(weighted_lsh_cumulation, WeightedLshCumulation)                \
+  X(lower_bound_gradients, LowerBoundGradients)                    \
   X(collision_cumulation, CollisionCumulation)
 
 }  // namespace keras_yoso

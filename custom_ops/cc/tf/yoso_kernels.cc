@@ -191,10 +191,12 @@ struct Launch<GPUDevice, P, T> {
     TF_RETURN_IF_ERROR(Invalid(GpuRun<P>::Check(d, a)));
     if (!GpuRun<P>::kDeterministic) TF_RETURN_IF_ERROR(CheckNondeterminismAllowed(P::kName));
     Tensor ws;
-    const size_t bytes = GpuRun<P>::WorkspaceBytes(d);
+    const size_t bytes = GpuRun<P>::WorkspaceBytes(d, a);
     TF_RETURN_IF_ERROR(AllocateWorkspace(ctx, bytes, &ws));
-    return CudaStatus(GpuRun<P>::Run(d, ScalarTypeOf<T>(), a, in.data(), out.data(), ws.data(), bytes, StreamOf(ctx)),
-                      P::kName);
+    const std::string error =
+        GpuRun<P>::Run(d, ScalarTypeOf<T>(), a, in.data(), out.data(), ws.data(), bytes, StreamOf(ctx));
+    if (error.empty()) return absl::OkStatus();
+    return absl::InternalError(absl::StrCat(P::kName, " on the GPU failed: ", error));
   }
 };
 #endif  // GOOGLE_CUDA
@@ -289,13 +291,12 @@ class HadamardHashCodesOp : public OpKernel {
                           HadamardHashCodesOp<DeviceType, T>);                                        \
   KY_REGISTER_PRIMITIVE("YosoLshCumulation", DEVICE_NAME, DeviceType, LshCumulation, T)               \
   KY_REGISTER_PRIMITIVE("YosoWeightedLshCumulation", DEVICE_NAME, DeviceType, WeightedLshCumulation, T) \
+  KY_REGISTER_PRIMITIVE("YosoLowerBoundGradients", DEVICE_NAME, DeviceType, LowerBoundGradients, T) \
   KY_REGISTER_PRIMITIVE("YosoCollisionCumulation", DEVICE_NAME, DeviceType, CollisionCumulation, T)
 
-// CPU kernels only (not in KY_GPU_PRIMITIVES): the decoding step and the fused lower-bound backward
-// (on a GPU keras_yoso.ops runs eq. 4 as two weighted cumulations, ops/yoso.py).
-#define KY_REGISTER_CPU_ONLY(T)                                                                 \
-  KY_REGISTER_PRIMITIVE("YosoLshCumulationStep", DEVICE_CPU, CPUDevice, LshCumulationStep, T) \
-  KY_REGISTER_PRIMITIVE("YosoLowerBoundGradients", DEVICE_CPU, CPUDevice, LowerBoundGradients, T)
+// CPU kernels only (not in KY_GPU_PRIMITIVES): the decoding step.
+#define KY_REGISTER_CPU_ONLY(T) \
+  KY_REGISTER_PRIMITIVE("YosoLshCumulationStep", DEVICE_CPU, CPUDevice, LshCumulationStep, T)
 
 KY_REGISTER(DEVICE_CPU, CPUDevice, float)
 KY_REGISTER(DEVICE_CPU, CPUDevice, Eigen::half)

@@ -32,6 +32,7 @@ import functools
 
 from keras_yoso import _validation
 from keras_yoso.ops import _spec
+from keras_yoso.ops.providers import native_library
 
 
 class Provider:
@@ -74,8 +75,17 @@ class Provider:
 
     def runs(self, name, device, causal=_spec.BIDIRECTIONAL):
         """True when primitive `name` runs here on `device` for a call in the direction `causal`: the
-        provider's kernels are loaded for the device and the primitive has a kernel there (`_spec`)."""
-        return device in self.devices() and _spec.PRIMITIVES[name].runs_on(device, causal)
+        provider's kernels are loaded for the device, the primitive has a kernel there (`_spec`) and
+        this build holds it (`builds_gpu_kernel`)."""
+        return (device in self.devices() and _spec.PRIMITIVES[name].runs_on(device, causal)
+                and (device != "gpu" or self.builds_gpu_kernel(name)))
+
+    def builds_gpu_kernel(self, name):
+        """False where this build lacks the GPU kernel `_spec` declares for primitive `name`: the
+        Triton kernels are optional (a native library built without their cubins runs
+        lower_bound_gradients on the CPU only; on a GPU, ops/yoso.py then takes eq. 4 as two
+        weighted cumulations)."""
+        return True
 
     def device_error(self, tensors, causal=_spec.BIDIRECTIONAL, primitives=()):
         """None when the provider runs each of `primitives` on the device of `tensors` in the direction
@@ -203,3 +213,6 @@ class NativeLibraryProvider(Provider):
     needs_static_num_hashes = False
     max_bucket_table_floats = _validation.MAX_BUCKET_TABLE_FLOATS
     supports_jit = True
+
+    def builds_gpu_kernel(self, name):
+        return name in native_library.gpu_kernel_names()

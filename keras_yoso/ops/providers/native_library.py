@@ -14,6 +14,7 @@ A missing or unloadable library gives one warning and the composite, on every ba
 
 import ctypes
 import glob
+import json
 import os
 import warnings
 
@@ -23,7 +24,7 @@ from keras_yoso.ops import _spec
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # custom_ops/cc/c_api/yoso_c_api.h: KY_ABI_VERSION, dtype codes, return codes, KY_MAX_RANK, KY_ERROR_SIZE
 # (tests/test_spec.py reads them there).
-ABI_VERSION = 7
+ABI_VERSION = 8
 DTYPE_CODES = {"float32": 0, "float16": 1, "bfloat16": 2, "int32": 3}
 _OK, _INVALID_ARGUMENT = 0, 1
 MAX_RANK = 8
@@ -67,6 +68,10 @@ _RUN_SIGNATURE = [ctypes.c_char_p, ctypes.POINTER(KyTensor), _I32, ctypes.POINTE
 # ky_device_workspace_bytes(primitive, inputs, num_inputs, attributes, num_attributes, bytes, error, error_size)
 _WORKSPACE_SIGNATURE = [ctypes.c_char_p, ctypes.POINTER(KyTensor), _I32, ctypes.POINTER(KyAttribute), _I32,
                         ctypes.POINTER(_I64), ctypes.c_char_p, _I64]
+# ky_device_launch_plan(primitive, inputs, num_inputs, attributes, num_attributes, arch, exact_fp32, plan,
+# plan_size, error, error_size)
+_LAUNCH_PLAN_SIGNATURE = [ctypes.c_char_p, ctypes.POINTER(KyTensor), _I32, ctypes.POINTER(KyAttribute), _I32, _I32,
+                          _I32, ctypes.c_char_p, _I64, ctypes.c_char_p, _I64]
 # ky_run_device(primitive, inputs, num_inputs, attributes, num_attributes, outputs, num_outputs, workspace,
 # workspace_bytes, stream, error, error_size)
 _RUN_DEVICE_SIGNATURE = [ctypes.c_char_p, ctypes.POINTER(KyTensor), _I32, ctypes.POINTER(KyAttribute), _I32,
@@ -141,6 +146,10 @@ def _open(path):
     library.ky_device_workspace_bytes.restype = _I32
     library.ky_run_device.argtypes = _RUN_DEVICE_SIGNATURE
     library.ky_run_device.restype = _I32
+    library.ky_device_launch_plan.argtypes = _LAUNCH_PLAN_SIGNATURE
+    library.ky_device_launch_plan.restype = _I32
+    library.ky_triton_cubins.argtypes = []
+    library.ky_triton_cubins.restype = _I32
     return library
 
 
@@ -221,6 +230,17 @@ def has_device_kernel(name):
     return library() is not None and bool(library().ky_has_device_kernel(name.encode()))
 
 
+_GPU_KERNEL_NAMES = []
+
+
+def gpu_kernel_names():
+    """The primitives with a GPU kernel in the loaded library (empty without one), asked once per process: the
+    providers read it while torch.compile or jax.jit trace."""
+    if not _GPU_KERNEL_NAMES:
+        _GPU_KERNEL_NAMES.append(frozenset(n for n in _spec.PRIMITIVES if has_device_kernel(n)))
+    return _GPU_KERNEL_NAMES[0]
+
+
 def device_workspace_bytes(name, inputs, attributes):
     """The device workspace in bytes that `call_device` needs for primitive `name` on `inputs` (KyTensor
     views; their data is not read) and `attributes`. ValueError for a call the GPU kernel refuses."""
@@ -232,6 +252,26 @@ def device_workspace_bytes(name, inputs, attributes):
                                                  error, _ERROR_SIZE)
     _raise_unless_ok(status, error)
     return size.value
+
+
+def triton_cubins():
+    """How many Triton cubins the loaded library embeds (0: none, or no library)."""
+    return 0 if library() is None else int(library().ky_triton_cubins())
+
+
+def device_launch_plan(name, inputs, attributes, arch, exact_fp32=True):
+    """The Triton launch plan of primitive `name` on `inputs` (KyTensor views; their data is not read) for the
+    cubins of compute capability `arch` (80 or 90), as a dict (custom_ops/cc/kernels/triton_launch.h:
+    workspace_bytes, zeroed, launches with variant, grid and args). Needs no GPU: tests run it in Triton's
+    interpreter. ValueError where the Triton kernels cannot take the call."""
+    primitive = _spec.PRIMITIVES[name]
+    error = ctypes.create_string_buffer(_ERROR_SIZE)
+    plan = ctypes.create_string_buffer(1 << 20)
+    status = library().ky_device_launch_plan(name.encode(), _views(inputs), len(inputs),
+                                             _attributes(primitive, attributes), len(attributes), int(arch),
+                                             int(bool(exact_fp32)), plan, len(plan), error, _ERROR_SIZE)
+    _raise_unless_ok(status, error)
+    return json.loads(plan.value.decode())
 
 
 def call_device(name, inputs, attributes, outputs, workspace, workspace_bytes, stream):

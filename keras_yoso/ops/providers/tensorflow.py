@@ -99,6 +99,11 @@ class TensorFlowProvider(base.Provider):
     def devices(self):
         return _library_devices()
 
+    def builds_gpu_kernel(self, name):
+        """The op library is built beside the native library, with the same Triton cubins: the native
+        library says which GPU kernels the build holds (where it loads)."""
+        return native_library.library() is None or name in native_library.gpu_kernel_names()
+
     def run(self, name, *arguments):
         """`_spec.PRIMITIVES[name]` as one call of its raw op: masks, codes and parameters in the
         table's dtypes, the float rows in the primitive's (its source input's, which must be a float:

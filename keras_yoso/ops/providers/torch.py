@@ -191,6 +191,7 @@ def _register_ops():
         if not hasattr(getattr(torch.ops, _NAMESPACE), primitive.name):
             _define(primitive)
     _DEVICES = ("cpu", "gpu") if native_library.device_kernels() else ("cpu",)
+    native_library.gpu_kernel_names()  # asked now, read while torch.compile traces (builds_gpu_kernel)
 
 
 def _op(name):
