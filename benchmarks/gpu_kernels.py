@@ -43,6 +43,7 @@ comparison is skipped). Prints tables, writes gpu_kernels.json and gpu_kernels.p
 """
 
 import argparse
+import importlib.util
 import json
 import os
 import platform
@@ -81,10 +82,12 @@ def _import_cupy():
 
 
 def _import_harness():
-    """tests/gpu/harness_library.py: the library path, dtype codes and ctypes loader."""
-    sys.path.insert(0, HARNESS_DIR)
-    import harness_library
-    return harness_library
+    """tests/gpu/harness_library.py: the library path, dtype codes and ctypes loader (tests/gpu is not a
+    package: loaded by path, sys.path untouched)."""
+    spec = importlib.util.spec_from_file_location("harness_library", os.path.join(HARNESS_DIR, "harness_library.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def _load_library(harness, rebuild):

@@ -84,9 +84,9 @@ import numpy as np  # noqa: E402
 
 import keras_yoso  # noqa: E402
 from keras_yoso.distribution import SequenceParallel  # noqa: E402
+from keras_yoso.ops.parallel.yoso_tables import CHUNK_FLOATS  # noqa: E402
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import sequence_parallel_scale as scale  # noqa: E402
+import sequence_parallel_scale as scale  # noqa: E402  (beside this script, which Python puts on sys.path)
 
 MIB = 2.0 ** 20
 # The layer configuration: small heads and tables, so that the tables are negligible next to the
@@ -457,15 +457,6 @@ def _ops_text(totals):
 NO_YNN_FLAGS = "--xla_cpu_experimental_ynn_fusion_type="
 
 
-def _provider_module():
-    """keras_yoso.ops.parallel.yoso_tables (for its chunk and table constants), or None."""
-    try:
-        from keras_yoso.ops.parallel import yoso_tables
-    except ImportError:
-        return None
-    return yoso_tables
-
-
 def _unaccounted(r, devices):
     """The step's RSS rise beyond XLA's own buffers (temps and outputs of every device: the arguments were
     resident before the step): the native kernels' workspace, library scratch, allocator slack."""
@@ -512,9 +503,8 @@ def report_memory(runs, tokens):
                 print(f"  {size / MIB:8.1f} MiB  {shapes[:160]}")
         print(f"  over the target by {_mib(sp['peak_bytes'] - single['peak_bytes'] / 6)} MiB; a perfect {_DEVICES}-way "
               f"split of the one-device peak would be {_mib(single['peak_bytes'] / _DEVICES)} MiB per device")
-        chunk = getattr(_provider_module(), "CHUNK_FLOATS", None)
-        if chunk and sp["largest_buffers"]:
-            largest = sp["largest_buffers"][0][0]
+        if sp["largest_buffers"]:
+            largest, chunk = sp["largest_buffers"][0][0], CHUNK_FLOATS
             print("  the provider's scatter / gather step is bounded by keras_yoso.ops.parallel.yoso_tables.CHUNK_FLOATS "
                   f"= {chunk:,} floats ({4 * chunk / MIB:,.0f} MiB); the largest allocation is "
                   f"{'that chunk' if largest <= 4 * chunk else f'{largest / (4 * chunk):.1f} x that'}: the rest of "

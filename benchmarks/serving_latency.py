@@ -46,7 +46,9 @@ print(json.dumps({"median_ms": float(np.median(times)), "p90_ms": float(np.perce
 
 
 def _export(out_dir, quick):
-    sys.path.insert(0, os.path.join(ROOT, "examples"))
+    """The worker (--export-to): builds the classifier and writes both exports and export.json into
+    `out_dir`. It runs with examples/ on its PYTHONPATH, as the examples run (their modules import each
+    other by name)."""
     import imdb_data
     import long_text_classifier
     import sequence_classification
@@ -67,7 +69,22 @@ def _export(out_dir, quick):
         paths[kind] = os.path.join(out_dir, f"saved_model_{kind}")
         text_serving.export(classifier, {"kind": "bytes", "max_length": length},
                             list(imdb_data.IMDB_CLASS_NAMES), paths[kind], portable=kind == "portable")
-    return paths, length
+    with open(os.path.join(out_dir, "export.json"), "w", encoding="utf-8") as f:
+        json.dump({"paths": paths, "max_length": length}, f)
+
+
+def _export_in_a_worker(out_dir, quick):
+    """(the two exports' paths by kind, the classifier's max_length), made by this script's --export-to
+    worker in a process of its own."""
+    environment = dict(os.environ)
+    environment["PYTHONPATH"] = os.pathsep.join(
+        [os.path.join(ROOT, "examples")] + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else []))
+    command = [sys.executable, os.path.abspath(__file__), "--export-to", out_dir] + (["--quick"] if quick else [])
+    if subprocess.run(command, env=environment).returncode != 0:
+        sys.exit("exporting the classifier failed (its output is above)")
+    with open(os.path.join(out_dir, "export.json"), encoding="utf-8") as f:
+        exported = json.load(f)
+    return exported["paths"], exported["max_length"]
 
 
 def main(argv=None):
@@ -76,13 +93,17 @@ def main(argv=None):
     parser.add_argument("--repeats", type=int, default=50)
     parser.add_argument("--review-bytes", type=int, default=4096)
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--export-to", help=argparse.SUPPRESS)  # the worker: export into this folder, then exit
     args = parser.parse_args(argv)
+    if args.export_to:
+        _export(args.export_to, args.quick)
+        return
     if args.quick:
         args.repeats, args.review_bytes = 5, 200
     os.makedirs(args.out_dir, exist_ok=True)
     rows = []
     with tempfile.TemporaryDirectory() as scratch:
-        paths, length = _export(scratch, args.quick)
+        paths, length = _export_in_a_worker(scratch, args.quick)
         environment = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
         environment.pop("PYTHONPATH", None)  # the portable process must not find keras_yoso in the source tree
         for kind, path in paths.items():
