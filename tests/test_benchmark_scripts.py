@@ -200,3 +200,15 @@ def test_gpu_report_renders_the_recorded_gpu_run():
                   "Rates"):
         assert title in proc.stdout
     assert "| 16,384 | bfloat16 | uniform |" in proc.stdout
+
+
+def test_benchmark_scripts_import_without_editing_sys_path():
+    # Python puts a script's own folder on sys.path; modules of other folders are loaded by path
+    # (tests/gpu/harness_library.py) or imported by a process of their own (examples/).
+    kept = {"gpu_triton_kernels.py": "the Triton kernels (custom_ops/triton) import each other by name"}
+    folder = os.path.join(REPO, "benchmarks")
+    for name in sorted(os.listdir(folder)):
+        if name.endswith(".py") and name not in kept:
+            with open(os.path.join(folder, name), encoding="utf-8") as f:
+                source = f.read()
+            assert "sys.path.insert" not in source and "sys.path.append" not in source, name
