@@ -52,6 +52,28 @@ def test_functional_model_output_shape_matches_layer(make):
     assert model([_inputs(rng, 3, 7, 16), _inputs(rng, 3, 7, 12)]).shape == (3, 7, 10)
 
 
+def test_the_call_signature_is_written_once_and_compute_output_spec_reads_its_arguments_by_it(make):
+    # MultiHeadAttention's 12 call arguments live in the signature of `call` (Keras reads `training` and
+    # the `*_mask` arguments there); compute_output_spec binds what Keras passes it to that signature.
+    import inspect
+
+    from keras_yoso.layers import multi_head_attention_base
+
+    assert inspect.getsource(multi_head_attention_base).count("cache_update_index=None") == 1
+    names = list(inspect.signature(multi_head_attention_base.MultiHeadAttentionBase.call).parameters)[1:]
+    assert names == ["query", "value", "key", "query_mask", "value_mask", "key_mask", "attention_mask", "training",
+                     "use_causal_mask", "return_attention_scores", "cache", "cache_update_index"]
+    layer = make(num_heads=2, key_dim=4)
+    query = keras.KerasTensor((2, 6, 8))
+    assert layer.compute_output_spec(query, query).shape == (2, 6, 8)
+    if isinstance(layer, YosoAttention):  # LinearRelativeAttention returns no scores
+        # return_attention_scores, the 10th argument, given by position
+        output, scores = layer.compute_output_spec(query, query, None, None, None, None, None, None, None, True)
+        assert (output.shape, scores.shape) == ((2, 6, 8), (2, 2, 6, 6))
+    with pytest.raises(TypeError, match="cache_index"):
+        layer.compute_output_spec(query, query, cache_index=0)
+
+
 def test_key_none_is_key_equal_to_value(make):
     rng = np.random.default_rng(2)
     query, value = _inputs(rng, 2, 9, 8), _inputs(rng, 2, 9, 8)

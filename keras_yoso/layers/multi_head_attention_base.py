@@ -15,30 +15,9 @@ from keras import ops
 from keras import regularizers
 
 from keras_yoso import _validation
+from keras_yoso.layers import _contract
 
 _OUTPUT_LETTERS = "opqrsuvwxyz"
-# The arguments of `call`, in order, up to its masks.
-_CALL_ARGUMENTS = ("query", "value", "key", "query_mask", "value_mask", "key_mask", "attention_mask")
-_MASK_ARGUMENTS = _CALL_ARGUMENTS[3:]
-
-
-def _attention_axes_argument(attention_axes):
-    """`attention_axes` as MultiHeadAttention takes it (None, an int, or a list or tuple of ints) -> None or a
-    tuple; else ValueError naming the argument."""
-    if attention_axes is None:
-        return None
-    axes = (attention_axes,) if _validation.is_integer(attention_axes) else attention_axes
-    if not isinstance(axes, (list, tuple)) or not axes or not all(_validation.is_integer(a) for a in axes):
-        raise ValueError("Received an invalid value for argument `attention_axes`: expected None, an int, or a list "
-                         f"or tuple of ints. Received: attention_axes={attention_axes!r}")
-    return tuple(int(a) for a in axes)
-
-
-def _bool_mask(mask):
-    if mask is None:
-        return None
-    mask = ops.convert_to_tensor(mask)
-    return mask if _validation.dtype_name(mask) == "bool" else ops.not_equal(mask, ops.zeros((), mask.dtype))
 
 
 def _zero_padded_rows(x, mask):
@@ -46,16 +25,6 @@ def _zero_padded_rows(x, mask):
 
     Also a copy: the projections never see the caller's tensors (nor their Keras masks)."""
     return ops.where(mask[:, :, None], x, ops.zeros((), x.dtype))
-
-
-def _tuple_text(dims):
-    """The parts of the text of the tuple `dims` ("(2, 5)"; ints, names, None or run-time scalars) for
-    `_validation.text`."""
-    parts = ["("]
-    for k, dim in enumerate(dims):
-        parts += [", "] if k else []
-        parts.append(dim)
-    return parts + ([",)"] if len(dims) == 1 else [")"])
 
 
 def _merge_masks(*masks):
@@ -173,7 +142,7 @@ class MultiHeadAttentionBase(keras.layers.Layer):
         self._dropout = dropout
         self._use_bias = use_bias
         self._use_gate = _validation.boolean(use_gate, "use_gate", layer=True)
-        self._attention_axes = _attention_axes_argument(attention_axes)
+        self._attention_axes = _contract.attention_axes_argument(attention_axes)
         self._output_shape = output_shape
         self._kernel_initializer = initializers.get(kernel_initializer)
         self._bias_initializer = initializers.get(bias_initializer)
@@ -264,129 +233,20 @@ class MultiHeadAttentionBase(keras.layers.Layer):
             "btd,dnh->btnh", output_shape=(None, self._num_heads, head_dim), activation=activation,
             bias_axes="nh" if self._use_bias else None, name=name, **self._sublayer_kwargs())
 
-    # ------------------------------------------------------------------ input checks
+    # ------------------------------------------------------------------ input checks (layers/_contract.py)
 
     def _check_shapes(self, query_shape, value_shape, key_shape, sequences=False):
-        """The rank and feature checks of build (and of calls): ValueError naming the argument. Inputs of
-        rank 3 `(batch, length, features)`, or of any rank >= 3 `(batch, *dims, features)` with the
-        attention over `attention_axes` of dims (MultiHeadAttention's layout); `sequences`: the
-        `(batch, length, features)` inputs the attention axes were flattened to."""
-        name = type(self).__name__
-        if value_shape is not None and key_shape is not None and (
-                len(value_shape) != len(key_shape) or any(
-                    a is not None and b is not None and a != b for a, b in zip(value_shape[:-1], key_shape[:-1]))):
-            raise ValueError("All dimensions of `value` and `key`, except the last one, must be equal. "
-                             f"Received: value_shape={tuple(value_shape)} and key_shape={tuple(key_shape)}")
-        for arg, shape in (("query", query_shape), ("value", value_shape), ("key", key_shape)):
-            if shape is None or len(shape) < 3:
-                raise ValueError(f"{name} expects `{arg}` of shape (batch, length, features) (or (batch, *dims, "
-                                 f"features) with attention_axes), got shape {None if shape is None else tuple(shape)}")
-            if shape[-1] is None:
-                raise ValueError(f"The last dimension of `{arg}` must be known, got shape {tuple(shape)}")
-        if len(value_shape) != len(query_shape):
-            raise ValueError(f"{name} expects `query` and `value` of the same rank (the attention axes and the other "
-                             "axes of both line up). Received: query_shape="
-                             f"{tuple(query_shape)} and value_shape={tuple(value_shape)}")
-        axes = (1,) if sequences else self._normalized_attention_axes(len(query_shape))
-        for axis in range(1, len(query_shape) - 1):
-            q, v = query_shape[axis], value_shape[axis]
-            if axis not in axes and None not in (q, v) and v not in (1, q):
-                raise ValueError(f"{name}: axis {axis} is not an attention axis, so `value` must match `query` there "
-                                 f"(or be 1, broadcast). Received: query_shape={tuple(query_shape)} and "
-                                 f"value_shape={tuple(value_shape)} with attention_axes={axes}")
-
-    def _normalized_attention_axes(self, rank):
-        """The attention axes of inputs of `rank` as sorted non-negative axes in [1, rank - 2] (negative
-        ones count from rank, as MultiHeadAttention counts them); default: every axis in between."""
-        if self._attention_axes is None:
-            return tuple(range(1, rank - 1))
-        axes = sorted({axis + rank if axis < 0 else axis for axis in self._attention_axes})
-        if len(axes) != len(self._attention_axes) or axes[0] < 1 or axes[-1] > rank - 2:
-            raise ValueError(f"Received an invalid value for argument `attention_axes`: expected distinct axes of the "
-                             f"inputs between the batch axis and the features, in [1, {rank - 2}] (or "
-                             f"[{1 - rank}, -2]) for inputs of rank {rank}. Received: "
-                             f"attention_axes={self._attention_axes}")
-        return tuple(axes)
-
-    def _attention_axes_split(self, rank):
-        """(the other axes between batch and features, the attention axes) of inputs of `rank`."""
-        axes = self._normalized_attention_axes(rank)
-        return [axis for axis in range(1, rank - 1) if axis not in axes], axes
-
-    # (layout, dims): each dim is "batch" / "target" (from `query`) or "source" (from `value`).
-    _CALL_LAYOUTS = {
-        "value": ("(batch, source_length, features)", ("batch", None, None)),
-        "key": ("(batch, source_length, features)", ("batch", "source", None)),
-        "query_mask": ("(batch, target_length)", ("batch", "target")),
-        "value_mask": ("(batch, source_length)", ("batch", "source")),
-        "key_mask": ("(batch, source_length)", ("batch", "source")),
-        "attention_mask": ("(batch, target_length, source_length)", ("batch", "target", "source")),
-    }
-    # The other layouts of an `attention_mask` that MultiHeadAttention takes, by rank: [T, S] (broadcast
-    # over the batch) and [B, H, T, S] ("heads": num_heads or 1; every head the same padding).
-    _ATTENTION_MASK_DIMS = {2: ("target", "source"), 4: ("batch", "heads", "target", "source")}
+        """The rank and feature checks of build and of calls (`_contract.check_shapes`); a subclass adds
+        its own here."""
+        _contract.check_shapes(type(self).__name__, self._attention_axes, query_shape, value_shape, key_shape,
+                               sequences)
 
     def _check_call_shapes(self, query, value, key, masks, attention_mask):
-        """Every shape relation between the call's inputs: ValueError naming the argument, the expected
-        shape and the received one, before anything is computed when the shapes are known; a run-time
-        assertion with the same message for dims unknown in a TensorFlow graph. Returns the
-        assertions. (An `attention_mask` dim of 1 broadcasts.)"""
+        """Every shape check of a call on `(batch, length, features)` inputs; returns the run-time assertions."""
         shape = _validation.static_shape
         self._check_shapes(shape(query), shape(value), shape(key), sequences=True)
-        sources = {"batch": (query, 0), "target": (query, 1), "source": (value, 1)}
-        tensors = {"value": value, "key": key, **{k: v for k, v in masks.items() if v is not None}}
-        if attention_mask is not None:
-            tensors["attention_mask"] = ops.convert_to_tensor(attention_mask)
-        checks = []
-        for arg, tensor in tensors.items():
-            layout, dims = self._CALL_LAYOUTS[arg]
-            got = shape(tensor)
-            message = self._shape_message(arg, layout, dims, got, shape(query), shape(value))
-            if arg == "attention_mask" and got is not None:
-                dims = self._ATTENTION_MASK_DIMS.get(len(got), dims)
-            if got is None or len(got) != len(dims):
-                raise ValueError(message)
-            for axis, dim in enumerate(dims):
-                if dim is None or (arg == "attention_mask" and got[axis] == 1):
-                    continue
-                if dim == "heads":
-                    if got[axis] is not None and got[axis] != self._num_heads:
-                        raise ValueError(message)
-                    continue
-                ref, ref_axis = sources[dim]
-                want = shape(ref)[ref_axis]
-                if want is not None and got[axis] is not None:
-                    if want != got[axis]:
-                        raise ValueError(message)
-                    continue
-                actual, wanted = ops.shape(tensor)[axis], ops.shape(ref)[ref_axis]
-                ok = ops.equal(actual, wanted)
-                if arg == "attention_mask":
-                    ok = ops.logical_or(ok, ops.equal(actual, 1))
-                # The lengths the graph runs with, where `message` can only say None.
-                run_time = self._shape_message(arg, layout, dims, _validation.run_time_shape(tensor),
-                                               _validation.run_time_shape(query), _validation.run_time_shape(value))
-                checks += _validation.run_time_check(ok, run_time, error=ValueError(message))
-        return checks
-
-    def _shape_message(self, arg, layout, dims, got, query_shape, value_shape):
-        """The message of a call-shape mistake of `arg`. The shapes are tuples of dims (ints, None where
-        unknown, or the scalar tensors of `_validation.run_time_shape`: then the message is a string
-        tensor that gives them when the graph runs); `got` None: unknown rank."""
-        sizes = {"batch": query_shape[0], "target": query_shape[1], "source": value_shape[1]}
-        names = layout.strip("()").split(", ")
-        want = _tuple_text([name if dim is None or sizes[dim] is None else sizes[dim]
-                            for name, dim in zip(names, dims)])
-        if arg == "attention_mask":
-            head = [f"{type(self).__name__} accepts `attention_mask` only of shape [batch, target_length, "
-                    "source_length] (a padding mask) = ", *want, " (a dim of 1 broadcasts; also [target_length, "
-                    f"source_length], and [batch, num_heads = {self._num_heads}, target_length, source_length] "
-                    "with the same mask in every head)"]
-        else:
-            head = [f"{type(self).__name__} expects `{arg}` of shape {layout} = ", *want]
-        return _validation.text([*head, ", with batch and target_length from `query` ", *_tuple_text(query_shape),
-                                 " and source_length from `value` ", *_tuple_text(value_shape),
-                                 f". Received: `{arg}` of shape ", *(["None"] if got is None else _tuple_text(got))])
+        return _contract.check_call_shapes(type(self).__name__, self._num_heads, query, value, key, masks,
+                                           attention_mask)
 
     def build(self, query_shape, value_shape, key_shape=None):
         """Creates the query/key/value/output projections (and the subclass weights)."""
@@ -415,57 +275,6 @@ class MultiHeadAttentionBase(keras.layers.Layer):
     def _build_attention(self, query_shape, value_shape):
         """Creates the weights of the attention core, if any."""
 
-    def _padding_masks_from_attention_mask(self, attention_mask, batch, query_length, key_length):
-        """Splits a padding `[B, T, S]` attention mask into query and key masks, or raises.
-
-        A padding mask is `query_pad[:, :, None] & key_pad[:, None, :]` (a key mask broadcast over
-        every row is the case query_pad = all true).
-        """
-        name = type(self).__name__
-        attention_mask = _bool_mask(attention_mask)
-        if _validation.static_shape(attention_mask)[1] == 1:
-            # [B, 1, S] (keras-hub's merged padding mask): a key mask broadcast over the rows is a padding
-            # mask by its shape, so nothing is checked at run time (and XLA takes it). A batch row with no
-            # key is also a padded query row, as the general split below reads it.
-            key_pad = ops.broadcast_to(attention_mask[:, 0, :], (batch, key_length))
-            query_pad = ops.broadcast_to(ops.any(key_pad, axis=1, keepdims=True), (batch, query_length))
-            return query_pad, key_pad
-        attention_mask = ops.broadcast_to(attention_mask, (batch, query_length, key_length))
-        query_pad = ops.any(attention_mask, axis=2)
-        key_pad = ops.any(attention_mask, axis=1)
-        is_padding = ops.all(ops.equal(attention_mask, ops.logical_and(query_pad[:, :, None], key_pad[:, None, :])))
-        message = (f"{name} received an `attention_mask` that is not a padding mask. "
-                   f"{self._padding_only_reason}, so it can only express masks of the form "
-                   "query_mask[:, :, None] & key_mask[:, None, :]. Pass `query_mask`, `value_mask` and/or "
-                   "`key_mask` ([batch, length] padding masks) instead.")
-        if not _validation.can_check(is_padding):
-            # XLA drops run-time assertions and traced JAX code cannot raise: a causal or banded mask
-            # would then be silently read as padding. Refuse at trace time instead.
-            raise ValueError(f"{name} cannot check under XLA (jit_compile=True, or the JAX backend's compiled "
-                             "train/predict steps) that `attention_mask` is a padding mask. Pass `query_mask`, "
-                             "`value_mask` and/or `key_mask` ([batch, length] padding masks) instead, or compile "
-                             "without XLA.")
-        checks = _validation.run_time_check(is_padding, message, error=ValueError(message))
-        return _validation.after_checks(checks, [query_pad, key_pad])
-
-    def _three_dim_attention_mask(self, attention_mask):
-        """An `attention_mask` of a shape already checked as `[B, T, S]`: a `[T, S]` one broadcast over the
-        batch, a `[B, H, T, S]` one as its first head once every head is seen to be the same (ValueError
-        otherwise, or a run-time assertion in a TensorFlow graph)."""
-        attention_mask = _bool_mask(attention_mask)
-        rank = len(_validation.static_shape(attention_mask))
-        if rank == 2:
-            return attention_mask[None]
-        if rank != 4:
-            return attention_mask
-        first = attention_mask[:, :1]
-        same = ops.all(ops.equal(attention_mask, first))
-        message = (f"{type(self).__name__} received a 4-D `attention_mask` [batch, num_heads, target_length, "
-                   f"source_length] whose heads differ. {self._padding_only_reason}, and its heads share one "
-                   "padding: pass the same mask for every head, or a [batch, target_length, source_length] mask.")
-        checks = _validation.run_time_check(same, message, error=ValueError(message))
-        return _validation.after_checks(checks, [first[:, 0]])[0]
-
     def _check_call_options(self, return_attention_scores, use_causal_mask):
         """Raises for call options the subclass cannot honour."""
 
@@ -490,8 +299,7 @@ class MultiHeadAttentionBase(keras.layers.Layer):
         query_mask = ops.ones((batch, query_length), "bool")
         key_mask = ops.ones((batch, key_length), "bool")
         if attention_mask is not None:
-            query_mask, key_mask = self._padding_masks_from_attention_mask(
-                self._three_dim_attention_mask(attention_mask), batch, query_length, key_length)
+            query_mask, key_mask = self._padding_masks(attention_mask, batch, query_length, key_length)
         causal = bool(_validation.boolean(use_causal_mask, "use_causal_mask", layer=True, allow_none=True))
         key = ops.where(key_mask[:, :, None, None], key, 0.0)
         value = ops.where(key_mask[:, :, None, None], value, 0.0)
@@ -522,51 +330,20 @@ class MultiHeadAttentionBase(keras.layers.Layer):
                              f"argument). Received use_causal_mask={use_causal_mask!r}.")
         return causal
 
-    def _check_cache_call(self, query, value, key, attention_mask, return_attention_scores, cache_update_index):
-        """The argument checks of a call with `cache`: ValueError naming the argument."""
-        name = type(self).__name__
-        if cache_update_index is None:
-            raise ValueError(f"{name} called with `cache` needs `cache_update_index`: the position (int or "
-                             "scalar tensor) of the first of the `query` rows in the sequence. Received None.")
-        if attention_mask is not None:
-            raise ValueError(f"{name} called with `cache` takes no `attention_mask` (decoding is causal "
-                             "self-attention over the positions seen so far; pass query_mask/value_mask for "
-                             "padding of the new positions).")
-        if return_attention_scores:
-            raise ValueError(f"{name} called with `cache` cannot return attention scores.")
-        shape = _validation.static_shape
-        if key is not None and key is not value:
-            raise ValueError(f"{name} called with `cache` is self-attention over the new positions: pass "
-                             "`layer(query, query, cache=..., cache_update_index=...)` (no separate `key`).")
-        if None not in (shape(query)[1], shape(value)[1]) and shape(query)[1] != shape(value)[1]:
-            raise ValueError(f"{name} called with `cache` is self-attention: `value` must hold the same new "
-                             f"positions as `query`. Received query of shape {tuple(shape(query))} and value of "
-                             f"shape {tuple(shape(value))}.")
-        index = cache_update_index
-        if isinstance(index, (int, float)) and not isinstance(index, bool):
-            if int(index) != index or index < 0:
-                raise ValueError(f"`cache_update_index` must be a non-negative int position, received {index!r}")
-            return ops.convert_to_tensor(int(index), "int32")
-        index = ops.convert_to_tensor(index)
-        if len(shape(index)) != 0 and shape(index) != (1,):
-            raise ValueError("`cache_update_index` must be an int or a scalar tensor, received shape "
-                             f"{tuple(shape(index))}")
-        if not _validation.dtype_name(index).startswith(("int", "uint")):
-            raise ValueError(f"`cache_update_index` must be an integer, received dtype {_validation.dtype_name(index)}")
-        return ops.cast(ops.reshape(index, ()), "int32")
-
     def __call__(self, *args, **kwargs):
         # Input and mask dtypes are checked before Keras converts the call's arrays to tensors: on JAX and
         # PyTorch a string would fail there with a message that names no argument (a Python str, with
         # one that suggests passing it as a keyword).
-        arguments = {**dict(zip(_CALL_ARGUMENTS, args)), **kwargs}
-        for name in _CALL_ARGUMENTS[:3]:
-            if arguments.get(name) is not None:
-                _validation.layer_input_dtype(arguments[name], name)
-        for name in _MASK_ARGUMENTS:
-            if arguments.get(name) is not None:
-                _validation.mask_dtype(arguments[name], name, layer=True)
+        _contract.check_dtypes(_contract.call_arguments(self.call, args, kwargs))
         return super().__call__(*args, **kwargs)
+
+    def _padding_masks(self, attention_mask, batch, query_length, key_length):
+        """The query and key padding masks an `attention_mask` of any accepted layout holds, or raises
+        (`_contract`: it must be a padding mask, the same in every head)."""
+        name = type(self).__name__
+        mask = _contract.three_dim_attention_mask(name, self._padding_only_reason, attention_mask)
+        return _contract.padding_masks_from_attention_mask(name, self._padding_only_reason, mask, batch,
+                                                           query_length, key_length)
 
     def _inputs_and_masks(self, query, value, key, query_mask, value_mask, key_mask, attention_mask):
         """The call's tensors after every shape check, and its bool `[B, T]` query and `[B, S]` key masks
@@ -574,7 +351,7 @@ class MultiHeadAttentionBase(keras.layers.Layer):
         None when it is `value`."""
         query, value = ops.convert_to_tensor(query), ops.convert_to_tensor(value)
         key_tensor = value if key is None else ops.convert_to_tensor(key)
-        masks = {name: _bool_mask(mask) for name, mask in
+        masks = {name: _contract.bool_mask(mask) for name, mask in
                  (("query_mask", query_mask), ("value_mask", value_mask), ("key_mask", key_mask))}
         checks = self._check_call_shapes(query, value, key_tensor, masks, attention_mask)
         query, value, key_tensor = _validation.after_checks(checks, [query, value, key_tensor])
@@ -582,8 +359,7 @@ class MultiHeadAttentionBase(keras.layers.Layer):
         batch = ops.shape(query)[0]
         query_length, key_length = ops.shape(query)[1], ops.shape(value)[1]
         if attention_mask is not None:
-            query_pad, key_pad = self._padding_masks_from_attention_mask(
-                self._three_dim_attention_mask(attention_mask), batch, query_length, key_length)
+            query_pad, key_pad = self._padding_masks(attention_mask, batch, query_length, key_length)
             query_mask = _merge_masks(query_mask, query_pad)
             key_mask = _merge_masks(key_mask, key_pad)
         key_mask = _merge_masks(masks["value_mask"], key_mask)
@@ -621,7 +397,7 @@ class MultiHeadAttentionBase(keras.layers.Layer):
         cache_update_index=None,
     ):
         rank = len(_validation.static_shape(query))
-        if rank == 3 and self._normalized_attention_axes(3) == (1,):
+        if rank == 3 and _contract.normalized_attention_axes(self._attention_axes, 3) == (1,):
             return self._call_sequences(query, value, key, query_mask, value_mask, key_mask, attention_mask, training,
                                         use_causal_mask, return_attention_scores, cache, cache_update_index)
         return self._call_flattened(query, value, key, query_mask, value_mask, key_mask, attention_mask, training,
@@ -647,7 +423,7 @@ class MultiHeadAttentionBase(keras.layers.Layer):
         key = None if key is None else ops.convert_to_tensor(key)
         self._check_shapes(shape(query), shape(value), shape(value) if key is None else shape(key))
         rank = len(shape(query))
-        others, axes = self._attention_axes_split(rank)
+        others, axes = _contract.attention_axes_split(self._attention_axes, rank)
         order = [0, *others, *axes]
         query_sizes, value_sizes = ops.shape(query), ops.shape(value)
         broadcast = [query_sizes[0], *(query_sizes[a] for a in others), *(value_sizes[a] for a in axes)]
@@ -662,7 +438,7 @@ class MultiHeadAttentionBase(keras.layers.Layer):
             length = math.prod(ops.shape(x)[1 + len(others):len(order)])
             return ops.reshape(x, (-1, length) + ((ops.shape(x)[-1],) if features else ()))
 
-        masks = [None if m is None else _bool_mask(m) for m in (query_mask, value_mask, key_mask)]
+        masks = [None if m is None else _contract.bool_mask(m) for m in (query_mask, value_mask, key_mask)]
         result = self._call_sequences(
             sequences(query, None), sequences(value, broadcast), sequences(key, broadcast),
             sequences(masks[0], None, False), sequences(masks[1], broadcast, False),
@@ -690,8 +466,8 @@ class MultiHeadAttentionBase(keras.layers.Layer):
         self._check_call_options(return_attention_scores, use_causal_mask)
         index = None
         if cache is not None:
-            index = self._check_cache_call(query, value, key, attention_mask, return_attention_scores,
-                                           cache_update_index)
+            index = _contract.check_cache_call(type(self).__name__, query, value, key, attention_mask,
+                                               return_attention_scores, cache_update_index)
         elif cache_update_index is not None:
             raise ValueError(f"{type(self).__name__} received `cache_update_index` without `cache`: pass "
                              "cache=layer.init_cache(batch_size) to decode incrementally.")
@@ -721,28 +497,19 @@ class MultiHeadAttentionBase(keras.layers.Layer):
         self._check_shapes(query_shape, value_shape, key_shape)
         return tuple(query_shape[:-1]) + (self._output_shape or (query_shape[-1],))
 
-    def compute_output_spec(
-        self,
-        query,
-        value,
-        key=None,
-        query_mask=None,
-        value_mask=None,
-        key_mask=None,
-        attention_mask=None,
-        training=None,
-        use_causal_mask=None,
-        return_attention_scores=False,
-        cache=None,
-        cache_update_index=None,
-    ):
+    def compute_output_spec(self, *args, **kwargs):
+        # Keras calls it with the arguments of `call`: read by its signature, which holds them once.
+        arguments = _contract.call_arguments(self.call, args, kwargs)
+        query, value, key = arguments["query"], arguments["value"], arguments["key"]
+        use_causal_mask, cache = arguments["use_causal_mask"], arguments["cache"]
+        return_attention_scores = arguments["return_attention_scores"]
         self._check_call_options(return_attention_scores, use_causal_mask)
         output_shape = self.compute_output_shape(query.shape, value.shape, None if key is None else key.shape)
         output = keras.KerasTensor(output_shape, dtype=self.compute_dtype)
         if cache is not None:
             return output, keras.tree.map_structure(lambda c: keras.KerasTensor(c.shape, dtype=c.dtype), cache)
         if return_attention_scores:
-            others, axes = self._attention_axes_split(len(query.shape))
+            others, axes = _contract.attention_axes_split(self._attention_axes, len(query.shape))
             scores_shape = (query.shape[0], *(query.shape[a] for a in others), self._num_heads,
                             *(query.shape[a] for a in axes), *(value.shape[a] for a in axes))
             return output, keras.KerasTensor(scores_shape, dtype=self.compute_dtype)
