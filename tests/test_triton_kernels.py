@@ -495,6 +495,33 @@ def test_aot_build_writes_checked_cubins_and_a_launch_manifest(tmp_path):
     assert all(e["registers"] and e["stack_bytes"] == 0 and e["spill_instructions"] == 0 for e in entries.values())
 
 
+def test_embedded_cubin_table_compiles_with_every_cubin_of_the_build(tmp_path):
+    """embed.py's table of an AOT build (setup.py compiles it into the libraries with KERAS_YOSO_TRITON_CUBINS)
+    compiles, and its object holds each cubin's bytes."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_CACHE_DIR"] = str(tmp_path / "cache")
+    out = tmp_path / "cubins"
+    run = subprocess.run([sys.executable, os.path.join(KERNELS, "aot.py"), "--out", str(out), "--arch", "80", "90",
+                          "--only", r"^(bucket_sort_kernel_tau2|finalize_rows_kernel_fp16)$", "--no-check"],
+                         capture_output=True, text=True, env=env, timeout=300)
+    assert run.returncode == 0, run.stdout + run.stderr
+    embed, = _import_kernels("embed")
+    source = tmp_path / "triton_cubins.cc"
+    source.write_text(embed.cubins_source(out))
+    kernels_dir = os.path.join(os.path.dirname(KERNELS), "cc", "kernels")
+    obj = tmp_path / "triton_cubins.o"
+    subprocess.run([os.environ.get("CXX", "g++"), "-std=c++17", "-c", str(source), "-o", str(obj), "-I", kernels_dir],
+                   check=True, timeout=120)
+    manifest = json.loads((out / "manifest.json").read_text())
+    object_bytes = obj.read_bytes()
+    assert len(manifest["kernels"]) == 4
+    for entry in manifest["kernels"]:
+        assert (out / entry["file"]).read_bytes() in object_bytes, entry["file"]
+    (out / manifest["kernels"][0]["file"]).write_bytes(b"not the built cubin")
+    with pytest.raises(ValueError, match="sha256"):
+        embed.cubins_source(out)
+
+
 if WORKER:
     ARGUMENTS = sys.argv[1:]
     if ARGUMENTS[:1] == ["--device"]:
