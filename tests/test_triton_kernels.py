@@ -294,7 +294,7 @@ def _case_id(prefix, *parts):
 # Every interpreted case: id -> (check, arguments). Lower-bound rows: (tau, Nq, Nk, d, D, masks, codes, dtype,
 # forms); cumulation rows: (tau, Nq, Nk, D, masks, codes, dtype).
 SORT_CASES = {_case_id("sort", f"tau{tau}", f"n{n}"): (_check_bucket_sort, (tau, n))
-              for tau in (1, 3, 6) for n in (1, 7, 300)}
+              for tau, n in [(tau, n) for tau in (1, 3, 6) for n in (1, 7, 300)] + [(3, 2500), (8, 4500), (12, 0)]}
 CUMULATION_CASES = {_case_id("cumulation", *case): (_check_cumulation, case) for case in [
     (1, 1, 7, 1, "none", "uniform", torch.float32),
     (3, 7, 300, 16, "random", "zipf", torch.float32),
@@ -318,6 +318,7 @@ PLAN_CASES = {_case_id("plan", *case): (_check_plan, case) for case in [
     ("lsh_cumulation", 3, 7, 300, 0, 16, "random", "zipf", torch.float32, 80),
     ("lsh_cumulation", 6, 300, 300, 0, 33, "random", "uniform", torch.bfloat16, 90),
     ("lsh_cumulation", 1, 1, 7, 0, 1, "zero", "uniform", torch.float16, 80),
+    ("lsh_cumulation", 3, 300, 2500, 0, 16, "random", "zipf", torch.float32, 90),
     ("lower_bound_gradients", 3, 300, 300, 16, 33, "random", "zipf", torch.float32, 80),
     ("lower_bound_gradients", 3, 300, 300, 16, 16, "random", "zipf", torch.bfloat16, 90),
     ("lower_bound_gradients", 1, 1, 7, 33, 1, "none", "uniform", torch.float32, 90),
@@ -465,7 +466,7 @@ def test_sass_checks_flag_fenced_atomics_missing_tensor_cores_and_spills():
 
 
 # One variant of each kernel family, bf16 rows of width 64 (the standard shape, GPU-DESIGN.md).
-AOT_VARIANTS = (r"^(bucket_sort_kernel_tau8|bucket_tables_kernel_bf16_a16|gather_tables_kernel_bf16_a16|"
+AOT_VARIANTS = (r"^(segment_(histograms|cursors|scatter)_kernel_tau8|bucket_tables_kernel_bf16_a16|gather_tables_kernel_bf16_a16|"
                 r"finalize_rows_kernel_bf16|lower_bound_(pairs|tables)_kernel_bf16_d64_a16)$")
 
 
@@ -479,7 +480,7 @@ def test_aot_build_writes_checked_cubins_and_a_launch_manifest(tmp_path):
     assert run.returncode == 0, run.stdout + run.stderr
     manifest = json.loads((out / "manifest.json").read_text())
     entries = {(e["variant"], e["arch"]): e for e in manifest["kernels"]}
-    assert len(entries) == 12
+    assert len(entries) == 16
     for entry in entries.values():
         assert (out / entry["file"]).read_bytes()[:4] == b"\x7fELF"
         assert entry["parameters"][-2:] == manifest["hidden_parameters"]
@@ -502,7 +503,7 @@ def test_embedded_cubin_table_compiles_with_every_cubin_of_the_build(tmp_path):
     env["TRITON_CACHE_DIR"] = str(tmp_path / "cache")
     out = tmp_path / "cubins"
     run = subprocess.run([sys.executable, os.path.join(KERNELS, "aot.py"), "--out", str(out), "--arch", "80", "90",
-                          "--only", r"^(bucket_sort_kernel_tau2|finalize_rows_kernel_fp16)$", "--no-check"],
+                          "--only", r"^(segment_cursors_kernel_tau2|finalize_rows_kernel_fp16)$", "--no-check"],
                          capture_output=True, text=True, env=env, timeout=300)
     assert run.returncode == 0, run.stdout + run.stderr
     embed, = _import_kernels("embed")

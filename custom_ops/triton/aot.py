@@ -63,7 +63,10 @@ MAX_SHARED_BYTES = {80: 163 * 1024, 90: 227 * 1024}
 
 # Parameter types per kernel ({dtype}: the variant's row dtype), checked against the kernels' parameter names.
 _PARAMETERS = {
-    "bucket_sort_kernel": "codes_ptr:*i32 mask_ptr:*fp32 offsets_ptr:*i32 perm_ptr:*i32 num_hashes:i32 length:i32",
+    "segment_histograms_kernel": "codes_ptr:*i32 mask_ptr:*fp32 counts_ptr:*i32 num_hashes:i32 length:i32",
+    "segment_cursors_kernel": "counts_ptr:*i32 offsets_ptr:*i32 length:i32",
+    "segment_scatter_kernel": "codes_ptr:*i32 mask_ptr:*fp32 cursors_ptr:*i32 perm_ptr:*i32 num_hashes:i32 "
+                              "length:i32",
     "bucket_tables_kernel": "value_ptr:*{dtype} codes_ptr:*i32 offsets_ptr:*i32 perm_ptr:*i32 tables_ptr:*fp32 "
                             "num_hashes:i32 length:i32 width:i32 num_buckets:i32",
     "gather_tables_kernel": "tables_ptr:*fp32 codes_ptr:*i32 mask_ptr:*fp32 out_ptr:*{dtype} num_hashes:i32 "
@@ -79,7 +82,9 @@ _PARAMETERS = {
     "finalize_rows_kernel": "acc_ptr:*fp32 mask_ptr:*fp32 out_ptr:*{dtype} num_elements:i32 width:i32 scale:fp32",
 }
 _GRIDS = {
-    "bucket_sort_kernel": "(B * num_hashes, 1, 1)",
+    "segment_histograms_kernel": "(B * num_hashes, cdiv(length, SEGMENT), 1)",
+    "segment_cursors_kernel": "(B * num_hashes, 1, 1)",
+    "segment_scatter_kernel": "(B * num_hashes, cdiv(length, SEGMENT), 1)",
     "bucket_tables_kernel": "(B * num_hashes, cdiv(num_buckets, BLOCK_C), cdiv(width, BLOCK_D))",
     "gather_tables_kernel": "(B, cdiv(length, BLOCK_Q), cdiv(width, BLOCK_D))",
     "lower_bound_pairs_kernel": "(B * num_hashes, cdiv(num_queries, BLOCK_Q), 1)",
@@ -99,8 +104,14 @@ def variants(arch):
     out = []
     for tau in HASH_CODE_LENS:
         buckets = 1 << tau
-        out.append((f"bucket_sort_kernel_tau{tau}", bucket_sort.bucket_sort_kernel, None,
-                    dict(NUM_BUCKETS=buckets, NUM_BINS=bucket_sort.num_bins(buckets), BLOCK_N=bucket_sort.BLOCK_N),
+        sizes = dict(NUM_BUCKETS=buckets, NUM_BINS=bucket_sort.num_bins(buckets),
+                     SEGMENT=bucket_sort.segment_rows(buckets))
+        chunked = dict(sizes, BLOCK_N=bucket_sort.BLOCK_N)
+        out.append((f"segment_histograms_kernel_tau{tau}", bucket_sort.segment_histograms_kernel, None, chunked,
+                    bucket_sort.NUM_WARPS, ()))
+        out.append((f"segment_cursors_kernel_tau{tau}", bucket_sort.segment_cursors_kernel, None, sizes,
+                    bucket_sort.NUM_WARPS, ()))
+        out.append((f"segment_scatter_kernel_tau{tau}", bucket_sort.segment_scatter_kernel, None, chunked,
                     bucket_sort.NUM_WARPS, ()))
     for dtype in DTYPES:
         out.append((f"finalize_rows_kernel_{dtype}", lower_bound.finalize_rows_kernel, dtype,

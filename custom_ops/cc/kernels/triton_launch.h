@@ -12,7 +12,8 @@
 //   stream: libcuda is dlopen'ed at the first call, the cubins embedded in this library
 //   (kTritonCubins, triton_cubins*.cc) are loaded once per CUDA context.
 //
-// Plans exist for causal = 0 of lsh_cumulation (eq. 2: K1 on the keys, K2 bucket tables, K3 gather;
+// Plans exist for causal = 0 of lsh_cumulation (eq. 2: K1 on the keys (three kernels: segment
+// histograms, cursors, scatter), K2 bucket tables, K3 gather;
 // no atomics, bitwise reproducible) and lower_bound_gradients (eq. 4 without tau/2, with 1/m: K1 on
 // both sides, K6 pair and table forms chosen per bucket into fp32 accumulators, K7 finalize).
 #ifndef KERAS_YOSO_KERNELS_TRITON_LAUNCH_H_
@@ -171,11 +172,20 @@ inline PlanArg Ws(int64_t offset) { return {PlanArg::kWorkspace, offset}; }
 inline PlanArg I32(int64_t v) { return {PlanArg::kInt32, v}; }
 inline PlanArg F32(float v) { return {PlanArg::kFloat32, 0, v}; }
 
-// K1: offsets [B, m, nb + 1] and perm [B, m, N] of (codes input, mask input) at (offsets, perm).
+// K1 (custom_ops/triton/bucket_sort.py): offsets [B, m, nb + 1] and perm [B, m, N] of (codes input,
+// mask input) at workspace offsets (offsets, perm), by three kernels over segments of rows: the
+// segments' histograms, their cursors (and the offsets), the scatter. Takes its counts region.
 inline void SortLaunch(Builder* b, const CumulationDims& d, int tau, int64_t codes, int64_t mask, int64_t length,
                        int64_t offsets, int64_t perm) {
-  b->Launch("bucket_sort_kernel_tau" + std::to_string(tau), d.batch * d.num_hashes, 1, 1,
-            {In(codes), In(mask), Ws(offsets), Ws(perm), I32(d.num_hashes), I32(length)});
+  const std::string suffix = "_tau" + std::to_string(tau);
+  const std::string histograms = "segment_histograms_kernel" + suffix;
+  const int64_t bm = d.batch * d.num_hashes, bins = b->Tile(histograms, "NUM_BINS");
+  const int64_t segments = CeilDiv(length, b->Tile(histograms, "SEGMENT"));
+  const int64_t counts = b->Region(bm * segments * bins * 4);
+  b->Launch(histograms, bm, segments, 1, {In(codes), In(mask), Ws(counts), I32(d.num_hashes), I32(length)});
+  b->Launch("segment_cursors_kernel" + suffix, bm, 1, 1, {Ws(counts), Ws(offsets), I32(length)});
+  b->Launch("segment_scatter_kernel" + suffix, bm, segments, 1,
+            {In(codes), In(mask), Ws(counts), Ws(perm), I32(d.num_hashes), I32(length)});
 }
 
 // "" or why the Triton kernels cannot take this call (a limit of the kernels, not of the primitive).
