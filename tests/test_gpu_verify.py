@@ -70,6 +70,9 @@ def test_dry_run_skips_every_gpu_stage_and_writes_every_file(tmp_path):
         assert records[name]["status"] == "skipped"
         assert records[name]["reason"].startswith("no CUDA GPU")
     assert records["correctness"]["planned_cases"]["lsh_cumulation"] > 100
+    assert records["correctness"]["planned_cases"]["lower_bound_gradients"] > 100
+    with open(tmp_path / verify.SUMMARY_FILE) as f:
+        assert "Kernels: whether the Triton kernels ran is not known (stage load did not run)." in f.read()
 
 
 @pytest.mark.skipif(shutil.which("nvidia-smi") is not None, reason="this machine has an NVIDIA driver")
@@ -95,7 +98,9 @@ def test_only_runs_env_and_the_stages_named(tmp_path):
 
 
 def test_stages_fit_the_device_tool_and_run_most_valuable_first():
-    assert [s.name for s in verify.STAGES][:3] == ["env", "load", "correctness"]
+    assert [s.name for s in verify.STAGES][:4] == ["env", "load", "correctness", "timings"]
+    # The run command gives verify.py --deadline 400 under `timeout 420`: the first four stages always fit.
+    assert sum(s.limit for s in verify.STAGES[:4]) + verify.SUMMARY_RESERVE_S <= 400
     assert len({s.file for s in verify.STAGES}) + 2 <= MAX_FILES  # + summary.md and log.txt
     assert set(verify.WORKERS) >= set(STAGE)
 
@@ -165,6 +170,39 @@ def test_compare_codes_counts_the_codes_that_differ():
     assert verify.compare_codes(got, want, allowed_fraction=0.01)["verdict"] == "pass"
 
 
+def test_compare_values_takes_a_bound_of_its_own():
+    want = np.array([1.0, -4.0])
+    tf32 = verify.compare_values(want + 6e-3, want, "float32", tolerance=verify.TF32_TOLERANCE)
+    assert tf32["verdict"] == "pass" and tf32["allowed"] == pytest.approx(8e-3)
+    assert verify.compare_values(want + 9e-3, want, "float32", tolerance=verify.TF32_TOLERANCE)["verdict"] == "fail"
+
+
+def test_triton_family_of_a_compute_capability_is_the_launchers():
+    assert verify.triton_arch(9, 0) == 90
+    assert [verify.triton_arch(8, minor) for minor in (0, 6, 9)] == [80, 80, 80]
+    assert verify.triton_arch(7, 5) == verify.triton_arch(10, 0) == verify.triton_arch(9, 1) == 0
+
+
+def test_triton_coverage_says_when_the_triton_kernels_were_not_checked():
+    checked, sentence = verify.triton_coverage(150, "90")
+    assert checked and "150 Triton cubins" in sentence and "sm_90" in sentence
+    for cubins, capability in ((0, "90"), (150, "75"), (None, "90"), (150, None)):
+        checked, sentence = verify.triton_coverage(cubins, capability)
+        assert not checked
+    assert "the Triton kernels were not checked" in verify.triton_coverage(0, "90")[1]
+    assert "the Triton kernels were not checked" in verify.triton_coverage(150, "100")[1]
+
+
+def test_summary_flags_a_library_without_triton_cubins():
+    records = {"load": {"status": "ok", "seconds": 1.0, "result": {"triton_cubins": 0, "capability": "90"}}}
+    text = verify.summary(records, 7, verify._parse(["--out", "unused"]))
+    assert "Kernels: **the library embeds no Triton cubins: the Triton kernels were not checked" in text
+    assert "Triton kernels NOT checked" in text
+    records["load"]["result"]["triton_cubins"] = 150
+    text = verify.summary(records, 7, verify._parse(["--out", "unused"]))
+    assert "Kernels: the library embeds 150 Triton cubins; this sm_90 GPU runs the sm_90 ones" in text
+
+
 def test_worst_verdict_orders_pass_tf32_fail_error():
     assert verify.worst_verdict([]) == "pass"
     assert verify.worst_verdict(["pass", "tf32"]) == "tf32"
@@ -177,7 +215,8 @@ def test_correctness_grid_takes_every_value_of_every_axis():
     assert len({c["id"] for c in cases}) == len(cases)
     assert max(cases[0]["nq"], cases[0]["nk"]) == verify.LONG_LENGTH  # the slow references start first
     for name in verify.CUMULATIONS:
-        mine = [c for c in cases if c["primitive"] == name]
+        # the grid (lsh_cumulation's tau 14 cases, past the Triton sort, are checked below)
+        mine = [c for c in cases if c["primitive"] == name and c["hash_code_len"] <= 12]
         assert {c["nq"] for c in mine} | {c["nk"] for c in mine} == {1, 7, 1000, 4099}
         assert {c["mask"] for c in mine} == set(verify.MASKS)
         assert {c["codes"] for c in mine} == set(verify.CODE_DISTRIBUTIONS)
@@ -197,26 +236,57 @@ def test_correctness_grid_takes_every_value_of_every_axis():
 
 def test_correctness_grid_covers_the_gpu_primitives_of_the_table():
     names = verify.gpu_primitives(verify.spec_table())
-    assert {"lsh_cumulation", "weighted_lsh_cumulation", "collision_cumulation"} <= set(names)
+    assert {"lsh_cumulation", "weighted_lsh_cumulation", "collision_cumulation", "lower_bound_gradients"} <= set(names)
     assert {c["primitive"] for c in verify.correctness_cases(names)} == set(names) & set(
         verify.CUMULATIONS + verify.HASHES)
+
+
+def test_correctness_grid_checks_the_triton_kernels_within_their_limits_and_both_lsh_kernels():
+    cases = verify.correctness_cases(["lsh_cumulation", "lower_bound_gradients"])
+    bound = [c for c in cases if c["primitive"] == "lower_bound_gradients"]
+    assert max(c["hash_code_len"] for c in bound) <= 12  # the Triton sort's limit
+    assert max(max(c["width"], c["weight_width"]) for c in bound) <= 128  # eq. 4's tiles hold whole rows
+    assert {c["dtype"] for c in bound} == set(verify.DTYPES)
+    tf32 = [c for c in bound if c.get("precision") == "tf32"]
+    assert len(tf32) == len(verify.TF32_CASES) and {c["dtype"] for c in tf32} == {"float32"}
+    assert any(max(c["nq"], c["nk"]) == verify.LONG_LENGTH for c in tf32)
+    lsh = [c for c in cases if c["primitive"] == "lsh_cumulation"]
+    fallback = [c for c in lsh if c["hash_code_len"] > 12]
+    assert len(fallback) == len(verify.CUDA_FALLBACK_CASES)  # past the Triton sort: its CUDA kernel runs them
+    assert {c["dtype"] for c in fallback} == set(verify.DTYPES)
 
 
 @pytest.mark.parametrize("name", verify.CUMULATIONS)
 def test_masked_rows_hold_nan_that_the_reference_never_reads(name):
     case = verify._cumulation_case(name, 30, 40, "random", "zipf", "float32", 3, batch=2, num_hashes=4,
-                                   hash_code_len=3, width=5)
+                                   hash_code_len=3, width=5, weight_width=6)
     inputs, attributes = verify.case_inputs(case, np.random.default_rng(0), None)
     masked_keys = inputs["key_mask"] == 0
     assert masked_keys.any() and (~masked_keys).any()
     key_rows = inputs["value"] if "value" in inputs else inputs["key"]
     assert np.isnan(key_rows[masked_keys]).all() and not np.isnan(key_rows[~masked_keys]).any()
-    want = verify.reference_output(numpy_reference, name, inputs, attributes)
-    assert want.shape == (2, 30, 5) and np.isfinite(want).all()
-    assert np.all(want[inputs["query_mask"] == 0] == 0)
+    wants = verify.reference_outputs(numpy_reference, name, inputs, attributes)
+    widths = {"lower_bound_gradients": [(30, 6), (40, 6)]}.get(name, [(30, 5)])
+    assert [w.shape for w in wants] == [(2, *shape) for shape in widths]
+    for want, mask in zip(wants, (inputs["query_mask"], inputs["key_mask"])):
+        assert np.isfinite(want).all() and np.all(want[mask == 0] == 0)
     zero = verify._cumulation_case(name, 30, 40, "zero", "uniform", "float32", 3, batch=2)
     inputs, attributes = verify.case_inputs(zero, np.random.default_rng(1), None)
-    assert np.all(verify.reference_output(numpy_reference, name, inputs, attributes) == 0)
+    assert all(np.all(want == 0) for want in verify.reference_outputs(numpy_reference, name, inputs, attributes))
+
+
+def test_lower_bound_reference_is_the_primitives_eq_4_without_tau_over_2():
+    case = verify._cumulation_case("lower_bound_gradients", 9, 11, "random", "uniform", "float32", 0, batch=2,
+                                   num_hashes=3, hash_code_len=2, width=4, weight_width=5)
+    inputs, attributes = verify.case_inputs(case, np.random.default_rng(2), None)
+    dq, dk = verify.reference_outputs(numpy_reference, "lower_bound_gradients", inputs, attributes)
+    qm, km = inputs["query_mask"] != 0, inputs["key_mask"] != 0
+    q, k, v, dy = (np.nan_to_num(inputs[n]) for n in ("query", "key", "value", "output_gradient"))
+    # (1/m) sum_h [qc == kc] <dY_i, V_j> K_j over kept pairs, and the same with Q_i for keys.
+    c = (inputs["query_codes"][:, :, :, None] == inputs["key_codes"][:, :, None, :]).mean(1)
+    weight = c * qm[:, :, None] * km[:, None, :] * np.einsum("bid,bjd->bij", dy, v)
+    np.testing.assert_allclose(dq, np.einsum("bij,bjd->bid", weight, k), atol=1e-12)
+    np.testing.assert_allclose(dk, np.einsum("bij,bid->bjd", weight, q), atol=1e-12)
 
 
 def test_zipf_codes_are_skewed_and_use_the_top_bucket():
@@ -228,14 +298,22 @@ def test_zipf_codes_are_skewed_and_use_the_top_bucket():
 def test_summary_decides_the_gate_from_the_timings_against_sdpa():
     n, dtype = verify.GATE_CASE
     timings = {"rows": [{"what": "attention forward+backward", "n": n, "dtype": dtype, "ms": 6.0},
+                        {"what": "library attention fwd+bwd", "n": n, "dtype": dtype, "ms": 5.0},
+                        {"what": "lower_bound_gradients", "n": n, "dtype": dtype, "ms": 2.5},
                         {"what": "lsh_cumulation", "n": n, "dtype": dtype, "ms": 0.5}],
                "sdpa": [{"what": "forward+backward", "n": n, "dtype": "bfloat16", "ms": 20.0}],
-               "ratios": {f"{n} {dtype}": {"forward": None, "forward_backward": 0.3}}}
+               "ratios": {f"{n} {dtype}": {"forward": None, "forward_backward": 0.3,
+                                           "library_forward_backward": 0.25}}}
     records = {name: {"status": "ok", "seconds": 1.0, "result": {}} for name in ("load", "correctness", "rates")}
+    records["load"]["result"] = {"triton_cubins": 150, "capability": "90"}
     records["timings"] = {"status": "ok", "seconds": 9.0, "result": timings}
     args = verify._parse(["--out", "unused"])
     text = verify.summary(records, 7, args)
     assert "Gate (GPU-DESIGN.md §5): PASS" in text
-    assert f"| {n} | {dtype} | – | 6.000 |" in text and "| 0.3 |" in text
+    assert f"| {n} | {dtype} | – | 6.000 | 5.000 |" in text and "| 0.3 | 0.25 |" in text
+    assert "| lsh_cumulation | lower_bound_gradients |" in text and "| 0.500 | 2.500 |" in text
     records["correctness"]["status"] = "checks failed"
     assert "Gate (GPU-DESIGN.md §5): FAIL" in verify.summary(records, 7, args)
+    records["correctness"]["status"] = "ok"
+    records["load"]["result"]["triton_cubins"] = 0  # the design's kernels did not run: nothing to decide
+    assert "Gate (GPU-DESIGN.md §5): not decided" in verify.summary(records, 7, args)

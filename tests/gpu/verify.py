@@ -22,14 +22,22 @@ written before the next stage starts:
   load         setup.json        the native library, loaded without keras: its embedded cubins and
                                  each kernel's registers / stack / shared / local bytes (cuobjdump),
                                  its C ABI version, ky_device_kernels(), a device kernel for every
-                                 primitive whose _spec row lists "gpu", and one tiny lsh_cumulation
-                                 through ky_run_device on torch CUDA tensors against float64.
-  correctness  correctness.json  every GPU primitive on CUDA against the float64 references of
-                                 tests/numpy_reference.py, with fresh random inputs (the seed is
-                                 recorded): masks none / random / all-zero, tau 1 / 6 / 8 / 12,
-                                 lengths 1 / 7 / 1,000 / 4,099, widths D 1 / 64 / 100, uniform and
-                                 Zipf-skewed codes, float32 / bfloat16 / float16 (`correctness_cases`).
-                                 Rows a mask drops hold NaN; each case runs twice through
+                                 primitive whose _spec row lists "gpu", the Triton cubins it embeds
+                                 (ky_triton_cubins) and the family this GPU's compute capability runs
+                                 (sm_80 for 8.x, sm_90 for 9.0, none elsewhere), and one tiny
+                                 lsh_cumulation (and lower_bound_gradients) through ky_run_device on
+                                 torch CUDA tensors against float64, with the kernels that ran.
+  correctness  correctness.json  every GPU primitive the library builds on CUDA against the float64
+                                 references of tests/numpy_reference.py, with fresh random inputs (the
+                                 seed is recorded): masks none / random / all-zero, tau 1 / 6 / 8 / 12,
+                                 lengths 1 / 7 / 1,000 / 4,099, widths 1 / 64 / 100, uniform and
+                                 Zipf-skewed codes, float32 / bfloat16 / float16 (`correctness_cases`);
+                                 lower_bound_gradients (eq. 4, both outputs) also in float32 with TF32
+                                 products (KERAS_YOSO_GPU_TF32=1, bound 2e-3), and lsh_cumulation at
+                                 tau 14, past the Triton sort, where its CUDA kernel runs. Each case
+                                 records the kernels that ran it: "triton" where the library embeds
+                                 the cubins of this GPU and the launch plan takes the call, else
+                                 "cuda". Rows a mask drops hold NaN; each case runs twice through
                                  ky_run_device (outputs pre-filled with NaN, workspace with 0xFF
                                  bytes; both runs bitwise equal?) and once through its
                                  torch.ops.keras_yoso CUDA kernel (bitwise equal to ky_run_device?).
@@ -37,18 +45,23 @@ written before the next stage starts:
                                  times max(1, max |reference|); a float32 case within 2e-3 only
                                  (TF32 products, GPU-DESIGN.md §2.4) is counted apart. A primitive
                                  with a `deterministic` attribute must give bitwise equal outputs
-                                 twice in that mode; one without it is recorded as having none.
+                                 twice in that mode, and so must lsh_cumulation on the Triton kernels
+                                 (no atomics): every case, and first one 4,099-row case on its own.
+  timings      timings.json      first the Triton path through the library (torch.ops.keras_yoso, i.e.
+                                 ky_run_device): lsh_cumulation, lower_bound_gradients (float32 also
+                                 with TF32 products) and YOSO forward+backward built from them (hash
+                                 codes given: lsh_cumulation, its dV, lower_bound_gradients; and with
+                                 the two hashes), then torch's SDPA flash attention (bf16, forward and
+                                 forward+backward) at the same shape; at n = 16,384 and 65,536 (while
+                                 >= 60 s are left), B*H = 32, d = D = 64, m = 32, tau 8, float32 and
+                                 bfloat16. Then, while time is left, the other GPU primitives,
+                                 yoso_cumulation forward and forward+backward (keras_yoso.ops,
+                                 custom_op) and one attention call (two hashes + yoso_cumulation).
   rates        rates.json        the rates the design rests on, with torch (CUDA events, median of
                                  >= 10): device-to-device copy, bf16 8192^3 GEMM, row gathers of
                                  128 / 256-byte rows from 16 MB (L2) and 1 GB (HBM) tables, fp32
                                  reductions into distinct rows of 8 MB and 1 GB accumulators (atomic
                                  index_add_, plain gather + add + scatter) and into 256 hot rows.
-  timings      timings.json      each GPU primitive through torch.ops.keras_yoso, yoso_cumulation
-                                 forward and forward+backward (keras_yoso.ops, custom_op), and one
-                                 attention call (two hashes + yoso_cumulation) at n = 16,384 (and
-                                 65,536 while >= 60 s are left), B*H = 32, d = D = 64, m = 32, tau 8,
-                                 float32 and bfloat16, next to torch's SDPA flash attention (bf16,
-                                 forward and forward+backward) at the same shape in the same run.
   smoke_jax    smoke.json        a small YosoAttention (custom_op) forward and backward under
                                  jax.jit(jax.value_and_grad) on the GPU against the same on the CPU
                                  (through the CUDA and CPU XLA FFI handlers), and its forward+backward
@@ -59,11 +72,12 @@ written before the next stage starts:
   sanitizer    sanitizer.json    compute-sanitizer memcheck and racecheck on one tiny case of every
                                  GPU primitive (a subprocess without keras or torch).
 
-The summary table is printed last (also summary.md): each stage's status and headline, the
-timings against SDPA with the design's estimates, and the design's gate. DIR holds at most 8
-files, flat (as many as come back from the GPU machine): the six files above (setup.json and
-smoke.json hold two stages each), summary.md, and the console log the run command tees into
-DIR/log.txt.
+The summary table is printed last (also summary.md): which kernels ran (the Triton cubins the
+library embeds and this GPU's family; "the Triton kernels were not checked" where it embeds none or
+the GPU runs none), each stage's status and headline, the timings against SDPA with the design's
+estimates, and the design's gate. DIR holds at most 8 files, flat (as many as come back from the GPU
+machine): the six files above (setup.json and smoke.json hold two stages each), summary.md, and the
+console log the run command tees into DIR/log.txt.
 
 `--dry-run`, and any run where torch sees no CUDA GPU (or is not installed), records every stage
 after env as skipped ("no CUDA GPU") and still writes every file and the summary, in seconds:
@@ -113,9 +127,9 @@ Stage = collections.namedtuple("Stage", "name limit file backend needs")
 STAGES = (
     Stage("env", 20, "setup.json", None, ()),
     Stage("load", 30, "setup.json", None, ("gpu",)),
-    Stage("correctness", 75, "correctness.json", "torch", ("gpu", "library")),
-    Stage("rates", 40, "rates.json", None, ("gpu",)),
+    Stage("correctness", 90, "correctness.json", "torch", ("gpu", "library")),
     Stage("timings", 120, "timings.json", "torch", ("gpu",)),
+    Stage("rates", 40, "rates.json", None, ("gpu",)),
     Stage("smoke_jax", 60, "smoke.json", "jax", ("gpu", "library")),
     Stage("smoke_torch", 60, "smoke.json", "torch", ("gpu", "library")),
     Stage("sanitizer", 45, "sanitizer.json", None, ("gpu", "library")),
@@ -136,7 +150,9 @@ TOLERANCE = {"float32": 1e-4, "float16": 2e-3, "bfloat16": 1.6e-2}
 TF32_TOLERANCE = 2e-3
 VERDICT_ORDER = ("pass", "tf32", "fail", "error")
 
-CUMULATIONS = ("lsh_cumulation", "weighted_lsh_cumulation", "collision_cumulation")
+# The cumulations with a case builder; lower_bound_gradients (eq. 4) takes its query and key rows of the case's
+# weight_width d and its value and output-gradient rows of its width D.
+CUMULATIONS = ("lsh_cumulation", "weighted_lsh_cumulation", "collision_cumulation", "lower_bound_gradients")
 HASHES = ("gaussian_hash_codes", "hadamard_hash_codes", "hadamard_interleaved_hash_codes")
 DTYPES = ("float32", "bfloat16", "float16")
 MASKS = ("none", "random", "zero")
@@ -159,14 +175,39 @@ ZIPF_EXPONENT = 1.1
 # epsilon attribute of the collision cases (any value: the kernel and the reference get the same).
 CASE_EPSILON = 1e-2
 
+# The Triton kernels (custom_ops/cc/kernels/triton_primitives.h): they run these primitives (causal 0, tau <= 12,
+# widths <= 128 for eq. 4) where the library embeds their cubins (ky_triton_cubins) and the GPU runs a family of
+# them (`triton_arch`); lsh_cumulation takes its CUDA kernel elsewhere, lower_bound_gradients has no other.
+TRITON_PRIMITIVES = ("lsh_cumulation", "lower_bound_gradients")
+# Of those, the primitives whose Triton plan adds without atomics (K2: one owner per table row, K3: a fixed hash
+# order): bitwise equal outputs from run to run, required.
+TRITON_REPRODUCIBLE = ("lsh_cumulation",)
+# The library takes TF32 products for float32 eq. 4 where this variable is "1" (read at each call).
+TF32_VARIABLE = "KERAS_YOSO_GPU_TF32"
+# float32 lower_bound_gradients cases run with TF32 products, bound TF32_TOLERANCE: (Nq, Nk, d, D, tau, codes).
+TF32_CASES = ((1000, 1000, 64, 64, 8, "zipf"), (7, 1000, 100, 1, 6, "uniform"),
+              (LONG_LENGTH, LONG_LENGTH, 64, 100, 12, "uniform"))
+# lsh_cumulation cases past the Triton kernels' 12-bit sort, which its CUDA kernel runs: (Nq, Nk, dtype).
+CUDA_FALLBACK_CODE_LEN = 14
+CUDA_FALLBACK_CASES = ((1000, 1000, "float32"), (7, 1000, "bfloat16"), (1000, 7, "float16"))
+# The 4,099-row lsh_cumulation run twice on its own before the grid (bitwise equal on the Triton kernels).
+REPRODUCIBLE_CASE = {"nq": LONG_LENGTH, "nk": LONG_LENGTH, "batch": 2, "num_hashes": 32, "hash_code_len": 8,
+                     "width": 64, "weight_width": 64}
+
 # ---------------------------------------------------------------------------
 # Timings, smoke tests, sanitizer.
 
 TIMING_SHAPE = {"batch_heads": 32, "dim": 64, "num_hashes": 32, "hash_code_len": 8}
 TIMING_LENGTHS = (16384, 65536)
 TIMING_DTYPES = ("float32", "bfloat16")
-# Seconds the timings stage must have left to start the longer lengths.
+# Seconds the timings stage must have left to start the longer length: of the Triton path's rows and SDPA (first
+# pass), of the other rows (second pass).
 LONG_TIMING_MIN_S = 60
+LONG_OTHER_TIMING_MIN_S = 40
+# Columns of the summary's per-kernel timing table, in order (those timed).
+TIMED_KERNELS = ("gaussian_hash_codes", "hadamard_hash_codes", "hadamard_interleaved_hash_codes", "lsh_cumulation",
+                 "lower_bound_gradients", "lower_bound_gradients TF32", "weighted_lsh_cumulation",
+                 "collision_cumulation")
 # The design's estimate of one attention call's forward+backward (ms, tau 8; GPU-DESIGN.md §3) and
 # its gate: forward+backward at 16K bf16 at most this fraction of SDPA flash's (§5).
 ESTIMATED_FWD_BWD_MS = {(16384, "bfloat16"): (5.3, 8.9), (16384, "float32"): (6.8, 13.1),
@@ -297,14 +338,15 @@ def _numpy_reference():
 # ---------------------------------------------------------------------------
 # Comparisons (unit-tested on the CPU by tests/test_gpu_verify.py).
 
-def compare_values(got, want, dtype):
+def compare_values(got, want, dtype, tolerance=None):
     """`got` against the float64 reference `want` computed in `dtype`: {"verdict", "error" (max abs
-    error; inf where `got` is not finite and `want` is), "allowed" (TOLERANCE[dtype] * max(1, max
-    |want|)), "ratio" (error / allowed), "non_finite"}. The verdict is "pass" within the bound,
-    "tf32" for float32 within TF32_TOLERANCE only, else "fail" (shapes that differ too)."""
+    error; inf where `got` is not finite and `want` is), "allowed" (TOLERANCE[dtype], or `tolerance`
+    where given, times max(1, max |want|)), "ratio" (error / allowed), "non_finite"}. The verdict is
+    "pass" within the bound, "tf32" for float32 within TF32_TOLERANCE only (no `tolerance` given),
+    else "fail" (shapes that differ too)."""
     got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
     scale = max(1.0, float(np.max(np.abs(want), initial=0.0)))
-    allowed = TOLERANCE[dtype] * scale
+    allowed = (TOLERANCE[dtype] if tolerance is None else tolerance) * scale
     if got.shape != want.shape:
         return {"verdict": "fail", "error": math.inf, "allowed": allowed, "ratio": math.inf, "non_finite": 0,
                 "message": f"shape {got.shape}, expected {want.shape}"}
@@ -313,7 +355,7 @@ def compare_values(got, want, dtype):
     error = math.inf if non_finite else float(np.max(difference, initial=0.0))
     if error <= allowed:
         verdict = "pass"
-    elif dtype == "float32" and error <= TF32_TOLERANCE * scale:
+    elif dtype == "float32" and tolerance is None and error <= TF32_TOLERANCE * scale:
         verdict = "tf32"
     else:
         verdict = "fail"
@@ -331,6 +373,33 @@ def compare_codes(got, want, allowed_fraction=0.0):
     ratio = error / allowed_fraction if allowed_fraction > 0 else (0.0 if error == 0 else math.inf)
     return {"verdict": "pass" if error <= allowed_fraction else "fail", "error": error, "allowed": allowed_fraction,
             "ratio": ratio}
+
+
+def triton_arch(major, minor):
+    """The Triton cubin family of a GPU of compute capability major.minor, as triton_launch.h's TritonArchOf:
+    90 for 9.0 (sm_90a cubins), 80 for 8.x, 0 where no family runs (lsh_cumulation takes its CUDA kernel there)."""
+    if (major, minor) == (9, 0):
+        return 90
+    return 80 if major == 8 else 0
+
+
+def triton_coverage(cubins, capability):
+    """(checked, sentence): whether a run with `cubins` embedded Triton cubins (None: not known) on a GPU of
+    compute capability `capability` ("90"; None: not known) runs the Triton kernels, and a sentence that says so."""
+    if cubins is None:
+        return False, "whether the Triton kernels ran is not known (stage load did not report the library's cubins)"
+    if cubins == 0:
+        return False, ("the library embeds no Triton cubins: the Triton kernels were not checked (lsh_cumulation "
+                       "ran its CUDA kernel, lower_bound_gradients had no GPU kernel; build the library with "
+                       "tests/gpu/build_for_gpu.sh)")
+    if capability is None:
+        return False, f"the library embeds {cubins} Triton cubins; the GPU's compute capability is not known"
+    arch = triton_arch(int(capability[:-1]), int(capability[-1]))
+    if arch == 0:
+        return False, (f"the library embeds {cubins} Triton cubins, but this sm_{capability} GPU runs none (8.x and "
+                       "9.0 only): the Triton kernels were not checked")
+    return True, (f"the library embeds {cubins} Triton cubins; this sm_{capability} GPU runs the sm_{arch} ones: "
+                  f"{' and '.join(TRITON_PRIMITIVES)} (causal 0, tau <= 12) ran them")
 
 
 def worst_verdict(verdicts):
@@ -353,17 +422,24 @@ def relative_difference(got, want):
 # The correctness grid.
 
 def _cumulation_case(name, nq, nk, mask, codes, dtype, k, batch, num_hashes=None, hash_code_len=None, width=None,
-                     weight_width=None):
+                     weight_width=None, precision=None):
     """One cumulation case; the widths, m and tau not given rotate with the case's index k in the grid
     (changing every 4, 5, 7 and 11 cases, against the dtype's every case and the code distribution's
-    every 3), so that each value meets every dtype, mask and code distribution."""
+    every 3), so that each value meets every dtype, mask and code distribution. lower_bound_gradients
+    reads weight_width as the query and key width d, width as the value width D. precision "tf32": a
+    float32 case run with TF32_VARIABLE=1, bound TF32_TOLERANCE."""
     case = {"primitive": name, "batch": batch, "nq": nq, "nk": nk, "mask": mask, "codes": codes, "dtype": dtype,
             "num_hashes": num_hashes or NUM_HASHES[(k // 11) % len(NUM_HASHES)],
             "hash_code_len": hash_code_len or CODE_LENS[(k // 5) % len(CODE_LENS)],
             "width": width or WIDTHS[(k // 7) % len(WIDTHS)],
             "weight_width": weight_width or WIDTHS[(k // 4) % len(WIDTHS)]}
-    case["id"] = (f"{name}-B{batch}-m{case['num_hashes']}-nq{nq}-nk{nk}-D{case['width']}-W{case['weight_width']}-"
-                  f"tau{case['hash_code_len']}-{mask}-{codes}-{dtype}")
+    widths = (f"d{case['weight_width']}-D{case['width']}" if name == "lower_bound_gradients"
+              else f"D{case['width']}-W{case['weight_width']}")
+    case["id"] = (f"{name}-B{batch}-m{case['num_hashes']}-nq{nq}-nk{nk}-{widths}-tau{case['hash_code_len']}-{mask}-"
+                  f"{codes}-{dtype}")
+    if precision:
+        case["precision"] = precision
+        case["id"] += f"-{precision}"
     return case
 
 
@@ -388,6 +464,16 @@ def _cases_of(name):
     long = [_cumulation_case(name, LONG_LENGTH, LONG_LENGTH, mask, codes, DTYPES[k % len(DTYPES)], k, batch=1,
                              num_hashes=4, hash_code_len=LONG_CODE_LENS[k], width=WIDTHS[(k + 1) % len(WIDTHS)])
             for k, (mask, codes) in enumerate(itertools.product(("none", "random"), CODE_DISTRIBUTIONS))]
+    if name == "lower_bound_gradients":
+        tf32 = [_cumulation_case(name, nq, nk, "random", codes, "float32", 0, batch=1 if nq == LONG_LENGTH else 2,
+                                 num_hashes=4, hash_code_len=tau, width=width, weight_width=dim, precision="tf32")
+                for nq, nk, dim, width, tau, codes in TF32_CASES]
+        long += [c for c in tf32 if c["nq"] == LONG_LENGTH]
+        cases += [c for c in tf32 if c["nq"] != LONG_LENGTH]
+    if name == "lsh_cumulation":
+        cases += [_cumulation_case(name, nq, nk, "random", "zipf", dtype, 0, batch=2, num_hashes=4,
+                                   hash_code_len=CUDA_FALLBACK_CODE_LEN, width=64)
+                  for nq, nk, dtype in CUDA_FALLBACK_CASES]
     return long, cases
 
 
@@ -400,8 +486,10 @@ def correctness_cases(primitives):
 
     Cumulations: every (Nq, Nk) of LENGTH_PAIRS x mask x code distribution x dtype, with D, the weight
     width, m and tau rotating (`_cumulation_case`), plus 4 cases at 4,099 x 4,099 (masks none and
-    random x uniform and Zipf codes). Hashes: every length of HASH_LENGTHS x width x dtype on
-    small-integer inputs, m and tau rotating, plus two float32 cases on real-valued inputs. Ordered
+    random x uniform and Zipf codes); lower_bound_gradients also TF32_CASES (float32, TF32 products),
+    lsh_cumulation also CUDA_FALLBACK_CASES (tau 14: its CUDA kernel). Hashes: every length of
+    HASH_LENGTHS x width x dtype on small-integer inputs, m and tau rotating, plus two float32 cases
+    on real-valued inputs. Ordered
     with the 4,099-row cumulations first (their references run in parallel while the rest goes
     on), then round-robin over the primitives, so a stage cut short has sampled every primitive.
     """
@@ -478,6 +566,13 @@ def case_inputs(case, rng, hadamard_blocks):
         inputs["key_weight"] = _poison(rng.standard_normal((batch, nk, weight_width)), km)
         inputs["value"] = _poison(rng.standard_normal((batch, nk, width)), km)
         return inputs, {"num_buckets": num_buckets, "causal": 0}
+    if name == "lower_bound_gradients":
+        # Unit query and key rows of width d (weight_width), standard normal values and output gradients of width D.
+        inputs["query"] = _poison(_unit_rows(rng, (batch, nq, weight_width)), qm)
+        inputs["key"] = _poison(_unit_rows(rng, (batch, nk, weight_width)), km)
+        inputs["value"] = _poison(rng.standard_normal((batch, nk, width)), km)
+        inputs["output_gradient"] = _poison(rng.standard_normal((batch, nq, width)), qm)
+        return inputs, {"num_buckets": num_buckets, "causal": 0}
     # Unit query and key rows; weights scaled so <query_weight, key_weight> ~ N(0, 1) (float16 sums stay finite).
     scale = weight_width ** -0.25
     inputs["query"] = _poison(_unit_rows(rng, (batch, nq, width)), qm)
@@ -487,22 +582,33 @@ def case_inputs(case, rng, hadamard_blocks):
     return inputs, {"hash_code_len": tau, "epsilon": CASE_EPSILON}
 
 
-def reference_output(reference, name, x, attributes):
-    """The float64 (codes: int32) result of primitive `name` on inputs `x` from tests/numpy_reference.py."""
+def reference_outputs(reference, name, x, attributes):
+    """The float64 (codes: int32) results of primitive `name` on inputs `x` from tests/numpy_reference.py, a list
+    in the order of the primitive's outputs."""
     if name == "lsh_cumulation":
-        return reference.lsh_cumulation(x["query_codes"], x["key_codes"], x["value"], x["query_mask"], x["key_mask"])
+        return [reference.lsh_cumulation(x["query_codes"], x["key_codes"], x["value"], x["query_mask"],
+                                         x["key_mask"])]
     if name == "weighted_lsh_cumulation":
-        return reference.weighted_lsh_cumulation(x["query_codes"], x["query_weight"], x["key_codes"],
-                                                 x["key_weight"], x["value"], x["query_mask"], x["key_mask"])
+        return [reference.weighted_lsh_cumulation(x["query_codes"], x["query_weight"], x["key_codes"],
+                                                  x["key_weight"], x["value"], x["query_mask"], x["key_mask"])]
     if name == "collision_cumulation":
-        return reference.collision_cumulation(x["query_codes"], x["query"], x["query_weight"], x["key_codes"],
-                                              x["key"], x["key_weight"], attributes["hash_code_len"],
-                                              attributes["epsilon"], x["query_mask"], x["key_mask"])
+        return [reference.collision_cumulation(x["query_codes"], x["query"], x["query_weight"], x["key_codes"],
+                                               x["key"], x["key_weight"], attributes["hash_code_len"],
+                                               attributes["epsilon"], x["query_mask"], x["key_mask"])]
+    if name == "lower_bound_gradients":
+        # The reference's (dQ, dK) carry eq. 4's tau / 2, which the primitive leaves to its caller; rows a mask
+        # drops are zero where the inputs hold NaN (the reference multiplies them by the mask).
+        tau = int(attributes["num_buckets"]).bit_length() - 1
+        rows = {n: np.nan_to_num(x[n]) for n in ("query", "key", "value", "output_gradient")}
+        gradients = reference.yoso_lower_bound_gradients(
+            rows["query"], rows["key"], rows["value"], x["query_codes"], x["key_codes"], tau, rows["output_gradient"],
+            x["query_mask"], x["key_mask"])
+        return [g * 2.0 / tau for g in gradients[:2]]
     m, tau = attributes["num_hashes"], attributes["hash_code_len"]
     if name == "gaussian_hash_codes":
-        return reference.gaussian_hash_codes(x["x"], x["projection"], m, tau)
-    return reference.hadamard_hash_codes(x["x"], x["signs"], m, tau,
-                                         interleaved=name == "hadamard_interleaved_hash_codes")
+        return [reference.gaussian_hash_codes(x["x"], x["projection"], m, tau)]
+    return [reference.hadamard_hash_codes(x["x"], x["signs"], m, tau,
+                                          interleaved=name == "hadamard_interleaved_hash_codes")]
 
 
 def _input_dtype(spec_input, case_dtype):
@@ -721,10 +827,19 @@ def _headline_load(result):
     kernels = result.get("has_device_kernel") or {}
     gpu = result.get("gpu_primitives") or []
     launch = result.get("tiny_launch") or {}
-    return (f"{result.get('build_info')}; ABI {result.get('abi_version')} (needs {result.get('abi_expected')}); "
+    bound = result.get("tiny_lower_bound")
+    text = (f"{result.get('build_info')}; ABI {result.get('abi_version')} (needs {result.get('abi_expected')}); "
             f"device kernels {result.get('device_kernels')}, {sum(bool(kernels.get(n)) for n in gpu)}/{len(gpu)} GPU "
-            f"primitives; cubins {','.join(result.get('cubin_archs') or []) or '–'}; tiny lsh_cumulation "
-            f"{launch.get('verdict', '–')} (error/bound {_number(launch.get('ratio'))})")
+            f"primitives; CUDA cubins {','.join(result.get('cubin_archs') or []) or '–'}; Triton cubins "
+            f"{result.get('triton_cubins', '–')} (this GPU: sm_{result.get('capability', '?')} -> "
+            f"{'sm_' + str(result['triton_arch']) if result.get('triton_arch') else 'none'}); tiny lsh_cumulation "
+            f"{launch.get('verdict', '–')} on {launch.get('path', '–')} (error/bound {_number(launch.get('ratio'))})")
+    if bound:
+        text += (f"; tiny lower_bound_gradients {bound.get('verdict')} on {bound.get('path', '–')} "
+                 f"(error/bound {_number(bound.get('ratio'))})")
+    if result.get("need_triton_cubins"):
+        text += f"; no GPU kernel without the Triton cubins: {', '.join(result['need_triton_cubins'])}"
+    return text
 
 
 def _headline_correctness(result):
@@ -734,10 +849,23 @@ def _headline_correctness(result):
     repeat = [c["repeat_equal"] for c in cases if c.get("repeat_equal") is not None]
     modes = result.get("deterministic_mode") or {}
     with_mode = [n for n, mode in modes.items() if mode != "none"]
+    paths = []
+    for name in TRITON_PRIMITIVES:
+        mine = [c for c in cases if c["primitive"] == name]
+        on_triton = [c for c in mine if c.get("path") == "triton"]
+        if mine:
+            paths.append(f"{name} {len(on_triton)}/{len(mine)} cases on the Triton kernels "
+                         f"({sum(c['verdict'] in ('pass', 'tf32') for c in on_triton)} pass)")
+    for name, found in (result.get("reproducible") or {}).items():
+        if isinstance(found, dict):
+            paths.append(f"{LONG_LENGTH:,}-row {name} ({found['path']}) twice bitwise equal: "
+                         f"{'yes' if found['bitwise_equal'] else 'NO'}{'' if found['required'] else ' (not required)'}")
     return (f"{len(cases)}/{result.get('planned')} cases: {counts['pass']} pass, {counts['tf32']} float32 within "
             f"the TF32 bound only, {counts['fail']} fail, {counts['error']} errors; worst error/bound "
             f"{_number(max(ratios, default=None))}; bitwise equal twice {sum(repeat)}/{len(repeat)}; "
             f"deterministic mode: {', '.join(with_mode) or 'none'}"
+            + (f"; {'; '.join(paths)}" if paths else "")
+            + (f"; no GPU kernel built for {', '.join(result['not_built'])}" if result.get("not_built") else "")
             + (f"; no cases for {', '.join(result['uncovered'])}" if result.get("uncovered") else ""))
 
 
@@ -762,8 +890,15 @@ def _headline_rates(result):
 
 def _headline_timings(result):
     ratio = (result.get("ratios") or {}).get(f"{GATE_CASE[0]} {GATE_CASE[1]}") or {}
-    return (f"attention fwd+bwd / SDPA flash at {GATE_CASE[0]} {GATE_CASE[1]}: "
-            f"{_number(ratio.get('forward_backward'))} (table below)")
+    text = (f"attention fwd+bwd / SDPA flash at {GATE_CASE[0]} {GATE_CASE[1]}: through keras_yoso.ops "
+            f"{_number(ratio.get('forward_backward'))}, through the library "
+            f"{_number(ratio.get('library_forward_backward'))} (table below)")
+    if "triton_checked" in result and not result["triton_checked"]:
+        text += f"; {result.get('triton')}"
+    skipped = result.get("skipped_lengths") or {}
+    if skipped:
+        text += "; not timed for lack of time: " + ", ".join(f"{part} at {lengths}" for part, lengths in skipped.items())
+    return text
 
 
 def _headline_smoke(result):
@@ -814,39 +949,45 @@ def _timing_tables(result):
     if not configurations:
         return []
     ms = lambda what, n, dtype: _number((rows.get((what, n, dtype)) or {}).get("ms"), "{:.3f}")
-    kernels = [k for k in ("gaussian_hash_codes", "hadamard_hash_codes", "hadamard_interleaved_hash_codes",
-                           "lsh_cumulation", "weighted_lsh_cumulation", "collision_cumulation")
-               if any(key[0] == k for key in rows)]
+    kernels = [k for k in TIMED_KERNELS if any(key[0] == k for key in rows)]
     lines = ["", "Timings (ms, CUDA events, median; B*H = {batch_heads}, d = D = {dim}, m = {num_hashes}, "
-             "tau = {hash_code_len}):".format(**TIMING_SHAPE), "",
-             "| n | dtype | " + " | ".join(kernels) + " | yoso fwd | yoso fwd+bwd |",
-             "|---|---|" + "---:|" * (len(kernels) + 2)]
+             "tau = {hash_code_len}; library: torch.ops.keras_yoso, i.e. ky_run_device; yoso: keras_yoso.ops."
+             "yoso_cumulation):".format(**TIMING_SHAPE), "",
+             "| n | dtype | " + " | ".join(kernels) + " | library yoso fwd+bwd | yoso fwd | yoso fwd+bwd |",
+             "|---|---|" + "---:|" * (len(kernels) + 3)]
     for n, dtype in configurations:
-        totals = [ms(f"yoso_cumulation {what}", n, dtype) for what in ("forward", "forward+backward")]
+        totals = [ms("library yoso fwd+bwd", n, dtype)] + [ms(f"yoso_cumulation {what}", n, dtype)
+                                                          for what in ("forward", "forward+backward")]
         lines.append(f"| {n} | {dtype} | " + " | ".join([ms(k, n, dtype) for k in kernels] + totals) + " |")
-    lines += ["", "| n | dtype | attention fwd | attention fwd+bwd | est. fwd+bwd (design §3) | SDPA flash bf16 "
-              "fwd / fwd+bwd | fwd / SDPA | fwd+bwd / SDPA |", "|---|---|---:|---:|---:|---:|---:|---:|"]
+    lines += ["", "Attention (two hashes + YOSO) against SDPA flash (bf16):", "",
+              "| n | dtype | attention fwd | attention fwd+bwd | library attention fwd+bwd | est. fwd+bwd (design §3) "
+              "| SDPA flash bf16 fwd / fwd+bwd | fwd / SDPA | fwd+bwd / SDPA | library fwd+bwd / SDPA |",
+              "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for n, dtype in configurations:
         estimate = ESTIMATED_FWD_BWD_MS.get((n, dtype))
         ratio = (result.get("ratios") or {}).get(f"{n} {dtype}") or {}
         lines.append(f"| {n} | {dtype} | {ms('attention forward', n, dtype)} | "
-                     f"{ms('attention forward+backward', n, dtype)} | "
+                     f"{ms('attention forward+backward', n, dtype)} | {ms('library attention fwd+bwd', n, dtype)} | "
                      f"{'–' if estimate is None else f'{estimate[0]}–{estimate[1]}'} | "
                      f"{_number((sdpa.get(('forward', n)) or {}).get('ms'), '{:.3f}')} / "
                      f"{_number((sdpa.get(('forward+backward', n)) or {}).get('ms'), '{:.3f}')} | "
-                     f"{_number(ratio.get('forward'))} | {_number(ratio.get('forward_backward'))} |")
+                     f"{_number(ratio.get('forward'))} | {_number(ratio.get('forward_backward'))} | "
+                     f"{_number(ratio.get('library_forward_backward'))} |")
     return lines
 
 
 def _gate(records):
-    """The design's gate (§5): load and correctness pass, the rates measured, attention fwd+bwd at 16K bf16
-    at most GATE_RATIO_TO_SDPA of SDPA flash's."""
+    """The design's gate (§5): load and correctness pass with the Triton kernels checked (`triton_coverage`),
+    the rates measured, attention fwd+bwd at 16K bf16 at most GATE_RATIO_TO_SDPA of SDPA flash's."""
     status = lambda name: (records.get(name) or {}).get("status")
     ratio = (((records.get("timings") or {}).get("result") or {}).get("ratios") or {}).get(
         f"{GATE_CASE[0]} {GATE_CASE[1]}", {}).get("forward_backward")
-    parts = [f"load {status('load')}", f"correctness {status('correctness')}", f"rates {status('rates')}",
+    load = (records.get("load") or {}).get("result") or {}
+    triton, _ = triton_coverage(load.get("triton_cubins"), load.get("capability"))
+    parts = [f"load {status('load')}", f"Triton kernels {'checked' if triton else 'NOT checked'}",
+             f"correctness {status('correctness')}", f"rates {status('rates')}",
              f"fwd+bwd / SDPA at {GATE_CASE[0]} {GATE_CASE[1]} = {_number(ratio)} (<= {GATE_RATIO_TO_SDPA})"]
-    if status("load") == status("correctness") == status("rates") == "ok" and ratio is not None:
+    if status("load") == status("correctness") == status("rates") == "ok" and ratio is not None and triton:
         verdict = "PASS" if ratio <= GATE_RATIO_TO_SDPA else "FAIL"
     elif any(status(n) in ("error", "checks failed", "timeout") for n in ("load", "correctness")):
         verdict = "FAIL"
@@ -855,11 +996,22 @@ def _gate(records):
     return f"Gate (GPU-DESIGN.md §5): {verdict}: " + ", ".join(parts)
 
 
+def _kernels_line(records):
+    """Which kernels the run checked: the Triton cubins the library embeds and the family this GPU runs (stage
+    load), in bold where the Triton kernels were not checked."""
+    load = records.get("load") or {}
+    if load.get("status") in (None, "skipped", "interrupted"):
+        return "Kernels: whether the Triton kernels ran is not known (stage load did not run)."
+    result = load.get("result") or {}
+    checked, sentence = triton_coverage(result.get("triton_cubins"), result.get("capability"))
+    return f"Kernels: {sentence}." if checked else f"Kernels: **{sentence}**."
+
+
 def summary(records, seed, args):
     """The summary table (markdown): one row per stage, the timings, the gate."""
     lines = ["# GPU verification summary", "",
              f"deadline {args.deadline:.0f} s, seed {seed}" + (", dry run" if args.dry_run else ""), "",
-             "| stage | status | seconds | result |", "|---|---|---:|---|"]
+             _kernels_line(records), "", "| stage | status | seconds | result |", "|---|---|---:|---|"]
     for stage in STAGES:
         record = records.get(stage.name)
         if record is None:
@@ -1091,15 +1243,81 @@ def _first_line(error):
     return f"{type(error).__name__}: {str(error).strip().splitlines()[0][:300] if str(error).strip() else ''}"
 
 
+def _triton_facts(torch, native):
+    """{"triton_cubins", "capability", "triton_arch"} of the loaded library on this GPU (the cubin family the
+    GPU runs: `triton_arch`)."""
+    major, minor = torch.cuda.get_device_capability()
+    cubins = int(native.triton_cubins()) if hasattr(native, "triton_cubins") else 0
+    return {"triton_cubins": cubins, "capability": f"{major}{minor}", "triton_arch": triton_arch(major, minor)}
+
+
+def kernel_path(native, name, views, attribute_values, facts, exact_fp32=True):
+    """("triton", variants) where primitive `name` on `views` runs the Triton kernels (the library embeds cubins of
+    this GPU's family and the launch plan takes the call: ky_device_launch_plan), else ("cuda", why not)."""
+    if name not in TRITON_PRIMITIVES:
+        return "cuda", None
+    checked, why = triton_coverage(facts["triton_cubins"], facts["capability"])
+    if not checked:
+        return "cuda", why
+    try:
+        plan = native.device_launch_plan(name, views, attribute_values, facts["triton_arch"], exact_fp32)
+    except ValueError as error:  # a limit of the Triton kernels: the CUDA kernel runs the call
+        return "cuda", _first_line(error)
+    return "triton", sorted({launch["variant"] for launch in plan["launches"]})
+
+
+@contextlib.contextmanager
+def _tf32_products(enabled):
+    """TF32_VARIABLE=1 while the block runs (the library reads it at each call), when `enabled`."""
+    if not enabled:
+        yield
+        return
+    previous = os.environ.get(TF32_VARIABLE)
+    os.environ[TF32_VARIABLE] = "1"
+    try:
+        yield
+    finally:
+        if previous is None:
+            del os.environ[TF32_VARIABLE]
+        else:
+            os.environ[TF32_VARIABLE] = previous
+
+
+def _views(native, torch, tensors):
+    return [native.tensor_view(t.data_ptr(), _dtype_name(torch, t), tuple(t.shape)) for t in tensors]
+
+
+def _tiny_launch(torch, native, spec, name, seed, facts):
+    """One tiny case of primitive `name` (B 2, m 3, Nq 50, Nk 70, tau 4, widths 8) through ky_run_device against
+    float64: its comparison, with the kernels that ran it."""
+    case = _cumulation_case(name, 50, 70, "random", "zipf", "float32", 0, batch=2, num_hashes=3, hash_code_len=4,
+                            width=8, weight_width=8)
+    primitive = spec.PRIMITIVES[name]
+    host, attributes = case_inputs(case, np.random.default_rng(seed), None)
+    tensors, seen = _device_inputs(torch, primitive, "float32", host)
+    dtypes = {i.name: _input_dtype(i, "float32") for i in primitive.inputs}
+    specs = _output_specs(primitive, {n: tuple(t.shape) for n, t in zip(primitive.input_names, tensors)}, attributes,
+                          dtypes)
+    values = _attribute_values(primitive, attributes)
+    path, detail = kernel_path(native, name, _views(native, torch, tensors), values, facts)
+    outputs = call_device(native, torch, name, tensors, values, specs)
+    wants = reference_outputs(_numpy_reference(), name, seen, attributes)
+    comparisons = [compare_values(_to_host(torch, got), want, "float32") for got, want in zip(outputs, wants)]
+    worst = max(comparisons, key=lambda c: c["ratio"])
+    return {"case": case["id"], "path": path, "path_detail": detail, **worst}
+
+
 def stage_load(rec):
     """Load and launch: the native library's files and cubins (per-kernel registers / stack / shared /
     local bytes from cuobjdump), the library loaded without keras, its C ABI version,
-    ky_device_kernels(), ky_has_device_kernel for every primitive, and one tiny lsh_cumulation
-    through ky_run_device on torch CUDA tensors against float64. Compiles nothing."""
+    ky_device_kernels(), ky_has_device_kernel for every primitive, the Triton cubins it embeds and the
+    family this GPU runs, and one tiny lsh_cumulation (and lower_bound_gradients, where built) through
+    ky_run_device on torch CUDA tensors against float64, with the kernels that ran. Compiles nothing."""
     r = rec.result
     files = sorted(glob.glob(os.path.join(ROOT, "keras_yoso", "_yoso_native*.so")))
     r["library_files"] = [{"path": os.path.relpath(p, ROOT), "bytes": os.path.getsize(p)} for p in files]
-    rec.check(bool(files), "no keras_yoso/_yoso_native*.so: build it on the CPU machine (docs/build.md) and carry it")
+    rec.check(bool(files), "no keras_yoso/_yoso_native*.so: build it on the CPU machine (tests/gpu/build_for_gpu.sh) "
+                           "and carry it")
     if not files:
         return
     r["cubins"] = _cubin_report(files[0])
@@ -1115,34 +1333,42 @@ def stage_load(rec):
     r["build_info"] = native.build_info()
     r["device_kernels"] = bool(native.device_kernels())
     rec.check(r["device_kernels"], "ky_device_kernels() is 0: the library was built without CUDA kernels")
+    torch = _cuda_torch()
+    facts = _triton_facts(torch, native)
+    r.update(facts)
+    r["triton_checked"], r["triton"] = triton_coverage(facts["triton_cubins"], facts["capability"])
+    print(r["triton"], flush=True)
     spec = native._spec
     r["gpu_primitives"] = gpu_primitives(spec)
     r["has_device_kernel"] = {name: _has_device_kernel(native, name) for name in spec.PRIMITIVES}
     for name in r["gpu_primitives"]:
+        if not r["has_device_kernel"][name] and name in TRITON_PRIMITIVES and not facts["triton_cubins"]:
+            r.setdefault("need_triton_cubins", []).append(name)  # a build without cubins: flagged, not failed
+            continue
         rec.check(r["has_device_kernel"][name], f"no device kernel for {name}, whose _spec row lists gpu")
     rec.save()
-    torch = _cuda_torch()
-    case = _cumulation_case("lsh_cumulation", 50, 70, "random", "zipf", "float32", 0, batch=2, num_hashes=3,
-                            hash_code_len=4, width=8)
-    primitive = spec.PRIMITIVES["lsh_cumulation"]
-    host, attributes = case_inputs(case, np.random.default_rng(rec.seed), None)
-    tensors, seen = _device_inputs(torch, primitive, "float32", host)
-    specs = _output_specs(primitive, {n: tuple(t.shape) for n, t in zip(primitive.input_names, tensors)}, attributes,
-                          {"value": "float32"})
-    (output,) = call_device(native, torch, "lsh_cumulation", tensors, _attribute_values(primitive, attributes), specs)
+    r["tiny_launch"] = _tiny_launch(torch, native, spec, "lsh_cumulation", rec.seed, facts)
     r["launched"] = True
-    comparison = compare_values(_to_host(torch, output),
-                                reference_output(_numpy_reference(), "lsh_cumulation", seen, attributes), "float32")
-    r["tiny_launch"] = {"case": case["id"], **comparison}
-    rec.check(comparison["verdict"] == "pass", f"tiny lsh_cumulation: error {comparison['error']:.3g} > "
-                                               f"{comparison['allowed']:.3g}")
+    launch = r["tiny_launch"]
+    rec.check(launch["verdict"] == "pass", f"tiny lsh_cumulation ({launch['path']}): error {launch['error']:.3g} > "
+                                           f"{launch['allowed']:.3g}")
+    rec.save()
+    if r["has_device_kernel"].get("lower_bound_gradients"):
+        try:
+            bound = r["tiny_lower_bound"] = _tiny_launch(torch, native, spec, "lower_bound_gradients", rec.seed, facts)
+            rec.check(bound["verdict"] == "pass", f"tiny lower_bound_gradients ({bound['path']}): error "
+                                                  f"{bound['error']:.3g} > {bound['allowed']:.3g}")
+        except Exception as error:  # recorded; lsh_cumulation launched, so later stages still run
+            r["tiny_lower_bound"] = {"verdict": "error", "error": _first_line(error)}
+            rec.check(False, f"tiny lower_bound_gradients: {_first_line(error)}")
 
 
-def _launch_case(torch, native, spec, hadamard_blocks, case, seed):
+def _launch_case(torch, native, spec, hadamard_blocks, case, seed, facts):
     """Runs one correctness case on the GPU: twice through ky_run_device, once through its
     torch.ops.keras_yoso op (outputs of the last pre-poisoned through the caching allocator: a freed
-    NaN block of the output's size is what the op's torch.empty gets back). Returns the host inputs
-    and outputs, bitwise flags and the errors raised, for `_checked_case`."""
+    NaN block of the output's size is what the op's torch.empty gets back), with TF32_VARIABLE=1 for a
+    "tf32" case. Returns the host inputs and outputs (per path, one per output of the primitive), the
+    kernels that ran it, bitwise flags and the errors raised, for `_checked_case`."""
     primitive = spec.PRIMITIVES[case["primitive"]]
     rng = np.random.default_rng([seed, zlib.crc32(case["id"].encode())])
     host, attributes = case_inputs(case, rng, hadamard_blocks)
@@ -1154,46 +1380,61 @@ def _launch_case(torch, native, spec, hadamard_blocks, case, seed):
     specs = _output_specs(primitive, {n: tuple(t.shape) for n, t in zip(primitive.input_names, tensors)}, attributes,
                           dtypes)
     values = _attribute_values(primitive, attributes)
+    tf32 = case.get("precision") == "tf32"
+    path, detail = kernel_path(native, primitive.name, _views(native, torch, tensors), values, facts,
+                               exact_fp32=not tf32)
     outputs, messages = {}, {}
-    for path in ("call_device", "call_device_again", "torch_op"):
-        try:
-            if path == "torch_op":
-                _poison_allocator(torch, specs)
-                result = getattr(torch.ops.keras_yoso, primitive.name)(*tensors, *values)
-                outputs[path] = result if isinstance(result, torch.Tensor) else result[0]
-                torch.cuda.synchronize()
-            else:
-                outputs[path] = call_device(native, torch, primitive.name, tensors, values, specs)[0]
-        except Exception as error:  # recorded per case; the grid goes on
-            messages[path] = _first_line(error)
-    both = "call_device" in outputs and "call_device_again" in outputs
-    launched = {"case": case, "inputs": seen, "attributes": attributes, "deterministic": deterministic,
-                "messages": messages,
-                "repeat_equal": _bitwise_equal(torch, outputs["call_device"], outputs["call_device_again"]) if both
-                else None,
-                "op_equal": _bitwise_equal(torch, outputs["call_device"], outputs["torch_op"])
-                if "call_device" in outputs and "torch_op" in outputs else None,
-                "outputs": {path: _to_host(torch, t) for path, t in outputs.items()}}
-    return launched
+    with _tf32_products(tf32):
+        for run in ("call_device", "call_device_again", "torch_op"):
+            try:
+                if run == "torch_op":
+                    _poison_allocator(torch, specs)
+                    result = getattr(torch.ops.keras_yoso, primitive.name)(*tensors, *values)
+                    outputs[run] = [result] if isinstance(result, torch.Tensor) else list(result)
+                    torch.cuda.synchronize()
+                else:
+                    outputs[run] = call_device(native, torch, primitive.name, tensors, values, specs)
+            except Exception as error:  # recorded per case; the grid goes on
+                messages[run] = _first_line(error)
+
+    def equal(a, b):
+        if a not in outputs or b not in outputs:
+            return None
+        return all(_bitwise_equal(torch, x, y) for x, y in zip(outputs[a], outputs[b]))
+
+    reproducible = deterministic or (path == "triton" and primitive.name in TRITON_REPRODUCIBLE)
+    return {"case": case, "inputs": seen, "attributes": attributes, "must_repeat": reproducible, "messages": messages,
+            "path": path, "path_detail": detail, "output_names": [o.name for o in primitive.outputs],
+            "repeat_equal": equal("call_device", "call_device_again"), "op_equal": equal("call_device", "torch_op"),
+            "outputs": {run: [_to_host(torch, t) for t in tensors] for run, tensors in outputs.items()}}
 
 
 def _checked_case(reference, launched):
-    """The case's row: each path's output against the float64 reference (computed here, in a worker
+    """The case's row: each path's outputs against the float64 references (computed here, in a worker
     thread); a reference that raises gives an "error" row."""
     case = launched["case"]
-    row = {"case": case["id"], "primitive": case["primitive"], "dtype": case["dtype"],
+    row = {"case": case["id"], "primitive": case["primitive"], "dtype": case["dtype"], "path": launched["path"],
            "repeat_equal": launched["repeat_equal"], "op_equal": launched["op_equal"]}
+    if case.get("precision"):
+        row["precision"] = case["precision"]
+    if launched["path"] != "triton" and launched["path_detail"] and case["primitive"] in TRITON_PRIMITIVES:
+        row["path_detail"] = launched["path_detail"]
     try:
-        want = reference_output(reference, case["primitive"], launched["inputs"], launched["attributes"])
+        wants = reference_outputs(reference, case["primitive"], launched["inputs"], launched["attributes"])
     except Exception as error:  # recorded in the row; the grid goes on
         return {**row, "verdict": "error", "messages": {**launched["messages"], "reference": _first_line(error)}}
+    tolerance = TF32_TOLERANCE if case.get("precision") == "tf32" else None
+    names = launched["output_names"]
     comparisons = {}
-    for path, got in launched["outputs"].items():
-        comparisons[path] = (compare_codes(got, want, case["allowed_mismatch"]) if case["primitive"] in HASHES
-                             else compare_values(got, want, case["dtype"]))
+    for run, gots in launched["outputs"].items():
+        for name, got, want in zip(names, gots, wants):
+            key = run if len(names) == 1 else f"{run} {name}"
+            comparisons[key] = (compare_codes(got, want, case["allowed_mismatch"]) if case["primitive"] in HASHES
+                                else compare_values(got, want, case["dtype"], tolerance))
     verdicts = [c["verdict"] for c in comparisons.values()] + ["error"] * len(launched["messages"])
-    if launched["deterministic"] and launched["repeat_equal"] is False:
+    if launched["must_repeat"] and launched["repeat_equal"] is False:
         verdicts.append("fail")
+        row["failing_repeat"] = "two runs through ky_run_device differ, where they must be bitwise equal"
     worst = max(comparisons.values(), key=lambda c: c["ratio"], default={})
     row.update({"verdict": worst_verdict(verdicts), "error": worst.get("error"), "allowed": worst.get("allowed"),
                 "ratio": worst.get("ratio")})
@@ -1215,12 +1456,51 @@ def _by_primitive(rows):
         ratios = [r["ratio"] for r in group if isinstance(r.get("ratio"), (int, float))]
         table[f"{name} {dtype}"] = {"cases": len(group), **counts, "worst_ratio": max(ratios, default=None),
                                     "repeat_equal": sum(bool(r["repeat_equal"]) for r in group),
-                                    "op_equal": sum(bool(r["op_equal"]) for r in group)}
+                                    "op_equal": sum(bool(r["op_equal"]) for r in group),
+                                    "on_triton": sum(r.get("path") == "triton" for r in group)}
     return table
+
+
+def _by_path(rows):
+    """{"<primitive> <path>": {"cases", "pass", ...}} of the Triton primitives' rows: which kernels ran them."""
+    table = {}
+    for row in rows:
+        if row["primitive"] in TRITON_PRIMITIVES and row.get("path"):
+            entry = table.setdefault(f"{row['primitive']} {row['path']}", collections.Counter())
+            entry["cases"] += 1
+            entry[row["verdict"]] += 1
+    return {key: dict(counts) for key, counts in table.items()}
 
 
 def _reference_threads():
     return max(1, min(8, (os.cpu_count() or 2) - 1))
+
+
+def _reproducibility(torch, native, spec, facts, seed, dtype="float32"):
+    """REPRODUCIBLE_CASE of each Triton primitive the library builds (Zipf codes, random masks), twice through
+    ky_run_device: {primitive: {"case", "path", "bitwise_equal", "required"}}; bitwise equality is required of
+    TRITON_REPRODUCIBLE on the Triton kernels (lower_bound_gradients adds with atomics: recorded only)."""
+    found = {}
+    for name in TRITON_PRIMITIVES:
+        if not _has_device_kernel(native, name):
+            continue
+        case = _cumulation_case(name, mask="random", codes="zipf", dtype=dtype, k=0, **REPRODUCIBLE_CASE)
+        primitive = spec.PRIMITIVES[name]
+        host, attributes = case_inputs(case, np.random.default_rng([seed, zlib.crc32(case["id"].encode())]), None)
+        tensors, _ = _device_inputs(torch, primitive, dtype, host)
+        dtypes = {i.name: _input_dtype(i, dtype) for i in primitive.inputs}
+        specs = _output_specs(primitive, {n: tuple(t.shape) for n, t in zip(primitive.input_names, tensors)},
+                              attributes, dtypes)
+        values = _attribute_values(primitive, attributes)
+        path, _ = kernel_path(native, name, _views(native, torch, tensors), values, facts)
+        first, second = (call_device(native, torch, name, tensors, values, specs) for _ in range(2))
+        equal = all(_bitwise_equal(torch, a, b) for a, b in zip(first, second))
+        found[name] = {"case": case["id"], "path": path, "bitwise_equal": equal,
+                       "required": path == "triton" and name in TRITON_REPRODUCIBLE,
+                       "bytes": int(sum(t.numel() * t.element_size() for t in first))}
+        del tensors, first, second
+        torch.cuda.empty_cache()
+    return found
 
 
 def stage_correctness(rec):
@@ -1231,12 +1511,25 @@ def stage_correctness(rec):
     from keras_yoso.ops.providers import native_library
     reference = _numpy_reference()
     names = gpu_primitives(_spec)
-    cases = correctness_cases(names)
+    facts = _triton_facts(torch, native_library)
+    built = [n for n in names if _has_device_kernel(native_library, n)]
+    cases = correctness_cases(built)
     r = rec.result
     r.update({"seed": rec.seed, "planned": len(cases), "tolerance": TOLERANCE, "tf32_tolerance": TF32_TOLERANCE,
-              "uncovered": [n for n in names if n not in CUMULATIONS + HASHES]})
+              "uncovered": [n for n in built if n not in CUMULATIONS + HASHES],
+              "not_built": [n for n in names if n not in built], **facts})
+    r["triton_checked"], r["triton"] = triton_coverage(facts["triton_cubins"], facts["capability"])
     r["deterministic_mode"] = {n: "bitwise equal twice" if "deterministic" in _spec.PRIMITIVES[n].attribute_names
                                else "none" for n in names}
+    try:
+        r["reproducible"] = _reproducibility(torch, native_library, _spec, facts, rec.seed)
+    except Exception as error:  # recorded; the grid still runs
+        r["reproducible"] = {"error": _first_line(error)}
+        rec.check(False, f"the {LONG_LENGTH}-row runs twice: {_first_line(error)}")
+    for found in r["reproducible"].values():
+        if isinstance(found, dict) and found["required"]:
+            rec.check(found["bitwise_equal"], f"{found['case']} on the Triton kernels: two runs differ")
+    rec.save()
     rows = r["cases"] = []
     pending = collections.deque()
 
@@ -1255,7 +1548,7 @@ def stage_correctness(rec):
         if rec.remaining() < max(15.0, 0.25 * rec.budget_s) or failed_launches == MAX_FAILED_LAUNCHES:
             break
         try:
-            launched = _launch_case(torch, native_library, _spec, hashing.hadamard_blocks, case, rec.seed)
+            launched = _launch_case(torch, native_library, _spec, hashing.hadamard_blocks, case, rec.seed, facts)
             failed_launches = 0
         except Exception as error:  # e.g. a CUDA context lost to an earlier illegal access: recorded
             failed_launches += 1
@@ -1268,6 +1561,7 @@ def stage_correctness(rec):
     pool.shutdown(wait=False, cancel_futures=True)
     r["not_run"] = len(cases) - len(rows)
     r["by_primitive"] = _by_primitive(rows)
+    r["by_path"] = _by_path(rows)
     for row in rows:
         rec.check(row["verdict"] in ("pass", "tf32"), f"{row['case']}: {row['verdict']}")
     if r["not_run"]:
@@ -1377,8 +1671,12 @@ def _torch_unit_rows(torch, shape, dtype):
     return (x / x.norm(dim=-1, keepdim=True)).to(dtype)
 
 
-def _time_yoso(rec, torch, rows, n, dtype_name, primitives):
-    """Each GPU primitive, yoso_cumulation and one attention call at length n in dtype (rows of `rows`)."""
+def _timing_launches(torch, n, dtype_name, built):
+    """(library, others): the launches the timings stage measures at length n in dtype, {row name: function}.
+    library, the Triton path through the library (torch.ops.keras_yoso, i.e. ky_run_device), first: lsh_cumulation,
+    lower_bound_gradients (float32 also with TF32 products) and YOSO forward+backward built from them, with the
+    codes given and with the two hashes first. others: the other GPU primitives, and yoso_cumulation and one
+    attention call through keras_yoso.ops (custom_op). `built`: the primitives the library has a GPU kernel for."""
     import keras
     from keras_yoso import _validation
     from keras_yoso import ops as yoso_ops
@@ -1394,13 +1692,40 @@ def _time_yoso(rec, torch, rows, n, dtype_name, primitives):
     kernels = torch.ops.keras_yoso
     qc = kernels.hadamard_interleaved_hash_codes(q, params["hadamard_interleaved"], m, tau)
     kc = kernels.hadamard_interleaved_hash_codes(k, params["hadamard_interleaved"], m, tau)
-    buckets, epsilon = 2 ** tau, _validation.COLLISION_EPSILON
+    buckets, epsilon, half_tau = 2 ** tau, _validation.COLLISION_EPSILON, tau / 2.0
+
+    def hashed(x):
+        return kernels.hadamard_interleaved_hash_codes(x, params["hadamard_interleaved"], m, tau)
+
+    def library_forward_backward(hash_first):
+        query_codes, key_codes = (hashed(q), hashed(k)) if hash_first else (qc, kc)
+        kernels.lsh_cumulation(mask, query_codes, mask, key_codes, v, buckets, 0)  # Y (eq. 2)
+        kernels.lsh_cumulation(mask, key_codes, mask, query_codes, dy, buckets, 0)  # dV
+        dq, dk = kernels.lower_bound_gradients(mask, query_codes, q, mask, key_codes, k, v, dy, buckets, 0)
+        dq.mul_(half_tau)  # eq. 4's tau / 2, as keras_yoso.ops.yoso_cumulation applies it
+        dk.mul_(half_tau)
+
+    def tf32(fn):
+        def run():
+            with _tf32_products(True):
+                fn()
+        return run
+
+    library = {}
+    if "lsh_cumulation" in built:
+        library["lsh_cumulation"] = lambda: kernels.lsh_cumulation(mask, qc, mask, kc, v, buckets, 0)
+    if "lower_bound_gradients" in built:
+        library["lower_bound_gradients"] = lambda: kernels.lower_bound_gradients(mask, qc, q, mask, kc, k, v, dy,
+                                                                                 buckets, 0)
+        if dtype_name == "float32":
+            library["lower_bound_gradients TF32"] = tf32(library["lower_bound_gradients"])
+        if "lsh_cumulation" in built:
+            library["library yoso fwd+bwd"] = lambda: library_forward_backward(False)
+            library["library attention fwd+bwd"] = lambda: library_forward_backward(True)
     launches = {
         "gaussian_hash_codes": lambda: kernels.gaussian_hash_codes(q, params["gaussian"], m, tau),
         "hadamard_hash_codes": lambda: kernels.hadamard_hash_codes(q, params["hadamard"], m, tau),
-        "hadamard_interleaved_hash_codes": lambda: kernels.hadamard_interleaved_hash_codes(
-            q, params["hadamard_interleaved"], m, tau),
-        "lsh_cumulation": lambda: kernels.lsh_cumulation(mask, qc, mask, kc, v, buckets, 0),
+        "hadamard_interleaved_hash_codes": lambda: hashed(q),
         # eq. 4's dQ: query weights dY, key weights V, values K
         "weighted_lsh_cumulation": lambda: kernels.weighted_lsh_cumulation(mask, qc, dy, mask, kc, v, k, buckets, 0),
         "collision_cumulation": lambda: kernels.collision_cumulation(mask, qc, q, dy, mask, kc, k, v, tau, epsilon),
@@ -1420,14 +1745,12 @@ def _time_yoso(rec, torch, rows, n, dtype_name, primitives):
         if backward:
             out.backward(dy)
 
-    timed = {name: fn for name, fn in launches.items() if name in primitives}
-    timed.update({"yoso_cumulation forward": lambda: attention(False, False),
-                  "yoso_cumulation forward+backward": lambda: attention(False, True),
-                  "attention forward": lambda: attention(True, False),
-                  "attention forward+backward": lambda: attention(True, True)})
-    for what, fn in timed.items():
-        row = _measure(rec, torch, fn, f"{what} n={n} {dtype_name}")
-        rows.append({"what": what, "n": n, "dtype": dtype_name, **row})
+    others = {name: fn for name, fn in launches.items() if name in built}
+    others.update({"yoso_cumulation forward": lambda: attention(False, False),
+                   "yoso_cumulation forward+backward": lambda: attention(False, True),
+                   "attention forward": lambda: attention(True, False),
+                   "attention forward+backward": lambda: attention(True, True)})
+    return library, others
 
 
 def _time_sdpa(rec, torch, n):
@@ -1455,35 +1778,46 @@ def _time_sdpa(rec, torch, n):
 
 
 def stage_timings(rec):
-    """Per-kernel and total times (CUDA events, median of >= 10 after warm-up) at n = 16,384 and, while
-    >= 60 s are left, 65,536: B*H = 32, d = D = 64, m = 32, tau = 8, float32 and bfloat16. Each GPU
-    primitive through torch.ops.keras_yoso (hashes of the queries; the cumulations on their codes; the
-    weighted one as eq. 4's dQ), keras_yoso.ops.yoso_cumulation (custom_op) forward and forward+backward,
-    and one attention call: the two hashes (keras_yoso.ops.hash_codes) + yoso_cumulation. SDPA flash
-    attention (bf16, [1, 32, n, 64]) forward and forward+backward in the same run; the ratios of the
-    attention call to it."""
+    """Times (CUDA events, median of >= 10 after warm-up), B*H = 32, d = D = 64, m = 32, tau = 8, float32 and
+    bfloat16, in two passes over n = 16,384 and (while >= LONG_TIMING_MIN_S are left) 65,536. First the Triton
+    path through the library (`_timing_launches`' library rows: lsh_cumulation, lower_bound_gradients, YOSO
+    forward+backward built from them) and SDPA flash attention (bf16, [1, 32, n, 64]) forward and
+    forward+backward at each n; then, while >= LONG_OTHER_TIMING_MIN_S are left for 65,536, the other rows: the
+    other GPU primitives through torch.ops.keras_yoso (hashes of the queries; the weighted cumulation as eq. 4's
+    dQ), keras_yoso.ops.yoso_cumulation (custom_op) forward and forward+backward, and one attention call (the two
+    hashes + yoso_cumulation). The ratios of the attention calls to SDPA."""
     torch = _cuda_torch()
     from keras_yoso.ops import _spec
+    from keras_yoso.ops.providers import native_library
     r = rec.result
     r["shape"] = TIMING_SHAPE
+    r.update(_triton_facts(torch, native_library))
+    r["triton_checked"], r["triton"] = triton_coverage(r["triton_cubins"], r["capability"])
+    built = [n for n in gpu_primitives(_spec) if _has_device_kernel(native_library, n)]
     rows, sdpa = r["rows"], r["sdpa"] = [], []
-    primitives = gpu_primitives(_spec)
-    for n in TIMING_LENGTHS:
-        if n != TIMING_LENGTHS[0] and rec.remaining() < LONG_TIMING_MIN_S:
-            r.setdefault("skipped_lengths", []).append(n)
-            continue
-        for dtype in TIMING_DTYPES:
-            try:
-                _time_yoso(rec, torch, rows, n, dtype, primitives)
-            except Exception as error:  # setting up the inputs failed: recorded, the next configuration runs
-                rows.append({"what": "setup", "n": n, "dtype": dtype, "error": _first_line(error)})
-                rec.check(False, f"timings n={n} {dtype}: {_first_line(error)}")
-            torch.cuda.empty_cache()
-        try:
-            sdpa.extend(_time_sdpa(rec, torch, n))
-        except Exception as error:  # e.g. no flash kernel: recorded
-            sdpa.append({"what": "setup", "n": n, "error": _first_line(error)})
-        torch.cuda.empty_cache()
+    skipped = r["skipped_lengths"] = {}
+    for position, (part, long_min_s) in enumerate((("library", LONG_TIMING_MIN_S), ("others", LONG_OTHER_TIMING_MIN_S))):
+        for n in TIMING_LENGTHS:
+            if n != TIMING_LENGTHS[0] and rec.remaining() < long_min_s:
+                skipped.setdefault(part, []).append(n)
+                continue
+            for dtype in TIMING_DTYPES:
+                try:
+                    launches = _timing_launches(torch, n, dtype, built)[position]
+                    for what, fn in launches.items():
+                        rows.append({"what": what, "n": n, "dtype": dtype,
+                                     **_measure(rec, torch, fn, f"{what} n={n} {dtype}")})
+                except Exception as error:  # setting up the inputs failed: recorded, the next configuration runs
+                    rows.append({"what": f"{part} setup", "n": n, "dtype": dtype, "error": _first_line(error)})
+                    rec.check(False, f"timings ({part}) n={n} {dtype}: {_first_line(error)}")
+                launches = None
+                torch.cuda.empty_cache()
+            if part == "library":
+                try:
+                    sdpa.extend(_time_sdpa(rec, torch, n))
+                except Exception as error:  # e.g. no flash kernel: recorded
+                    sdpa.append({"what": "setup", "n": n, "error": _first_line(error)})
+                torch.cuda.empty_cache()
     by = {(row["what"], row["n"], row["dtype"]): row.get("ms") for row in rows}
     reference = {(row["what"], row["n"]): row.get("ms") for row in sdpa}
     ratios = r["ratios"] = {}
@@ -1491,7 +1825,9 @@ def stage_timings(rec):
         ratio = lambda ours, theirs: (None if by.get((ours, n, dtype)) is None or not reference.get((theirs, n))
                                       else by[(ours, n, dtype)] / reference[(theirs, n)])
         ratios[f"{n} {dtype}"] = {"forward": ratio("attention forward", "forward"),
-                                  "forward_backward": ratio("attention forward+backward", "forward+backward")}
+                                  "forward_backward": ratio("attention forward+backward", "forward+backward"),
+                                  "library_forward_backward": ratio("library attention fwd+bwd", "forward+backward"),
+                                  "library_yoso_forward_backward": ratio("library yoso fwd+bwd", "forward+backward")}
 
 
 def _smoke_inputs(seed):
@@ -1677,10 +2013,13 @@ def stage_smoke_jax(rec):
     r["layer_timings"] = _layer_timings(rec, time_layer)
 
 
-def _sanitizer_cases(spec):
-    """One tiny float32 case per GPU primitive with a case builder (SANITIZER_CUMULATION, SANITIZER_HASH)."""
+def _sanitizer_cases(spec, built=lambda name: True):
+    """One tiny float32 case per GPU primitive with a case builder (SANITIZER_CUMULATION, SANITIZER_HASH)
+    for which `built(name)` holds (the library has its kernel)."""
     cases = []
     for name in gpu_primitives(spec):
+        if not built(name):
+            continue
         if name in CUMULATIONS:
             s = SANITIZER_CUMULATION
             cases.append(_cumulation_case(name, s["nq"], s["nk"], "random", "zipf", "float32", 0, s["batch"],
@@ -1702,7 +2041,7 @@ def stage_sanitizer_case(rec):
     reference = _numpy_reference()
     host_to_device, device_to_host = 1, 2
     r = rec.result
-    for case in _sanitizer_cases(spec):
+    for case in _sanitizer_cases(spec, lambda name: _has_device_kernel(native, name)):
         primitive = spec.PRIMITIVES[case["primitive"]]
         host, attributes = case_inputs(case, np.random.default_rng(rec.seed),
                                        lambda *unused: SANITIZER_HADAMARD_BLOCKS)
@@ -1741,11 +2080,12 @@ def stage_sanitizer_case(rec):
                 runtime.free(pointer)
         seen = {i.name: array if dtypes[i.name] == "int32" else array.astype(np.float64)
                 for i, array in zip(primitive.inputs, arrays)}
-        want = reference_output(reference, primitive.name, seen, attributes)
-        comparison = (compare_codes(outputs[0], want) if primitive.name in HASHES
-                      else compare_values(outputs[0], want, "float32"))
-        r[case["id"]] = comparison["verdict"]
-        rec.check(comparison["verdict"] == "pass", f"{case['id']}: {comparison['verdict']}")
+        wants = reference_outputs(reference, primitive.name, seen, attributes)
+        verdict = worst_verdict([(compare_codes(got, want) if primitive.name in HASHES
+                                  else compare_values(got, want, "float32"))["verdict"]
+                                 for got, want in zip(outputs, wants)])
+        r[case["id"]] = verdict
+        rec.check(verdict == "pass", f"{case['id']}: {verdict}")
         rec.save()
 
 
