@@ -120,9 +120,10 @@ def test_weighted_cumulation_is_held_to_the_table_limit_the_provider_declares(in
 
 class _OnGpu(_Recording):
     """A native provider whose calls all run on "gpu", where it serves the primitives `_spec` lists there that
-    its build holds (`fused_on_gpu`: whether the build embeds the Triton kernels of lower_bound_gradients)."""
+    its build holds (`triton_on_gpu`: whether the build embeds the Triton kernels, the only GPU kernels of
+    lower_bound_gradients and lsh_cumulation_step)."""
 
-    fused_on_gpu = True
+    triton_on_gpu = True
 
     def device_of(self, tensors):
         return "gpu"
@@ -131,12 +132,12 @@ class _OnGpu(_Recording):
         return ("cpu", "gpu")
 
     def builds_gpu_kernel(self, name):
-        return name != "lower_bound_gradients" or self.fused_on_gpu
+        return name not in ("lower_bound_gradients", "lsh_cumulation_step") or self.triton_on_gpu
 
 
-@pytest.mark.parametrize("fused_on_gpu", [False, True])
-def test_the_eq4_backward_runs_fused_on_a_gpu_only_where_the_build_holds_that_kernel(install, fused_on_gpu):
-    provider = install(_OnGpu(fused_on_gpu=fused_on_gpu))
+@pytest.mark.parametrize("triton_on_gpu", [False, True])
+def test_the_eq4_backward_runs_fused_on_a_gpu_only_where_the_build_holds_that_kernel(install, triton_on_gpu):
+    provider = install(_OnGpu(triton_on_gpu=triton_on_gpu))
     rng = np.random.default_rng(1)
     q, k = unit_rows(rng, (1, 6, 8)), unit_rows(rng, (1, 7, 8))
     v = rng.standard_normal((1, 7, 5)).astype(np.float32)
@@ -144,15 +145,15 @@ def test_the_eq4_backward_runs_fused_on_a_gpu_only_where_the_build_holds_that_ke
     cotangent = rng.standard_normal((1, 6, 5)).astype(np.float32)
     _, (dq, dk, _) = vjp(lambda a, b, c: ops.yoso_cumulation(a, b, c, qc, kc, 2, implementation="custom_op"),
                          [q, k, v], cotangent)
-    assert ("lower_bound_gradients" in provider.ran) == fused_on_gpu
-    assert provider.ran.count("weighted_lsh_cumulation") == (0 if fused_on_gpu else 2)
+    assert ("lower_bound_gradients" in provider.ran) == triton_on_gpu
+    assert provider.ran.count("weighted_lsh_cumulation") == (0 if triton_on_gpu else 2)
     want_dq, want_dk, _ = ref.yoso_lower_bound_gradients(q, k, v, qc, kc, 2, cotangent)
     np.testing.assert_allclose(dq, want_dq, rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(dk, want_dk, rtol=1e-4, atol=1e-4)
 
 
 def test_a_primitive_without_a_kernel_on_the_device_sends_auto_to_the_composite_and_custom_op_to_an_error(install):
-    install(_OnGpu())
+    install(_OnGpu(triton_on_gpu=False))  # a build without the Triton cubins: no GPU decoding step
     codes = np.zeros((1, 2, 3), np.int32)
     value, tables = np.ones((1, 3, 2), np.float32), np.zeros((1, 2, 4, 2), np.float32)
     assert _dispatch.provider("auto", (value,), 0, ("lsh_cumulation",)).name == "custom_op"

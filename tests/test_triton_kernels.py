@@ -217,6 +217,10 @@ def _run_plan(plan, inputs, outputs):
     starts = sorted({a[1] for launch in plan["launches"] for a in launch["args"] if a[0] == "ws"} |
                     {offset for offset, _ in plan["zeroed"]})
     ends = dict(zip(starts, starts[1:] + [plan["workspace_bytes"]]))
+    for source, target, size in plan["copies"]:
+        assert outputs[target].numel() * outputs[target].element_size() == size
+        if outputs[target].data_ptr() != inputs[source].data_ptr():
+            outputs[target].copy_(inputs[source])
     for offset, size in plan["zeroed"]:
         assert offset + size <= ends[offset], "a zeroed region overlaps the next one"
         workspace[offset:offset + size] = 0
@@ -242,6 +246,45 @@ def _run_plan(plan, inputs, outputs):
         kernel[tuple(launch["grid"])](*args, **constexprs, num_warps=num_warps)
 
 
+def _decoding_reference(qm, qc, km, kc, value, tables):
+    """float64 (out, tables_out) of the decoding step (custom_ops/triton/decoding.py's definition), in position
+    order per (b, h)."""
+    batch, num_hashes, length = qc.shape
+    out, tables = np.zeros(value.shape), tables.astype(np.float64).copy()
+    for b in range(batch):
+        for h in range(num_hashes):
+            for t in range(length):
+                if km[b, t] != 0:
+                    tables[b, h, kc[b, h, t]] += value[b, t]
+                if qm[b, t] != 0:
+                    out[b, t] += tables[b, h, qc[b, h, t]] / num_hashes
+    return out, tables
+
+
+def _decoding_inputs(rng, tau, length, width, masks, dtype):
+    batch, buckets = 2, 1 << tau
+    qc = rng.integers(0, buckets, (batch, NUM_HASHES, length)).astype(np.int32)
+    kc = rng.integers(0, buckets, (batch, NUM_HASHES, length)).astype(np.int32)
+    qm, km = _mask(rng, batch, length, masks), _mask(rng, batch, length, masks)
+    value = _rows(rng, km, width, dtype)
+    tables = rng.standard_normal((batch, NUM_HASHES, buckets, width)).astype(np.float32)
+    return qm, qc, km, kc, value, tables
+
+
+def _check_decoding(tau, length, width, masks, dtype, in_place):
+    decoding, = _import_kernels("decoding")
+    qm, qc, km, kc, value, tables = _decoding_inputs(np.random.default_rng(tau + 10 * length + width), tau, length,
+                                                     width, masks, dtype)
+    want_out, want_tables = _decoding_reference(qm, qc, km, kc, np.nan_to_num(_numpy(value)), tables)
+    old = _t(tables)
+    target = old if in_place else torch.full_like(old, float("nan"))
+    out, new = decoding.lsh_cumulation_step(_t(qm), _t(qc), _t(km), _t(kc), value, old,
+                                            out=_nan(value.shape, dtype), tables_out=target)
+    assert new.data_ptr() == target.data_ptr()
+    _assert_close(out, want_out, dtype)
+    _assert_close(new, want_tables, torch.float32)
+
+
 def _check_plan(name, primitive, tau, nq, nk, dim, width, masks, codes_kind, dtype, arch):
     """The C++ launch plan of `primitive` for sm_<arch> (computed by the test process, read from KY_TRITON_PLANS) run in the
     interpreter against float64."""
@@ -252,6 +295,16 @@ def _check_plan(name, primitive, tau, nq, nk, dim, width, masks, codes_kind, dty
     qc, kc = _codes(rng, batch, nq, tau, codes_kind), _codes(rng, batch, nk, tau, codes_kind)
     qm, km = _mask(rng, batch, nq, masks), _mask(rng, batch, nk, masks)
     rqc, rkc = _reference_codes(qc, tau, "query"), _reference_codes(kc, tau, "key")
+    if primitive == "lsh_cumulation_step":
+        qm, qc, km, kc, value, tables = _decoding_inputs(rng, tau, nq, width, masks, dtype)
+        want_out, want_tables = _decoding_reference(qm, qc, km, kc, np.nan_to_num(_numpy(value)), tables)
+        for in_place in (False, True):
+            old = _t(tables)
+            out, new = _nan(value.shape, dtype), old if in_place else torch.full_like(old, float("nan"))
+            _run_plan(plan, [_t(qm), _t(qc), _t(km), _t(kc), value, old], [out, new])
+            _assert_close(out, want_out, dtype)
+            _assert_close(new, want_tables, torch.float32)
+        return
     v, dy = _rows(rng, km, width, dtype), _rows(rng, qm, width, dtype)
     if primitive == "lsh_cumulation":
         out = _nan((batch, nq, width), dtype)
@@ -281,9 +334,13 @@ def plan_inputs(primitive, tau, nq, nk, dim, width, dtype):
               "key_mask": ("float32", (batch, nk)), "key_codes": ("int32", (batch, NUM_HASHES, nk)),
               "query": (rows, (batch, nq, dim)), "key": (rows, (batch, nk, dim)), "value": (rows, (batch, nk, width)),
               "output_gradient": (rows, (batch, nq, width))}
-    names = (["query_mask", "query_codes", "key_mask", "key_codes", "value"] if primitive == "lsh_cumulation" else
-             ["query_mask", "query_codes", "query", "key_mask", "key_codes", "key", "value", "output_gradient"])
-    return [native_library.tensor_view(ctypes.addressof(_UNREAD), *shapes[n]) for n in names], [1 << tau, 0]
+    shapes["tables"] = ("float32", (batch, NUM_HASHES, 1 << tau, width))
+    names = {"lsh_cumulation": ["query_mask", "query_codes", "key_mask", "key_codes", "value"],
+             "lsh_cumulation_step": ["query_mask", "query_codes", "key_mask", "key_codes", "value", "tables"],
+             "lower_bound_gradients": ["query_mask", "query_codes", "query", "key_mask", "key_codes", "key", "value",
+                                       "output_gradient"]}[primitive]
+    attributes = [] if primitive == "lsh_cumulation_step" else [1 << tau, 0]
+    return [native_library.tensor_view(ctypes.addressof(_UNREAD), *shapes[n]) for n in names], attributes
 
 
 def _case_id(prefix, *parts):
@@ -304,6 +361,13 @@ CUMULATION_CASES = {_case_id("cumulation", *case): (_check_cumulation, case) for
     (3, 300, 300, 16, "random", "uniform", torch.float16),
 ]}
 CUMULATION_CASES["empty-buckets"] = (_check_empty_buckets, ())
+# The decoding step: (tau, T, D, masks, dtype, in place).
+DECODING_CASES = {_case_id("decoding", *case): (_check_decoding, case) for case in [
+    (3, 1, 16, "none", torch.float32, True),
+    (1, 7, 1, "random", torch.float32, False),
+    (6, 40, 33, "random", torch.bfloat16, True),
+    (12, 20, 64, "zero", torch.float16, False),
+]}
 LOWER_BOUND_CASES = {_case_id("lower_bound", *case): (_check_lower_bound, case) for case in [
     (3, 300, 300, 16, 33, "random", "zipf", torch.float32, ("pair", "table", "auto")),
     (1, 1, 7, 33, 1, "none", "uniform", torch.float32, ("pair", "table", "auto")),
@@ -313,18 +377,20 @@ LOWER_BOUND_CASES = {_case_id("lower_bound", *case): (_check_lower_bound, case) 
     (1, 300, 300, 16, 16, "random", "uniform", torch.float16, ("auto",)),
 ]}
 # The C++ launch plans (triton_launch.h), both arches' tiles: (primitive, tau, Nq, Nk, d, D, masks, codes, dtype,
-# arch); d is unused by lsh_cumulation.
+# arch); d is unused by lsh_cumulation and the decoding step, whose T is Nq (its plans run in place and not).
 PLAN_CASES = {_case_id("plan", *case): (_check_plan, case) for case in [
     ("lsh_cumulation", 3, 7, 300, 0, 16, "random", "zipf", torch.float32, 80),
     ("lsh_cumulation", 6, 300, 300, 0, 33, "random", "uniform", torch.bfloat16, 90),
     ("lsh_cumulation", 1, 1, 7, 0, 1, "zero", "uniform", torch.float16, 80),
     ("lsh_cumulation", 3, 300, 2500, 0, 16, "random", "zipf", torch.float32, 90),
+    ("lsh_cumulation_step", 3, 1, 1, 0, 16, "none", "uniform", torch.float32, 90),
+    ("lsh_cumulation_step", 13, 37, 37, 0, 33, "random", "uniform", torch.bfloat16, 80),
     ("lower_bound_gradients", 3, 300, 300, 16, 33, "random", "zipf", torch.float32, 80),
     ("lower_bound_gradients", 3, 300, 300, 16, 16, "random", "zipf", torch.bfloat16, 90),
     ("lower_bound_gradients", 1, 1, 7, 33, 1, "none", "uniform", torch.float32, 90),
     ("lower_bound_gradients", 3, 7, 300, 1, 16, "zero", "zipf", torch.float16, 80),
 ]}
-CASES = {**SORT_CASES, **CUMULATION_CASES, **LOWER_BOUND_CASES, **PLAN_CASES}
+CASES = {**SORT_CASES, **CUMULATION_CASES, **DECODING_CASES, **LOWER_BOUND_CASES, **PLAN_CASES}
 
 
 def run_cases(names):
@@ -377,6 +443,11 @@ def test_bucket_sort_is_a_stable_counting_sort_of_the_kept_rows(case):
 
 @pytest.mark.parametrize("case", CUMULATION_CASES)
 def test_lsh_cumulation_and_its_value_gradient_match_eq_2(case):
+    _check_case(case)
+
+
+@pytest.mark.parametrize("case", DECODING_CASES)
+def test_decoding_step_matches_position_ordered_bucket_tables(case):
     _check_case(case)
 
 

@@ -45,6 +45,7 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 
 import bucket_sort  # noqa: E402
 import bucket_sums  # noqa: E402
+import decoding  # noqa: E402
 import lower_bound  # noqa: E402
 
 ARCHS = (80, 90)
@@ -80,6 +81,11 @@ _PARAMETERS = {
                                  "dk_acc_ptr:*fp32 num_hashes:i32 num_queries:i32 num_keys:i32 dim:i32 "
                                  "value_dim:i32 num_buckets:i32",
     "finalize_rows_kernel": "acc_ptr:*fp32 mask_ptr:*fp32 out_ptr:*{dtype} num_elements:i32 width:i32 scale:fp32",
+    "decode_outputs_kernel": "tables_ptr:*fp32 query_codes_ptr:*i32 query_mask_ptr:*fp32 key_codes_ptr:*i32 "
+                             "key_mask_ptr:*fp32 value_ptr:*{dtype} out_ptr:*{dtype} num_hashes:i32 length:i32 "
+                             "width:i32 num_buckets:i32 inv_num_hashes:fp32",
+    "decode_update_kernel": "tables_ptr:*fp32 key_codes_ptr:*i32 key_mask_ptr:*fp32 value_ptr:*{dtype} "
+                            "num_hashes:i32 length:i32 width:i32 num_buckets:i32",
 }
 _GRIDS = {
     "segment_histograms_kernel": "(B * num_hashes, cdiv(length, SEGMENT), 1)",
@@ -90,6 +96,8 @@ _GRIDS = {
     "lower_bound_pairs_kernel": "(B * num_hashes, cdiv(num_queries, BLOCK_Q), 1)",
     "lower_bound_tables_kernel": "(B * num_hashes, cdiv(num_buckets, BUCKETS), 1)",
     "finalize_rows_kernel": "(cdiv(num_elements, BLOCK), 1, 1)",
+    "decode_outputs_kernel": "(B, cdiv(length, BLOCK_T), cdiv(width, BLOCK_D))",
+    "decode_update_kernel": "(B * num_hashes, cdiv(width, BLOCK_D), 1)",
 }
 # What acq_rel atomics compile to (ATOMG between MEMBAR.ALL.GPU and CCTL.IVALL); wgmma's own fences are
 # CTA-scope (MEMBAR.ALL.CTA) and allowed.
@@ -125,6 +133,11 @@ def variants(arch):
                         bucket_sums.NUM_WARPS, divisible))
             out.append((f"gather_tables_kernel_{tag}", bucket_sums.gather_tables_kernel, dtype,
                         dict(BLOCK_Q=bucket_sums.BLOCK_Q, BLOCK_D=tile), bucket_sums.NUM_WARPS, divisible))
+            out.append((f"decode_outputs_kernel_{tag}", decoding.decode_outputs_kernel, dtype,
+                        dict(BLOCK_T=decoding.BLOCK_T, BLOCK_S=decoding.BLOCK_S, BLOCK_D=decoding.BLOCK_D),
+                        decoding.NUM_WARPS, divisible))
+            out.append((f"decode_update_kernel_{tag}", decoding.decode_update_kernel, dtype,
+                        dict(BLOCK_D=decoding.BLOCK_D), decoding.NUM_WARPS, divisible))
         for precision in (("tf32", "ieee") if dtype == "fp32" else ("tf32",)):
             for width, aligned in [(w, True) for w in WIDTHS] + [(w, False) for w in UNALIGNED_WIDTHS]:
                 tag = f"{dtype}{'_ieee' if precision == 'ieee' else ''}_d{width}{'_a16' if aligned else ''}"

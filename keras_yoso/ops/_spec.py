@@ -15,7 +15,8 @@ holds them to this table.
 CUDA and Triton kernels: `ky_run_device`, custom_ops/cc/kernels/yoso_gpu_primitives.h's
 KY_GPU_PRIMITIVES); a provider runs a primitive on a device where the row lists it, the provider's
 kernels are loaded for that device and the build holds that kernel (`providers/base.Provider.runs`;
-lower_bound_gradients has only the Triton kernels on a GPU, which a build may leave out). The CUDA kernels take `causal = 0` only
+lower_bound_gradients and lsh_cumulation_step have only the Triton kernels on a GPU, which a build may
+leave out). The CUDA kernels take `causal = 0` only
 (`CAUSAL_DEVICES`).
 
 Every provider primitive (`providers/base.py`) takes its tensors and attributes in this order:
@@ -203,7 +204,7 @@ PRIMITIVES = {p.name: p for p in (
                       _input("key_codes", "codes"), _input("value", "rows"), _input("tables", "tables")),
               attributes=(), outputs=_VALUE_OUT + (Output("tables_out", "float32"),), output_shapes=_step_shapes,
               raw_op="YosoLshCumulationStep", composite="decoding.lsh_cumulation_step",
-              in_place={"tables": "tables_out"}, devices=("cpu",)),
+              in_place={"tables": "tables_out"}),
     Primitive(name="weighted_lsh_cumulation",
               inputs=(_input("query_mask", "mask"), _input("query_codes", "codes"), _input("query_weight", "rows"),
                       _input("key_mask", "mask"), _input("key_codes", "codes"), _input("key_weight", "rows"),

@@ -39,6 +39,7 @@ struct Driver {
   CUresult (*ModuleGetFunction)(CUfunction*, CUmodule, const char*) = nullptr;
   CUresult (*FuncSetAttribute)(CUfunction, int, int) = nullptr;
   CUresult (*MemsetD8Async)(CUdeviceptr, unsigned char, size_t, CUstream) = nullptr;
+  CUresult (*MemcpyDtoDAsync)(CUdeviceptr, CUdeviceptr, size_t, CUstream) = nullptr;
   CUresult (*LaunchKernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
                            CUstream, void**, void**) = nullptr;
   std::string error;  // why the driver is unusable ("" when it is)
@@ -71,6 +72,7 @@ const Driver& GetDriver() {
     Bind(handle, "cuModuleGetFunction", &d->ModuleGetFunction, &e);
     Bind(handle, "cuFuncSetAttribute", &d->FuncSetAttribute, &e);
     Bind(handle, "cuMemsetD8Async", &d->MemsetD8Async, &e);
+    Bind(handle, "cuMemcpyDtoDAsync_v2", &d->MemcpyDtoDAsync, &e);
     Bind(handle, "cuLaunchKernel", &d->LaunchKernel, &e);
     return d;
   }();
@@ -175,7 +177,12 @@ void AppendArg(const PlanArg& a, std::string* out) {
 }  // namespace
 
 std::string TritonPlanJson(const TritonPlan& plan) {
-  std::string out = "{\"workspace_bytes\": " + std::to_string(plan.workspace_bytes) + ", \"zeroed\": [";
+  std::string out = "{\"workspace_bytes\": " + std::to_string(plan.workspace_bytes) + ", \"copies\": [";
+  for (size_t i = 0; i < plan.copies.size(); ++i) {
+    out += (i ? ", [" : "[") + std::to_string(plan.copies[i].input) + ", " + std::to_string(plan.copies[i].output) +
+           ", " + std::to_string(plan.copies[i].bytes) + "]";
+  }
+  out += "], \"zeroed\": [";
   for (size_t i = 0; i < plan.zeroed.size(); ++i) {
     out += (i ? ", [" : "[") + std::to_string(plan.zeroed[i].first) + ", " + std::to_string(plan.zeroed[i].second) +
            "]";
@@ -228,6 +235,14 @@ std::string RunTritonPlan(const TritonPlan& plan, void* const* in, void* const* 
   std::string error;
   ScopedStreamContext scope(driver, stream, &error);
   if (!error.empty()) return error;
+  for (const PlanCopy& copy : plan.copies) {
+    if (in[copy.input] == out[copy.output] || copy.bytes == 0) continue;
+    const CUresult status =
+        driver.MemcpyDtoDAsync(reinterpret_cast<CUdeviceptr>(out[copy.output]),
+                               reinterpret_cast<CUdeviceptr>(in[copy.input]), static_cast<size_t>(copy.bytes), stream);
+    if (status != kSuccess) return DriverError(driver, status, "copying input " + std::to_string(copy.input) +
+                                                                   " into output " + std::to_string(copy.output));
+  }
   auto* base = static_cast<char*>(workspace);
   for (const auto& [offset, bytes] : plan.zeroed) {
     const CUresult status = driver.MemsetD8Async(reinterpret_cast<CUdeviceptr>(base + offset), 0,

@@ -12,7 +12,8 @@
 //   stream: libcuda is dlopen'ed at the first call, the cubins embedded in this library
 //   (kTritonCubins, triton_cubins*.cc) are loaded once per CUDA context.
 //
-// Plans exist for causal = 0 of lsh_cumulation (eq. 2: K1 on the keys (three kernels: segment
+// Plans exist for lsh_cumulation_step (the decoding step: an outputs kernel, then an update of the
+// tables in position order), and for causal = 0 of lsh_cumulation (eq. 2: K1 on the keys (three kernels: segment
 // histograms, cursors, scatter), K2 bucket tables, K3 gather;
 // no atomics, bitwise reproducible) and lower_bound_gradients (eq. 4 without tau/2, with 1/m: K1 on
 // both sides, K6 pair and table forms chosen per bucket into fp32 accumulators, K7 finalize).
@@ -68,10 +69,16 @@ struct PlanLaunch {
   std::vector<PlanArg> args;  // the kernel's runtime parameters, hidden ones included (kNull)
 };
 
+// Input `input` copied into output `output` (bytes), unless they are one buffer (an in-place call).
+struct PlanCopy {
+  int64_t input, output, bytes;
+};
+
 struct TritonPlan {
   size_t workspace_bytes = 0;
-  std::vector<std::pair<int64_t, int64_t>> zeroed;  // (offset, bytes) of workspace set to 0 first
-  std::vector<PlanLaunch> launches;
+  std::vector<PlanCopy> copies;                     // first
+  std::vector<std::pair<int64_t, int64_t>> zeroed;  // (offset, bytes) of workspace set to 0 next
+  std::vector<PlanLaunch> launches;                 // then these, in order
 };
 
 // Workspace regions start on this boundary (the cubins' pointers are compiled as 16-byte aligned).
@@ -296,7 +303,33 @@ inline std::string PlanLowerBoundGradients(const CumulationDims& d, ScalarType d
   return error;
 }
 
-// The plan as JSON (ky_device_launch_plan): {"workspace_bytes", "zeroed": [[offset, bytes]...],
+// The plan of lsh_cumulation_step (the decoding step) for cubins of `arch`: inputs (query_mask,
+// query_codes, key_mask, key_codes, value [B, T, D], tables [B, m, nb, D] float32), outputs out
+// [B, T, D] and tables_out (may be tables). The tables are copied into tables_out (unless in place),
+// the outputs kernel reads the old tables, then the update kernel adds the new keys in position order.
+inline std::string PlanLshCumulationStep(const CumulationDims& d, ScalarType dtype, int arch, TritonPlan* plan) {
+  using namespace triton_plan;  // NOLINT: the plan's vocabulary
+  *plan = TritonPlan{};
+  const int64_t length = d.num_queries, width = d.value_dim, bm = d.batch * d.num_hashes;
+  if (length * width >= (int64_t{1} << 31) || d.num_buckets * width >= (int64_t{1} << 31)) {
+    return "the Triton decoding kernels index rows with int32: length * width (" + std::to_string(length) + " * " +
+           std::to_string(width) + ") and num_buckets * width must be below 2^31";
+  }
+  std::string error;
+  Builder b(arch, plan, &error);
+  plan->copies.push_back({5, 1, bm * d.num_buckets * width * 4});
+  const std::string tag = std::string(DtypeName(dtype)) + (width % 16 == 0 ? "_a16" : "");
+  const std::string outputs = "decode_outputs_kernel_" + tag, update = "decode_update_kernel_" + tag;
+  b.Launch(outputs, d.batch, CeilDiv(length, b.Tile(outputs, "BLOCK_T")), CeilDiv(width, b.Tile(outputs, "BLOCK_D")),
+           {In(5), In(1), In(0), In(3), In(2), In(4), Out(0), I32(d.num_hashes), I32(length), I32(width),
+            I32(d.num_buckets), F32(1.0f / static_cast<float>(d.num_hashes))});
+  b.Launch(update, bm, CeilDiv(width, b.Tile(update, "BLOCK_D")), 1,
+           {Out(1), In(3), In(2), In(4), I32(d.num_hashes), I32(length), I32(width), I32(d.num_buckets)});
+  return error;
+}
+
+// The plan as JSON (ky_device_launch_plan): {"workspace_bytes", "copies": [[input, output, bytes]...],
+// "zeroed": [[offset, bytes]...],
 // "launches": [{"variant", "arch", "num_warps", "grid": [x, y, z], "args": [["in", i] | ["out", i] |
 // ["ws", offset] | ["i32", v] | ["fp32", v] | ["null", 0]]}]}.
 std::string TritonPlanJson(const TritonPlan& plan);

@@ -43,6 +43,15 @@ struct TritonPlanOf<LshCumulation> {
 };
 
 template <>
+struct TritonPlanOf<LshCumulationStep> {
+  static constexpr bool kExists = true;
+  static std::string Plan(const CumulationDims& d, ScalarType dtype, const AttributeValue*, int arch, bool,
+                          TritonPlan* plan) {
+    return PlanLshCumulationStep(d, dtype, arch, plan);
+  }
+};
+
+template <>
 struct TritonPlanOf<LowerBoundGradients> {
   static constexpr bool kExists = true;
   static std::string Plan(const CumulationDims& d, ScalarType dtype, const AttributeValue* a, int arch,

@@ -132,32 +132,40 @@ struct GpuRun<LshCumulation> : GpuRunDefaults {
   }
 };
 
-// eq. 4 in one pass: the Triton kernels only (K1, K6, K7), where the library embeds them.
-template <>
-struct GpuRun<LowerBoundGradients> : GpuRunDefaults {
-  static constexpr bool kDeterministic = false;
+// A primitive whose only GPU kernels are the Triton ones, where the library embeds them.
+template <typename P, bool kIsDeterministic>
+struct TritonOnlyGpuRun : GpuRunDefaults {
+  static constexpr bool kDeterministic = kIsDeterministic;
   static bool Available() { return TritonCubinsEmbedded(); }
   static std::string Check(const CumulationDims& d, const AttributeValue* a) {
     if (!Available()) {
-      return std::string(LowerBoundGradients::kName) +
+      return std::string(P::kName) +
              " runs on the GPU through the Triton kernels, and this native library embeds none (build it with "
              "KERAS_YOSO_TRITON_CUBINS, docs/build.md)";
     }
     TritonPlan plan;
-    return TritonPlanOf<LowerBoundGradients>::Plan(d, ScalarType::kFloat32, a, 80, true, &plan);
+    return TritonPlanOf<P>::Plan(d, ScalarType::kFloat32, a, 80, true, &plan);
   }
   static size_t WorkspaceBytes(const CumulationDims& d, const AttributeValue* a) {
-    return TritonWorkspaceBytes<LowerBoundGradients>(d, a);
+    return TritonWorkspaceBytes<P>(d, a);
   }
   static std::string Run(const CumulationDims& d, ScalarType dtype, const AttributeValue* a, const TensorRef* in,
                          const TensorRef* out, void* workspace, size_t bytes, cudaStream_t stream) {
     bool ran = false;
-    const std::string error = RunTriton<LowerBoundGradients>(d, dtype, a, in, out, workspace, bytes, stream, &ran);
+    const std::string error = RunTriton<P>(d, dtype, a, in, out, workspace, bytes, stream, &ran);
     if (ran || !error.empty()) return error;
-    return std::string(LowerBoundGradients::kName) +
+    return std::string(P::kName) +
            ": no embedded Triton cubin runs on this GPU (they are built for sm_80 (8.x) and sm_90a (9.0))";
   }
 };
+
+// eq. 4 in one pass (K1, K6, K7): fp32 atomics into the accumulators.
+template <>
+struct GpuRun<LowerBoundGradients> : TritonOnlyGpuRun<LowerBoundGradients, false> {};
+
+// The decoding step: every element summed in a fixed order.
+template <>
+struct GpuRun<LshCumulationStep> : TritonOnlyGpuRun<LshCumulationStep, true> {};
 
 template <>
 struct GpuRun<WeightedLshCumulation> : GpuRunDefaults {
@@ -196,6 +204,7 @@ struct GpuRun<CollisionCumulation> : GpuRunDefaults {
   X(hadamard_hash_codes, HadamardHashCodes)                        \
   X(hadamard_interleaved_hash_codes, HadamardInterleavedHashCodes) \
   X(lsh_cumulation, LshCumulation)                                 \
+  X(lsh_cumulation_step, LshCumulationStep)                        \
   X(weighted_lsh_cumulation, WeightedLshCumulation)                \
   X(lower_bound_gradients, LowerBoundGradients)                    \
   X(collision_cumulation, CollisionCumulation)

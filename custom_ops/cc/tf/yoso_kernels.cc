@@ -290,20 +290,14 @@ class HadamardHashCodesOp : public OpKernel {
   REGISTER_KERNEL_BUILDER(Name("YosoHadamardHashCodes").Device(DEVICE_NAME).TypeConstraint<T>("T"),   \
                           HadamardHashCodesOp<DeviceType, T>);                                        \
   KY_REGISTER_PRIMITIVE("YosoLshCumulation", DEVICE_NAME, DeviceType, LshCumulation, T)               \
+  KY_REGISTER_PRIMITIVE("YosoLshCumulationStep", DEVICE_NAME, DeviceType, LshCumulationStep, T)       \
   KY_REGISTER_PRIMITIVE("YosoWeightedLshCumulation", DEVICE_NAME, DeviceType, WeightedLshCumulation, T) \
   KY_REGISTER_PRIMITIVE("YosoLowerBoundGradients", DEVICE_NAME, DeviceType, LowerBoundGradients, T) \
   KY_REGISTER_PRIMITIVE("YosoCollisionCumulation", DEVICE_NAME, DeviceType, CollisionCumulation, T)
 
-// CPU kernels only (not in KY_GPU_PRIMITIVES): the decoding step.
-#define KY_REGISTER_CPU_ONLY(T) \
-  KY_REGISTER_PRIMITIVE("YosoLshCumulationStep", DEVICE_CPU, CPUDevice, LshCumulationStep, T)
-
 KY_REGISTER(DEVICE_CPU, CPUDevice, float)
 KY_REGISTER(DEVICE_CPU, CPUDevice, Eigen::half)
 KY_REGISTER(DEVICE_CPU, CPUDevice, Eigen::bfloat16)
-KY_REGISTER_CPU_ONLY(float)
-KY_REGISTER_CPU_ONLY(Eigen::half)
-KY_REGISTER_CPU_ONLY(Eigen::bfloat16)
 #if GOOGLE_CUDA
 KY_REGISTER(DEVICE_GPU, GPUDevice, float)
 KY_REGISTER(DEVICE_GPU, GPUDevice, Eigen::half)
