@@ -537,8 +537,9 @@ def test_sass_checks_flag_fenced_atomics_missing_tensor_cores_and_spills():
 
 
 # One variant of each kernel family, bf16 rows of width 64 (the standard shape, GPU-DESIGN.md).
-AOT_VARIANTS = (r"^(segment_(histograms|cursors|scatter)_kernel_tau8|bucket_tables_kernel_bf16_a16|gather_tables_kernel_bf16_a16|"
-                r"finalize_rows_kernel_bf16|lower_bound_(pairs|tables)_kernel_bf16_d64_a16)$")
+AOT_VARIANTS = (r"^(segment_(histograms|cursors|scatter)_kernel_tau8|bucket_tables_kernel_bf16_a16|"
+                r"gather_tables_kernel_bf16_a16|finalize_rows_kernel_bf16|lower_bound_(pairs|tables)_kernel_bf16_d64_a16|"
+                r"decode_outputs_kernel_bf16_a16)$")
 
 
 def test_aot_build_writes_checked_cubins_and_a_launch_manifest(tmp_path):
@@ -551,7 +552,7 @@ def test_aot_build_writes_checked_cubins_and_a_launch_manifest(tmp_path):
     assert run.returncode == 0, run.stdout + run.stderr
     manifest = json.loads((out / "manifest.json").read_text())
     entries = {(e["variant"], e["arch"]): e for e in manifest["kernels"]}
-    assert len(entries) == 16
+    assert len(entries) == 18
     for entry in entries.values():
         assert (out / entry["file"]).read_bytes()[:4] == b"\x7fELF"
         assert entry["parameters"][-2:] == manifest["hidden_parameters"]

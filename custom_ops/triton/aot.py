@@ -134,7 +134,7 @@ def variants(arch):
             out.append((f"gather_tables_kernel_{tag}", bucket_sums.gather_tables_kernel, dtype,
                         dict(BLOCK_Q=bucket_sums.BLOCK_Q, BLOCK_D=tile), bucket_sums.NUM_WARPS, divisible))
             out.append((f"decode_outputs_kernel_{tag}", decoding.decode_outputs_kernel, dtype,
-                        dict(BLOCK_T=decoding.BLOCK_T, BLOCK_S=decoding.BLOCK_S, BLOCK_D=decoding.BLOCK_D),
+                        dict(BLOCK_T=decoding.BLOCK_T[dtype], BLOCK_S=decoding.BLOCK_S, BLOCK_D=decoding.BLOCK_D),
                         decoding.NUM_WARPS, divisible))
             out.append((f"decode_update_kernel_{tag}", decoding.decode_update_kernel, dtype,
                         dict(BLOCK_D=decoding.BLOCK_D), decoding.NUM_WARPS, divisible))
@@ -272,7 +272,8 @@ def build(out_dir, archs=ARCHS, only=None, check=True, log=print):
 def resource_table(manifest):
     """The manifest as a Markdown table: one row per variant, the tiles and per arch warps, registers, stack
     bytes, STL/LDL count and shared bytes (custom_ops/triton/README.md shows it)."""
-    tiles = ("NUM_BINS", "BLOCK_N", "BLOCK_C", "BLOCK_R", "BLOCK_Q", "BLOCK_K", "BLOCK_D", "BLOCK", "BUCKETS")
+    tiles = ("NUM_BINS", "SEGMENT", "BLOCK_N", "BLOCK_C", "BLOCK_R", "BLOCK_Q", "BLOCK_K", "BLOCK_T", "BLOCK_S",
+             "BLOCK_D", "BLOCK", "BUCKETS")
     rows = {}
     for e in manifest["kernels"]:
         shown = ", ".join(f"{k}={v}" for k, v in e["constexprs"].items() if k in tiles)

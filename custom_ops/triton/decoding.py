@@ -26,8 +26,9 @@ import torch
 import triton
 import triton.language as tl
 
-# Positions per program and per step of the inner walk, columns per program.
-BLOCK_T = 16
+# Positions per program (per row dtype: the largest that ptxas compiles without spills on sm_80 and sm_90, aot.py
+# checks) and per step of the inner walk, columns per program.
+BLOCK_T = {"fp32": 16, "fp16": 32, "bf16": 32}
 BLOCK_S = 16
 BLOCK_D = 64
 NUM_WARPS = 4
@@ -96,9 +97,10 @@ def lsh_cumulation_step(query_mask, query_codes, key_mask, key_codes, value, tab
     masks = [m.to(torch.float32).contiguous() for m in (query_mask, key_mask)]
     codes = [c.to(torch.int32).contiguous() for c in (query_codes, key_codes)]
     if out.numel():
-        grid = (batch, triton.cdiv(length, BLOCK_T), triton.cdiv(width, BLOCK_D))
+        block_t = BLOCK_T[{torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}[value.dtype]]
+        grid = (batch, triton.cdiv(length, block_t), triton.cdiv(width, BLOCK_D))
         decode_outputs_kernel[grid](tables, codes[0], masks[0], codes[1], masks[1], value.contiguous(), out,
-                                    num_hashes, length, width, num_buckets, 1.0 / num_hashes, BLOCK_T=BLOCK_T,
+                                    num_hashes, length, width, num_buckets, 1.0 / num_hashes, BLOCK_T=block_t,
                                     BLOCK_S=BLOCK_S, BLOCK_D=BLOCK_D, num_warps=NUM_WARPS)
     if tables_out.data_ptr() != tables.data_ptr():
         tables_out.copy_(tables)
