@@ -3,7 +3,9 @@ run that finds no CUDA GPU) skips every GPU stage cleanly and still writes every
 summary, printed last; its scheduler, its comparisons and its correctness grid on NumPy arrays.
 
 The script runs as a user runs it, in a subprocess from the repository root. It needs neither
-torch, JAX nor the native library here.
+torch, JAX nor the native library here. Where both torch and the native library are at hand, the decoding step's
+GPU code paths (its launches in place and not, the bitwise repeat, the timing rows) are rehearsed with "cuda" on
+the CPU: ky_run_device answered by the CPU kernels of ky_run, the launch plans the library's own.
 """
 
 import importlib.util
@@ -13,6 +15,8 @@ import os
 import shutil
 import subprocess
 import sys
+import time
+import types
 
 import numpy as np
 import pytest
@@ -71,6 +75,7 @@ def test_dry_run_skips_every_gpu_stage_and_writes_every_file(tmp_path):
         assert records[name]["reason"].startswith("no CUDA GPU")
     assert records["correctness"]["planned_cases"]["lsh_cumulation"] > 100
     assert records["correctness"]["planned_cases"]["lower_bound_gradients"] > 100
+    assert records["correctness"]["planned_cases"]["lsh_cumulation_step"] == len(verify._decoding_cases())
     with open(tmp_path / verify.SUMMARY_FILE) as f:
         assert "Kernels: whether the Triton kernels ran is not known (stage load did not run)." in f.read()
 
@@ -190,6 +195,8 @@ def test_triton_coverage_says_when_the_triton_kernels_were_not_checked():
         checked, sentence = verify.triton_coverage(cubins, capability)
         assert not checked
     assert "the Triton kernels were not checked" in verify.triton_coverage(0, "90")[1]
+    assert "lower_bound_gradients and lsh_cumulation_step had no GPU kernel" in verify.triton_coverage(0, "90")[1]
+    assert "lsh_cumulation_step ran them" in verify.triton_coverage(150, "80")[1]
     assert "the Triton kernels were not checked" in verify.triton_coverage(150, "100")[1]
 
 
@@ -237,8 +244,10 @@ def test_correctness_grid_takes_every_value_of_every_axis():
 def test_correctness_grid_covers_the_gpu_primitives_of_the_table():
     names = verify.gpu_primitives(verify.spec_table())
     assert {"lsh_cumulation", "weighted_lsh_cumulation", "collision_cumulation", "lower_bound_gradients"} <= set(names)
+    assert "lsh_cumulation_step" in names
     assert {c["primitive"] for c in verify.correctness_cases(names)} == set(names) & set(
-        verify.CUMULATIONS + verify.HASHES)
+        verify.CUMULATIONS + verify.HASHES + verify.DECODING)
+    assert {c["primitive"] for c in verify._sanitizer_cases(verify.spec_table())} == set(names)
 
 
 def test_correctness_grid_checks_the_triton_kernels_within_their_limits_and_both_lsh_kernels():
@@ -317,3 +326,225 @@ def test_summary_decides_the_gate_from_the_timings_against_sdpa():
     records["correctness"]["status"] = "ok"
     records["load"]["result"]["triton_cubins"] = 0  # the design's kernels did not run: nothing to decide
     assert "Gate (GPU-DESIGN.md §5): not decided" in verify.summary(records, 7, args)
+
+
+def test_decoding_grid_takes_every_value_of_every_axis_in_place_and_not():
+    cases = [c for c in verify.correctness_cases(verify.gpu_primitives(verify.spec_table()))
+             if c["primitive"] == "lsh_cumulation_step"]
+    assert cases == verify._decoding_cases() and len({c["id"] for c in cases}) == len(cases)
+    assert {c["nq"] for c in cases} == {c["nk"] for c in cases} == {1, 7, 300}
+    assert all(c["nq"] == c["nk"] for c in cases)
+    assert {c["mask"] for c in cases} == set(verify.MASKS)
+    assert {c["codes"] for c in cases} == set(verify.CODE_DISTRIBUTIONS)
+    for dtype in verify.DTYPES:
+        typed = [c for c in cases if c["dtype"] == dtype]
+        assert {c["width"] for c in typed} == {1, 64, 100}
+        assert {c["hash_code_len"] for c in typed} >= {1, 6, 8, 12}
+        assert {c["in_place"] for c in typed} == {True, False}
+        assert {c["num_hashes"] for c in typed} >= {1, 4, 32}
+    for length in (1, 7, 300):
+        assert {c["num_hashes"] for c in cases if c["nq"] == length} >= {1, 4, 32}
+    assert [c["hash_code_len"] for c in cases if c["hash_code_len"] > 12] == [verify.DECODING_LONG_CODE_LEN]
+    assert max(c["batch"] * c["num_hashes"] * 2 ** c["hash_code_len"] * c["width"] for c in cases) <= (
+        verify.DECODING_TABLE_FLOATS)
+
+
+def _literal_decoding_reference(qm, qc, km, kc, value, tables):
+    """tests/test_triton_kernels.py's reference, loop for loop."""
+    batch, num_hashes, length = qc.shape
+    out, tables = np.zeros(value.shape), tables.astype(np.float64).copy()
+    for b in range(batch):
+        for h in range(num_hashes):
+            for t in range(length):
+                if km[b, t] != 0:
+                    tables[b, h, kc[b, h, t]] += value[b, t]
+                if qm[b, t] != 0:
+                    out[b, t] += tables[b, h, qc[b, h, t]] / num_hashes
+    return out, tables
+
+
+@pytest.mark.parametrize("mask", verify.MASKS)
+def test_decoding_reference_reads_the_old_tables_and_the_earlier_keys_of_the_chunk(mask):
+    case = verify._decoding_case(23, mask, "zipf", "float32", batch=3, num_hashes=4, hash_code_len=3, width=5,
+                                 in_place=True)
+    x, attributes = verify.case_inputs(case, np.random.default_rng(4), None)
+    assert attributes == {} and x["tables"].shape == (3, 4, 8, 5)
+    masked = x["key_mask"] == 0
+    assert np.isnan(x["value"][masked]).all() and not np.isnan(x["value"][~masked]).any()
+    out, tables_out = verify.reference_outputs(numpy_reference, "lsh_cumulation_step", x, attributes)
+    assert np.isfinite(out).all() and np.isfinite(tables_out).all()
+    literal = _literal_decoding_reference(x["query_mask"], x["query_codes"], x["key_mask"], x["key_codes"],
+                                          np.nan_to_num(x["value"]), x["tables"])
+    np.testing.assert_allclose(out, literal[0], atol=1e-12)
+    np.testing.assert_allclose(tables_out, literal[1], atol=1e-12)
+    # the old tables read by query code, plus eq. 2 over the chunk's keys s <= t (causal)
+    kept = (x["query_mask"] != 0)[:, :, None]
+    b, h, t = np.meshgrid(*(np.arange(n) for n in x["query_codes"].shape), indexing="ij")
+    old = x["tables"][b, h, x["query_codes"]].mean(axis=1) * kept
+    chunk = numpy_reference.lsh_cumulation(x["query_codes"], x["key_codes"], x["value"], x["query_mask"],
+                                           x["key_mask"], causal=1)
+    np.testing.assert_allclose(out, old + chunk, atol=1e-12)
+    if mask == "zero":
+        assert np.all(out == 0) and np.array_equal(tables_out, x["tables"])
+
+
+def _launched_step(wants, in_place, error=0.0, tables_error=0.0, inputs_kept=True, repeat_equal=True):
+    case = verify._decoding_case(7, "random", "uniform", "bfloat16", batch=2, num_hashes=4, hash_code_len=3,
+                                 width=5, in_place=in_place)
+    outputs = [wants[0] + error, wants[1] + tables_error]
+    return {"case": case, "inputs": {}, "attributes": {}, "must_repeat": True, "messages": {}, "path": "triton",
+            "path_detail": ["decode_outputs_kernel_bf16"], "output_names": ["output", "tables_out"],
+            "output_dtypes": ["bfloat16", "float32"], "inputs_kept": {"torch_op": inputs_kept},
+            "repeat_equal": repeat_equal, "op_equal": True,
+            "outputs": {run: outputs for run in ("call_device", "call_device_again", "torch_op")}}
+
+
+def test_decoding_rows_hold_each_output_to_its_own_dtypes_bound(monkeypatch):
+    wants = [np.full((2, 7, 5), 2.0), np.full((2, 4, 8, 5), 3.0)]
+    monkeypatch.setattr(verify, "reference_outputs", lambda *unused: wants)
+    row = verify._checked_case(numpy_reference, _launched_step(wants, True, error=0.03, tables_error=2e-4))
+    assert row["verdict"] == "pass" and row["in_place"] is True  # bf16 out: 1.6e-2 x 2; tables: 1e-4 x 3
+    row = verify._checked_case(numpy_reference, _launched_step(wants, False, tables_error=5e-4))
+    assert row["verdict"] == "fail"  # float32 tables_out: no TF32 allowance
+    assert set(row["failing_paths"]) == {f"{run} tables_out" for run in ("call_device", "call_device_again",
+                                                                            "torch_op")}
+    row = verify._checked_case(numpy_reference, _launched_step(wants, False, repeat_equal=False))
+    assert row["verdict"] == "fail" and "bitwise equal" in row["failing_repeat"]
+
+
+def test_an_out_of_place_step_that_changes_its_input_tables_fails(monkeypatch):
+    wants = [np.zeros((2, 7, 5)), np.zeros((2, 4, 8, 5))]
+    monkeypatch.setattr(verify, "reference_outputs", lambda *unused: wants)
+    row = verify._checked_case(numpy_reference, _launched_step(wants, False, inputs_kept=False))
+    assert row["verdict"] == "fail" and "torch_op" in row["failing_inputs"]
+
+
+def test_summary_shows_the_decoding_step_timings():
+    rows = [{"what": what, "length": length, "dtype": dtype, "ms": ms}
+            for what, base in (("in place (ky_run_device)", 0.01), ("torch.ops.keras_yoso (copies the tables)", 0.05))
+            for length, dtype, ms in ((1, "bfloat16", base), (256, "bfloat16", 2 * base), (1, "float32", 3 * base))]
+    records = {"timings": {"status": "ok", "seconds": 9.0, "result": {"decoding": rows}}}
+    text = verify.summary(records, 7, verify._parse(["--out", "unused"]))
+    assert "float32 tables of 64 MiB" in text
+    assert "| T | dtype | in place (ky_run_device) | torch.ops.keras_yoso (copies the tables) |" in text
+    assert "| 1 | bfloat16 | 0.010 | 0.050 |" in text and "| 256 | bfloat16 | 0.020 | 0.100 |" in text
+    assert "decoding step in place, bfloat16: T 1 0.010 ms, T 256 0.020 ms" in text
+
+
+# ---------------------------------------------------------------------------
+# The decoding step's GPU code paths rehearsed on the CPU.
+
+class _Event:
+    """torch.cuda.Event on the host clock."""
+
+    def __init__(self, enable_timing=False):
+        self.at = None
+
+    def record(self):
+        self.at = time.perf_counter()
+
+    def synchronize(self):
+        pass
+
+    def elapsed_time(self, other):
+        return (other.at - self.at) * 1e3
+
+
+class _CudaOnCpu:
+    """torch as verify.py's GPU stages use it, with "cuda" on the CPU: factories given device="cuda" make CPU
+    tensors, torch.cuda is a set of no-ops on a GPU of compute capability 9.0 (Tensor.cuda is patched apart)."""
+
+    FACTORIES = ("full", "empty", "randn", "randint", "ones", "zeros")
+
+    def __init__(self, torch):
+        self._torch = torch
+        self.cuda = types.SimpleNamespace(
+            is_available=lambda: True, synchronize=lambda: None, empty_cache=lambda: None, Event=_Event,
+            get_device_capability=lambda: (9, 0), current_stream=lambda: types.SimpleNamespace(cuda_stream=0))
+
+    def __getattr__(self, name):
+        value = getattr(self._torch, name)
+        if name not in self.FACTORIES:
+            return value
+
+        def on_cpu(*args, **kwargs):
+            if kwargs.get("device") == "cuda":
+                kwargs["device"] = "cpu"
+            return value(*args, **kwargs)
+
+        return on_cpu
+
+
+@pytest.fixture
+def cuda_on_cpu(monkeypatch):
+    """(torch, native): the fake CUDA torch and a native library whose ky_run_device is the CPU kernels' ky_run
+    (every call's pointers recorded in native.calls), with the library's own workspace sizes and launch plans."""
+    torch = pytest.importorskip("torch")
+    from keras_yoso.ops.providers import native_library
+    if native_library.library() is None:
+        pytest.skip(f"the native library does not load: {native_library.load_error()}")
+    import keras_yoso.ops.providers.torch  # noqa: F401 (registers torch.ops.keras_yoso)
+    monkeypatch.setattr(torch.Tensor, "cuda", lambda self, *args, **kwargs: self)
+    calls = []
+
+    def call_device(name, inputs, attributes, outputs, workspace, workspace_bytes, stream):
+        calls.append({"name": name, "inputs": [v.data for v in inputs], "outputs": [v.data for v in outputs]})
+        native_library.call(name, inputs, attributes, outputs)
+
+    native = types.SimpleNamespace(
+        tensor_view=native_library.tensor_view, device_workspace_bytes=native_library.device_workspace_bytes,
+        device_launch_plan=native_library.device_launch_plan, triton_cubins=lambda: 150,
+        has_device_kernel=lambda name: name == "lsh_cumulation_step", call_device=call_device, calls=calls)
+    return _CudaOnCpu(torch), native
+
+
+def _facts():
+    return {"triton_cubins": 150, "capability": "90", "triton_arch": 90}
+
+
+@pytest.mark.parametrize("in_place", [True, False])
+def test_rehearsed_step_cases_pass_in_place_and_into_a_separate_tables_out(cuda_on_cpu, in_place):
+    torch, native = cuda_on_cpu
+    spec = verify.spec_table()
+    for dtype, length, tau in (("float32", 7, 6), ("bfloat16", 300, verify.DECODING_LONG_CODE_LEN)):
+        case = verify._decoding_case(length, "random", "zipf", dtype, batch=2, num_hashes=2, hash_code_len=tau,
+                                     width=64, in_place=in_place)
+        native.calls.clear()
+        launched = verify._launch_case(torch, native, spec, None, case, 5, _facts())
+        assert launched["path"] == "triton" and not launched["messages"]
+        assert len(native.calls) == 2
+        for call in native.calls:  # tables (input 5) is tables_out (output 1) in place only
+            assert (call["outputs"][1] == call["inputs"][5]) is in_place
+        assert set(launched["inputs_kept"]) == ({"torch_op"} if in_place else
+                                                {"call_device", "call_device_again", "torch_op"})
+        row = verify._checked_case(numpy_reference, launched)
+        assert row["verdict"] == "pass", row
+        assert row["repeat_equal"] and row["op_equal"] and row["in_place"] is in_place
+
+
+def test_rehearsed_step_runs_twice_bitwise_equal_in_place_from_the_same_tables(cuda_on_cpu, monkeypatch):
+    torch, native = cuda_on_cpu
+    monkeypatch.setitem(verify.REPRODUCIBLE_STEP_CASE, "length", 300)
+    found = verify._reproducibility(torch, native, verify.spec_table(), _facts(), 3)
+    assert set(found) == {"lsh_cumulation_step"}
+    step = found["lsh_cumulation_step"]
+    assert step["path"] == "triton" and step["required"] and step["bitwise_equal"] and step["length"] == 300
+    assert all(call["outputs"][1] == call["inputs"][5] for call in native.calls)
+
+
+def test_rehearsed_tiny_step_launch_matches_float64(cuda_on_cpu):
+    torch, native = cuda_on_cpu
+    tiny = verify._tiny_launch(torch, native, verify.spec_table(), "lsh_cumulation_step", 1, _facts())
+    assert tiny["verdict"] == "pass" and tiny["path"] == "triton"
+
+
+def test_rehearsed_step_timings_give_a_row_per_way_length_and_dtype(cuda_on_cpu, monkeypatch, tmp_path):
+    torch, native = cuda_on_cpu
+    monkeypatch.setattr(verify, "TIMING_SHAPE", {"batch_heads": 2, "dim": 8, "num_hashes": 4, "hash_code_len": 3})
+    rec = verify.WorkerRecord(str(tmp_path / "record.json"), 60, 1, False)
+    rows = verify._time_decoding_step(rec, torch, native)
+    assert [(r["length"], r["dtype"]) for r in rows[::2]] == [(t, d) for t in verify.DECODING_TIMING_LENGTHS
+                                                               for d in verify.TIMING_DTYPES]
+    assert all(r["repeats"] >= 10 and r["ms"] > 0 for r in rows) and rec.checks["failed"] == 0
+    in_place = [c for c in native.calls if c["outputs"][1] == c["inputs"][5]]
+    assert len(in_place) == len(native.calls) > 0  # the torch op's calls run through torch.ops, not ky_run_device

@@ -25,8 +25,9 @@ written before the next stage starts:
                                  primitive whose _spec row lists "gpu", the Triton cubins it embeds
                                  (ky_triton_cubins) and the family this GPU's compute capability runs
                                  (sm_80 for 8.x, sm_90 for 9.0, none elsewhere), and one tiny
-                                 lsh_cumulation (and lower_bound_gradients) through ky_run_device on
-                                 torch CUDA tensors against float64, with the kernels that ran.
+                                 lsh_cumulation (and lower_bound_gradients and lsh_cumulation_step,
+                                 where built) through ky_run_device on torch CUDA tensors against
+                                 float64, with the kernels that ran.
   correctness  correctness.json  every GPU primitive the library builds on CUDA against the float64
                                  references of tests/numpy_reference.py, with fresh random inputs (the
                                  seed is recorded): masks none / random / all-zero, tau 1 / 6 / 8 / 12,
@@ -34,7 +35,13 @@ written before the next stage starts:
                                  Zipf-skewed codes, float32 / bfloat16 / float16 (`correctness_cases`);
                                  lower_bound_gradients (eq. 4, both outputs) also in float32 with TF32
                                  products (KERAS_YOSO_GPU_TF32=1, bound 2e-3), and lsh_cumulation at
-                                 tau 14, past the Triton sort, where its CUDA kernel runs. Each case
+                                 tau 14, past the Triton sort, where its CUDA kernel runs. The decoding
+                                 step lsh_cumulation_step (Triton kernels only): T 1 / 7 / 300 x masks x
+                                 dtypes, D 1 / 64 / 100, tau 1 / 6 / 8 / 12 and one at 14, in place
+                                 (ky_run_device gets the input tables' buffer as tables_out) and into a
+                                 separate tables_out (the input must stay unchanged), both outputs
+                                 against a float64 position-ordered reference (tables_out at the
+                                 float32 bound, whatever the value's dtype). Each case
                                  records the kernels that ran it: "triton" where the library embeds
                                  the cubins of this GPU and the launch plan takes the call, else
                                  "cuda". Rows a mask drops hold NaN; each case runs twice through
@@ -45,8 +52,9 @@ written before the next stage starts:
                                  times max(1, max |reference|); a float32 case within 2e-3 only
                                  (TF32 products, GPU-DESIGN.md §2.4) is counted apart. A primitive
                                  with a `deterministic` attribute must give bitwise equal outputs
-                                 twice in that mode, and so must lsh_cumulation on the Triton kernels
-                                 (no atomics): every case, and first one 4,099-row case on its own.
+                                 twice in that mode, and so must lsh_cumulation and the decoding step
+                                 on the Triton kernels (no atomics): every case, and first one 4,099-row
+                                 case of each on its own (the step's in place, its tables restored).
   timings      timings.json      first the Triton path through the library (torch.ops.keras_yoso, i.e.
                                  ky_run_device): lsh_cumulation, lower_bound_gradients (float32 also
                                  with TF32 products) and YOSO forward+backward built from them (hash
@@ -54,7 +62,11 @@ written before the next stage starts:
                                  the two hashes), then torch's SDPA flash attention (bf16, forward and
                                  forward+backward) at the same shape; at n = 16,384 and 65,536 (while
                                  >= 60 s are left), B*H = 32, d = D = 64, m = 32, tau 8, float32 and
-                                 bfloat16. Then, while time is left, the other GPU primitives,
+                                 bfloat16. Then the decoding step at that shape (tables 64 MiB): one
+                                 token (T 1) and a prefill chunk (T 256), in place through
+                                 ky_run_device and through torch.ops.keras_yoso.lsh_cumulation_step
+                                 (a functional op: it copies the tables into a new tables_out). Then,
+                                 while time is left, the other GPU primitives,
                                  yoso_cumulation forward and forward+backward (keras_yoso.ops,
                                  custom_op) and one attention call (two hashes + yoso_cumulation).
   rates        rates.json        the rates the design rests on, with torch (CUDA events, median of
@@ -75,7 +87,7 @@ written before the next stage starts:
 The summary table is printed last (also summary.md): which kernels ran (the Triton cubins the
 library embeds and this GPU's family; "the Triton kernels were not checked" where it embeds none or
 the GPU runs none), each stage's status and headline, the timings against SDPA with the design's
-estimates, and the design's gate. DIR holds at most 8 files, flat (as many as come back from the GPU
+estimates, the decoding step's timings, and the design's gate. DIR holds at most 8 files, flat (as many as come back from the GPU
 machine): the six files above (setup.json and smoke.json hold two stages each), summary.md, and the
 console log the run command tees into DIR/log.txt.
 
@@ -175,13 +187,18 @@ ZIPF_EXPONENT = 1.1
 # epsilon attribute of the collision cases (any value: the kernel and the reference get the same).
 CASE_EPSILON = 1e-2
 
-# The Triton kernels (custom_ops/cc/kernels/triton_primitives.h): they run these primitives (causal 0, tau <= 12,
-# widths <= 128 for eq. 4) where the library embeds their cubins (ky_triton_cubins) and the GPU runs a family of
-# them (`triton_arch`); lsh_cumulation takes its CUDA kernel elsewhere, lower_bound_gradients has no other.
-TRITON_PRIMITIVES = ("lsh_cumulation", "lower_bound_gradients")
+# The Triton kernels (custom_ops/cc/kernels/triton_primitives.h): they run these primitives (the cumulations at causal
+# 0, tau <= 12, widths <= 128 for eq. 4; the decoding step at any tau) where the library embeds their cubins
+# (ky_triton_cubins) and the GPU runs a family of them (`triton_arch`); lsh_cumulation takes its CUDA kernel
+# elsewhere, the TRITON_ONLY ones have no other.
+TRITON_PRIMITIVES = ("lsh_cumulation", "lower_bound_gradients", "lsh_cumulation_step")
+TRITON_ONLY = ("lower_bound_gradients", "lsh_cumulation_step")
+# The records of stage load's tiny launches of the TRITON_ONLY primitives (lsh_cumulation's: "tiny_launch").
+TINY_LAUNCH_KEYS = {"lower_bound_gradients": "tiny_lower_bound", "lsh_cumulation_step": "tiny_decoding_step"}
 # Of those, the primitives whose Triton plan adds without atomics (K2: one owner per table row, K3: a fixed hash
-# order): bitwise equal outputs from run to run, required.
-TRITON_REPRODUCIBLE = ("lsh_cumulation",)
+# order; the decoding step's update: one program per (b, h) and columns, in position order): bitwise equal outputs
+# from run to run, required.
+TRITON_REPRODUCIBLE = ("lsh_cumulation", "lsh_cumulation_step")
 # The library takes TF32 products for float32 eq. 4 where this variable is "1" (read at each call).
 TF32_VARIABLE = "KERAS_YOSO_GPU_TF32"
 # float32 lower_bound_gradients cases run with TF32 products, bound TF32_TOLERANCE: (Nq, Nk, d, D, tau, codes).
@@ -194,10 +211,28 @@ CUDA_FALLBACK_CASES = ((1000, 1000, "float32"), (7, 1000, "bfloat16"), (1000, 7,
 REPRODUCIBLE_CASE = {"nq": LONG_LENGTH, "nk": LONG_LENGTH, "batch": 2, "num_hashes": 32, "hash_code_len": 8,
                      "width": 64, "weight_width": 64}
 
+# The decoding step (lsh_cumulation_step, GPU-DESIGN.md §2.5): T new positions over float32 bucket tables
+# [B, m, 2^tau, D], written in place (tables_out is the input tables' buffer) or into a separate tables_out. Its grid:
+# every T x mask x dtype, D, tau, the code distribution and in place rotating (`_decoding_case`), plus one case at
+# tau 14 (no 12-bit sort here: its Triton kernels run it too). m rotates through NUM_HASHES, cut so that the tables
+# hold at most DECODING_TABLE_FLOATS (their float64 reference copies stay small).
+DECODING = ("lsh_cumulation_step",)
+DECODING_LENGTHS = (1, 7, 300)
+DECODING_BATCH = 2
+DECODING_LONG_CODE_LEN = 14
+DECODING_TABLE_FLOATS = 2 ** 22
+# The 4,099-position step (a long prefill chunk, Zipf codes: long runs of keys into one bucket) run twice in place on
+# its own before the grid: bitwise equal.
+REPRODUCIBLE_STEP_CASE = {"length": LONG_LENGTH, "batch": 2, "num_hashes": 32, "hash_code_len": 8, "width": 64,
+                          "in_place": True}
+
 # ---------------------------------------------------------------------------
 # Timings, smoke tests, sanitizer.
 
 TIMING_SHAPE = {"batch_heads": 32, "dim": 64, "num_hashes": 32, "hash_code_len": 8}
+# The decoding step's timings, at TIMING_SHAPE (tables [32, 32, 256, 64] float32, 64 MiB): one token and a prefill
+# chunk, float32 and bfloat16.
+DECODING_TIMING_LENGTHS = (1, 256)
 TIMING_LENGTHS = (16384, 65536)
 TIMING_DTYPES = ("float32", "bfloat16")
 # Seconds the timings stage must have left to start the longer length: of the Triton path's rows and SDPA (first
@@ -246,6 +281,7 @@ SANITIZER_EXIT_CODE = 86
 SANITIZER_CUMULATION = {"batch": 2, "num_hashes": 4, "nq": 50, "nk": 70, "width": 16, "weight_width": 8,
                         "hash_code_len": 6}
 SANITIZER_HASH = {"batch": 2, "n": 50, "dim": 16, "num_hashes": 16, "hash_code_len": 4}
+SANITIZER_DECODING = {"batch": 2, "length": 50, "num_hashes": 4, "hash_code_len": 6, "width": 16, "in_place": False}
 SANITIZER_HADAMARD_BLOCKS = (4, 16)
 
 
@@ -390,7 +426,7 @@ def triton_coverage(cubins, capability):
         return False, "whether the Triton kernels ran is not known (stage load did not report the library's cubins)"
     if cubins == 0:
         return False, ("the library embeds no Triton cubins: the Triton kernels were not checked (lsh_cumulation "
-                       "ran its CUDA kernel, lower_bound_gradients had no GPU kernel; build the library with "
+                       f"ran its CUDA kernel, {' and '.join(TRITON_ONLY)} had no GPU kernel; build the library with "
                        "tests/gpu/build_for_gpu.sh)")
     if capability is None:
         return False, f"the library embeds {cubins} Triton cubins; the GPU's compute capability is not known"
@@ -399,7 +435,8 @@ def triton_coverage(cubins, capability):
         return False, (f"the library embeds {cubins} Triton cubins, but this sm_{capability} GPU runs none (8.x and "
                        "9.0 only): the Triton kernels were not checked")
     return True, (f"the library embeds {cubins} Triton cubins; this sm_{capability} GPU runs the sm_{arch} ones: "
-                  f"{' and '.join(TRITON_PRIMITIVES)} (causal 0, tau <= 12) ran them")
+                  "lsh_cumulation and lower_bound_gradients (causal 0, tau <= 12) and the decoding step "
+                  "lsh_cumulation_step ran them")
 
 
 def worst_verdict(verdicts):
@@ -452,7 +489,36 @@ def _hash_case(name, n, dim, dtype, num_hashes, hash_code_len, integer, batch=2)
             "id": f"{name}-B{batch}-n{n}-d{dim}-m{num_hashes}-tau{hash_code_len}-{kind}-{dtype}"}
 
 
+def _decoding_case(length, mask, codes, dtype, batch, num_hashes, hash_code_len, width, in_place):
+    """One case of the decoding step lsh_cumulation_step: T = `length` new positions (queries and keys), tables
+    [B, m, 2^tau, D] float32; `in_place`: tables_out is the input tables' buffer."""
+    return {"primitive": "lsh_cumulation_step", "batch": batch, "nq": length, "nk": length, "mask": mask,
+            "codes": codes, "dtype": dtype, "num_hashes": num_hashes, "hash_code_len": hash_code_len, "width": width,
+            "in_place": in_place,
+            "id": (f"lsh_cumulation_step-B{batch}-m{num_hashes}-T{length}-D{width}-tau{hash_code_len}-{mask}-{codes}-"
+                   f"{dtype}-{'in_place' if in_place else 'copy'}")}
+
+
+def _decoding_cases():
+    """The decoding step's grid (DECODING): every T of DECODING_LENGTHS x mask x dtype; D, tau, the code
+    distribution and in place rotating with the case's index k (every 4, 5, 7 and 2 cases against the dtype's every
+    case), m with the mask and T (so each T meets every m), cut so the tables hold at most DECODING_TABLE_FLOATS; plus
+    one bfloat16 case at tau 14 (T 300, random masks, Zipf codes, in place)."""
+    cases = []
+    for k, (length, mask, dtype) in enumerate(itertools.product(DECODING_LENGTHS, MASKS, DTYPES)):
+        width, tau = WIDTHS[(k // 4) % len(WIDTHS)], CODE_LENS[(k // 5) % len(CODE_LENS)]
+        num_hashes = min(NUM_HASHES[(k // 3 + k // 9) % len(NUM_HASHES)],
+                         max(1, DECODING_TABLE_FLOATS // (DECODING_BATCH * 2 ** tau * width)))
+        cases.append(_decoding_case(length, mask, CODE_DISTRIBUTIONS[(k // 7) % 2], dtype, DECODING_BATCH, num_hashes,
+                                    tau, width, in_place=k % 2 == 0))
+    long_tables = DECODING_TABLE_FLOATS // (DECODING_BATCH * 2 ** DECODING_LONG_CODE_LEN * 64)
+    return cases + [_decoding_case(DECODING_LENGTHS[-1], "random", "zipf", "bfloat16", DECODING_BATCH, long_tables,
+                                   DECODING_LONG_CODE_LEN, 64, in_place=True)]
+
+
 def _cases_of(name):
+    if name in DECODING:
+        return [], _decoding_cases()
     if name in HASHES:
         cases = [_hash_case(name, n, dim, dtype, HASH_NUM_HASHES[(k // 3) % len(HASH_NUM_HASHES)],
                             CODE_LENS[(k // 2) % len(CODE_LENS)], integer=True)
@@ -482,18 +548,18 @@ def _round_robin(groups):
 
 
 def correctness_cases(primitives):
-    """The correctness grid of the primitives named (those with a case builder: CUMULATIONS, HASHES).
+    """The correctness grid of the primitives named (those with a case builder: CUMULATIONS, HASHES, DECODING).
 
     Cumulations: every (Nq, Nk) of LENGTH_PAIRS x mask x code distribution x dtype, with D, the weight
     width, m and tau rotating (`_cumulation_case`), plus 4 cases at 4,099 x 4,099 (masks none and
     random x uniform and Zipf codes); lower_bound_gradients also TF32_CASES (float32, TF32 products),
     lsh_cumulation also CUDA_FALLBACK_CASES (tau 14: its CUDA kernel). Hashes: every length of
     HASH_LENGTHS x width x dtype on small-integer inputs, m and tau rotating, plus two float32 cases
-    on real-valued inputs. Ordered
+    on real-valued inputs. The decoding step: `_decoding_cases`. Ordered
     with the 4,099-row cumulations first (their references run in parallel while the rest goes
     on), then round-robin over the primitives, so a stage cut short has sampled every primitive.
     """
-    parts = [_cases_of(name) for name in primitives if name in CUMULATIONS + HASHES]
+    parts = [_cases_of(name) for name in primitives if name in CUMULATIONS + HASHES + DECODING]
     return _round_robin([long for long, _ in parts]) + _round_robin([rest for _, rest in parts])
 
 
@@ -553,11 +619,15 @@ def case_inputs(case, rng, hadamard_blocks):
             inputs["signs"] = rng.choice(np.array([-1.0, 1.0], np.float32), size=(blocks, 3, padded))
         return inputs, attributes
     nq, nk, m, tau = case["nq"], case["nk"], case["num_hashes"], case["hash_code_len"]
-    width, weight_width = case["width"], case["weight_width"]
+    width, weight_width = case["width"], case.get("weight_width")
     num_buckets = 2 ** tau
     qm, km = _mask(rng, case["mask"], (batch, nq)), _mask(rng, case["mask"], (batch, nk))
     inputs = {"query_mask": qm, "query_codes": _codes(rng, case["codes"], (batch, m, nq), num_buckets),
               "key_mask": km, "key_codes": _codes(rng, case["codes"], (batch, m, nk), num_buckets)}
+    if name == "lsh_cumulation_step":
+        inputs["value"] = _poison(rng.standard_normal((batch, nk, width)), km)
+        inputs["tables"] = rng.standard_normal((batch, m, num_buckets, width))
+        return inputs, {}
     if name == "lsh_cumulation":
         inputs["value"] = _poison(rng.standard_normal((batch, nk, width)), km)
         return inputs, {"num_buckets": num_buckets, "causal": 0}
@@ -582,12 +652,34 @@ def case_inputs(case, rng, hadamard_blocks):
     return inputs, {"hash_code_len": tau, "epsilon": CASE_EPSILON}
 
 
+def decoding_step_reference(query_mask, query_codes, key_mask, key_codes, value, tables):
+    """float64 (out [B, T, D], tables_out [B, m, num_buckets, D]) of the decoding step lsh_cumulation_step
+    (custom_ops/triton/decoding.py's definition, tests/test_triton_kernels.py's reference): per (b, h), in position
+    order t, key t's value joins bucket key_codes[b, h, t] where its mask is nonzero, then query t reads bucket
+    query_codes[b, h, t] (1/m of the sum over h, where its mask is nonzero; 0 elsewhere). Positions t run in order,
+    each over every (b, h) at once (each (b, h) updates its own table); rows a mask drops are never read."""
+    batch, num_hashes, length = np.shape(query_codes)
+    query_mask, key_mask, value = np.asarray(query_mask), np.asarray(key_mask), np.asarray(value, np.float64)
+    tables = np.array(tables, np.float64)
+    out = np.zeros((batch, length, tables.shape[3]))
+    b, h = np.meshgrid(np.arange(batch), np.arange(num_hashes), indexing="ij")  # [B, m]
+    for t in range(length):
+        keep = key_mask[:, t] != 0
+        tables[b[keep], h[keep], key_codes[keep, :, t]] += value[keep, t][:, None, :]
+        read = query_mask[:, t] != 0
+        out[read, t] = tables[b[read], h[read], query_codes[read, :, t]].sum(axis=1) / num_hashes
+    return out, tables
+
+
 def reference_outputs(reference, name, x, attributes):
     """The float64 (codes: int32) results of primitive `name` on inputs `x` from tests/numpy_reference.py, a list
     in the order of the primitive's outputs."""
     if name == "lsh_cumulation":
         return [reference.lsh_cumulation(x["query_codes"], x["key_codes"], x["value"], x["query_mask"],
                                          x["key_mask"])]
+    if name == "lsh_cumulation_step":
+        return list(decoding_step_reference(x["query_mask"], x["query_codes"], x["key_mask"], x["key_codes"],
+                                            x["value"], x["tables"]))
     if name == "weighted_lsh_cumulation":
         return [reference.weighted_lsh_cumulation(x["query_codes"], x["query_weight"], x["key_codes"],
                                                   x["key_weight"], x["value"], x["query_mask"], x["key_mask"])]
@@ -827,16 +919,17 @@ def _headline_load(result):
     kernels = result.get("has_device_kernel") or {}
     gpu = result.get("gpu_primitives") or []
     launch = result.get("tiny_launch") or {}
-    bound = result.get("tiny_lower_bound")
     text = (f"{result.get('build_info')}; ABI {result.get('abi_version')} (needs {result.get('abi_expected')}); "
             f"device kernels {result.get('device_kernels')}, {sum(bool(kernels.get(n)) for n in gpu)}/{len(gpu)} GPU "
             f"primitives; CUDA cubins {','.join(result.get('cubin_archs') or []) or '–'}; Triton cubins "
             f"{result.get('triton_cubins', '–')} (this GPU: sm_{result.get('capability', '?')} -> "
             f"{'sm_' + str(result['triton_arch']) if result.get('triton_arch') else 'none'}); tiny lsh_cumulation "
             f"{launch.get('verdict', '–')} on {launch.get('path', '–')} (error/bound {_number(launch.get('ratio'))})")
-    if bound:
-        text += (f"; tiny lower_bound_gradients {bound.get('verdict')} on {bound.get('path', '–')} "
-                 f"(error/bound {_number(bound.get('ratio'))})")
+    for name, key in TINY_LAUNCH_KEYS.items():
+        tiny = result.get(key)
+        if tiny:
+            text += (f"; tiny {name} {tiny.get('verdict')} on {tiny.get('path', '–')} "
+                     f"(error/bound {_number(tiny.get('ratio'))})")
     if result.get("need_triton_cubins"):
         text += f"; no GPU kernel without the Triton cubins: {', '.join(result['need_triton_cubins'])}"
     return text
@@ -858,7 +951,7 @@ def _headline_correctness(result):
                          f"({sum(c['verdict'] in ('pass', 'tf32') for c in on_triton)} pass)")
     for name, found in (result.get("reproducible") or {}).items():
         if isinstance(found, dict):
-            paths.append(f"{LONG_LENGTH:,}-row {name} ({found['path']}) twice bitwise equal: "
+            paths.append(f"{found.get('length', LONG_LENGTH):,}-row {name} ({found['path']}) twice bitwise equal: "
                          f"{'yes' if found['bitwise_equal'] else 'NO'}{'' if found['required'] else ' (not required)'}")
     return (f"{len(cases)}/{result.get('planned')} cases: {counts['pass']} pass, {counts['tf32']} float32 within "
             f"the TF32 bound only, {counts['fail']} fail, {counts['error']} errors; worst error/bound "
@@ -893,6 +986,11 @@ def _headline_timings(result):
     text = (f"attention fwd+bwd / SDPA flash at {GATE_CASE[0]} {GATE_CASE[1]}: through keras_yoso.ops "
             f"{_number(ratio.get('forward_backward'))}, through the library "
             f"{_number(ratio.get('library_forward_backward'))} (table below)")
+    steps = {row["length"]: row.get("ms") for row in result.get("decoding") or []
+             if "length" in row and row["dtype"] == "bfloat16" and row["what"].startswith("in place")}
+    if steps:
+        text += "; decoding step in place, bfloat16: " + ", ".join(
+            f"T {length} {_number(ms, '{:.3f}')} ms" for length, ms in sorted(steps.items()))
     if "triton_checked" in result and not result["triton_checked"]:
         text += f"; {result.get('triton')}"
     skipped = result.get("skipped_lengths") or {}
@@ -976,6 +1074,25 @@ def _timing_tables(result):
     return lines
 
 
+def _decoding_table(result):
+    """The decoding step's timings (`_time_decoding_step`): one line per (T, dtype), one column per way."""
+    rows = [row for row in result.get("decoding") or [] if "length" in row]
+    if not rows:
+        return []
+    ways = list(dict.fromkeys(row["what"] for row in rows))
+    by = {(row["what"], row["length"], row["dtype"]): row for row in rows}
+    shape = TIMING_SHAPE
+    mib = shape["batch_heads"] * shape["num_hashes"] * 2 ** shape["hash_code_len"] * shape["dim"] * 4 / 2 ** 20
+    lines = ["", f"Decoding step lsh_cumulation_step (ms per call, CUDA events, median; batch B*H = "
+                 f"{shape['batch_heads']}, m = {shape['num_hashes']}, tau = {shape['hash_code_len']}, D = "
+                 f"{shape['dim']}: float32 tables of {mib:.0f} MiB):", "",
+             "| T | dtype | " + " | ".join(ways) + " |", "|---|---|" + "---:|" * len(ways)]
+    for length, dtype in sorted({(row["length"], row["dtype"]) for row in rows}):
+        lines.append(f"| {length} | {dtype} | " + " | ".join(
+            _number((by.get((way, length, dtype)) or {}).get("ms"), "{:.3f}") for way in ways) + " |")
+    return lines
+
+
 def _gate(records):
     """The design's gate (§5): load and correctness pass with the Triton kernels checked (`triton_coverage`),
     the rates measured, attention fwd+bwd at 16K bf16 at most GATE_RATIO_TO_SDPA of SDPA flash's."""
@@ -1022,6 +1139,7 @@ def summary(records, seed, args):
     timings = records.get("timings") or {}
     if timings.get("status") not in (None, "skipped", "interrupted"):
         lines += _timing_tables(timings.get("result") or {})
+        lines += _decoding_table(timings.get("result") or {})
     lines += ["", _gate(records), ""]
     return "\n".join(lines)
 
@@ -1183,13 +1301,16 @@ def _poisoned(torch, shape, dtype):
     return torch.full(shape, fill, dtype=_torch_dtypes(torch)[dtype], device="cuda")
 
 
-def call_device(native, torch, name, tensors, attribute_values, output_specs):
+def call_device(native, torch, name, tensors, attribute_values, output_specs, aliases=None):
     """Primitive `name` through ky_run_device (native_library.call_device) on torch CUDA `tensors` on the
-    current stream: outputs pre-filled with NaN, the workspace with 0xFF bytes. Returns the outputs."""
+    current stream: outputs pre-filled with NaN, the workspace with 0xFF bytes; `aliases` {output index: input
+    index}: those outputs are their inputs' tensors (an in-place call: one buffer is both). Returns the outputs."""
     views = [native.tensor_view(t.data_ptr(), _dtype_name(torch, t), tuple(t.shape)) for t in tensors]
     workspace_bytes = int(native.device_workspace_bytes(name, views, attribute_values))
     workspace = torch.full((max(workspace_bytes, 1),), 255, dtype=torch.uint8, device="cuda")
-    outputs = [_poisoned(torch, shape, dtype) for shape, dtype in output_specs]
+    aliases = aliases or {}
+    outputs = [tensors[aliases[k]] if k in aliases else _poisoned(torch, shape, dtype)
+               for k, (shape, dtype) in enumerate(output_specs)]
     out_views = [native.tensor_view(t.data_ptr(), dtype, shape) for t, (shape, dtype) in zip(outputs, output_specs)]
     native.call_device(name, views, attribute_values, out_views, workspace.data_ptr(), workspace_bytes,
                        torch.cuda.current_stream().cuda_stream)
@@ -1288,10 +1409,14 @@ def _views(native, torch, tensors):
 
 
 def _tiny_launch(torch, native, spec, name, seed, facts):
-    """One tiny case of primitive `name` (B 2, m 3, Nq 50, Nk 70, tau 4, widths 8) through ky_run_device against
-    float64: its comparison, with the kernels that ran it."""
-    case = _cumulation_case(name, 50, 70, "random", "zipf", "float32", 0, batch=2, num_hashes=3, hash_code_len=4,
-                            width=8, weight_width=8)
+    """One tiny case of primitive `name` (B 2, m 3, Nq 50, Nk 70, tau 4, widths 8; the decoding step: T 50, into a
+    separate tables_out) through ky_run_device against float64: its worst comparison, with the kernels that ran it."""
+    if name in DECODING:
+        case = _decoding_case(50, "random", "zipf", "float32", batch=2, num_hashes=3, hash_code_len=4, width=8,
+                              in_place=False)
+    else:
+        case = _cumulation_case(name, 50, 70, "random", "zipf", "float32", 0, batch=2, num_hashes=3,
+                                hash_code_len=4, width=8, weight_width=8)
     primitive = spec.PRIMITIVES[name]
     host, attributes = case_inputs(case, np.random.default_rng(seed), None)
     tensors, seen = _device_inputs(torch, primitive, "float32", host)
@@ -1311,8 +1436,9 @@ def stage_load(rec):
     """Load and launch: the native library's files and cubins (per-kernel registers / stack / shared /
     local bytes from cuobjdump), the library loaded without keras, its C ABI version,
     ky_device_kernels(), ky_has_device_kernel for every primitive, the Triton cubins it embeds and the
-    family this GPU runs, and one tiny lsh_cumulation (and lower_bound_gradients, where built) through
-    ky_run_device on torch CUDA tensors against float64, with the kernels that ran. Compiles nothing."""
+    family this GPU runs, and one tiny lsh_cumulation (and lower_bound_gradients and lsh_cumulation_step, where
+    built) through ky_run_device on torch CUDA tensors against float64, with the kernels that ran. Compiles
+    nothing."""
     r = rec.result
     files = sorted(glob.glob(os.path.join(ROOT, "keras_yoso", "_yoso_native*.so")))
     r["library_files"] = [{"path": os.path.relpath(p, ROOT), "bytes": os.path.getsize(p)} for p in files]
@@ -1353,22 +1479,34 @@ def stage_load(rec):
     rec.check(launch["verdict"] == "pass", f"tiny lsh_cumulation ({launch['path']}): error {launch['error']:.3g} > "
                                            f"{launch['allowed']:.3g}")
     rec.save()
-    if r["has_device_kernel"].get("lower_bound_gradients"):
+    for name, key in TINY_LAUNCH_KEYS.items():
+        if not r["has_device_kernel"].get(name):
+            continue
         try:
-            bound = r["tiny_lower_bound"] = _tiny_launch(torch, native, spec, "lower_bound_gradients", rec.seed, facts)
-            rec.check(bound["verdict"] == "pass", f"tiny lower_bound_gradients ({bound['path']}): error "
-                                                  f"{bound['error']:.3g} > {bound['allowed']:.3g}")
+            tiny = r[key] = _tiny_launch(torch, native, spec, name, rec.seed, facts)
+            rec.check(tiny["verdict"] == "pass", f"tiny {name} ({tiny['path']}): error {tiny['error']:.3g} > "
+                                                 f"{tiny['allowed']:.3g}")
         except Exception as error:  # recorded; lsh_cumulation launched, so later stages still run
-            r["tiny_lower_bound"] = {"verdict": "error", "error": _first_line(error)}
-            rec.check(False, f"tiny lower_bound_gradients: {_first_line(error)}")
+            r[key] = {"verdict": "error", "error": _first_line(error)}
+            rec.check(False, f"tiny {name}: {_first_line(error)}")
+        rec.save()
+
+
+def _in_place_pairs(primitive):
+    """{input index: output index} of the primitive's inputs that an output may update in place (its `in_place`)."""
+    outputs = [o.name for o in primitive.outputs]
+    return {primitive.input_names.index(i): outputs.index(o) for i, o in primitive.in_place.items()}
 
 
 def _launch_case(torch, native, spec, hadamard_blocks, case, seed, facts):
     """Runs one correctness case on the GPU: twice through ky_run_device, once through its
     torch.ops.keras_yoso op (outputs of the last pre-poisoned through the caching allocator: a freed
     NaN block of the output's size is what the op's torch.empty gets back), with TF32_VARIABLE=1 for a
-    "tf32" case. Returns the host inputs and outputs (per path, one per output of the primitive), the
-    kernels that ran it, bitwise flags and the errors raised, for `_checked_case`."""
+    "tf32" case. A primitive with outputs that may update an input in place (the decoding step's tables) gets
+    that input restored before each run; an "in_place" case passes the input's own tensor as the output to
+    ky_run_device (the torch op always writes a new tensor), and every other run must leave the input unchanged.
+    Returns the host inputs and outputs (per path, one per output of the primitive), the kernels that ran it,
+    bitwise flags and the errors raised, for `_checked_case`."""
     primitive = spec.PRIMITIVES[case["primitive"]]
     rng = np.random.default_rng([seed, zlib.crc32(case["id"].encode())])
     host, attributes = case_inputs(case, rng, hadamard_blocks)
@@ -1383,9 +1521,14 @@ def _launch_case(torch, native, spec, hadamard_blocks, case, seed, facts):
     tf32 = case.get("precision") == "tf32"
     path, detail = kernel_path(native, primitive.name, _views(native, torch, tensors), values, facts,
                                exact_fp32=not tf32)
-    outputs, messages = {}, {}
+    updated = _in_place_pairs(primitive)
+    originals = {i: tensors[i].clone() for i in updated}
+    aliases = {o: i for i, o in updated.items()} if case.get("in_place") else {}
+    outputs, messages, inputs_kept = {}, {}, {}
     with _tf32_products(tf32):
         for run in ("call_device", "call_device_again", "torch_op"):
+            for i, original in originals.items():
+                tensors[i].copy_(original)
             try:
                 if run == "torch_op":
                     _poison_allocator(torch, specs)
@@ -1393,7 +1536,12 @@ def _launch_case(torch, native, spec, hadamard_blocks, case, seed, facts):
                     outputs[run] = [result] if isinstance(result, torch.Tensor) else list(result)
                     torch.cuda.synchronize()
                 else:
-                    outputs[run] = call_device(native, torch, primitive.name, tensors, values, specs)
+                    got = call_device(native, torch, primitive.name, tensors, values, specs, aliases)
+                    # an in-place output is the input's tensor, restored before the next run: kept as a copy
+                    outputs[run] = [t.clone() if k in aliases else t for k, t in enumerate(got)]
+                if originals and (run == "torch_op" or not aliases):  # a call that writes a new tensor
+                    inputs_kept[run] = all(_bitwise_equal(torch, tensors[i], original)
+                                           for i, original in originals.items())
             except Exception as error:  # recorded per case; the grid goes on
                 messages[run] = _first_line(error)
 
@@ -1405,18 +1553,22 @@ def _launch_case(torch, native, spec, hadamard_blocks, case, seed, facts):
     reproducible = deterministic or (path == "triton" and primitive.name in TRITON_REPRODUCIBLE)
     return {"case": case, "inputs": seen, "attributes": attributes, "must_repeat": reproducible, "messages": messages,
             "path": path, "path_detail": detail, "output_names": [o.name for o in primitive.outputs],
+            "output_dtypes": [dtype for _, dtype in specs], "inputs_kept": inputs_kept,
             "repeat_equal": equal("call_device", "call_device_again"), "op_equal": equal("call_device", "torch_op"),
             "outputs": {run: [_to_host(torch, t) for t in tensors] for run, tensors in outputs.items()}}
 
 
 def _checked_case(reference, launched):
     """The case's row: each path's outputs against the float64 references (computed here, in a worker
-    thread); a reference that raises gives an "error" row."""
+    thread); a reference that raises gives an "error" row. Each output is held to the bound of its own dtype
+    (the decoding step's float32 tables_out to float32's, whatever the value's dtype), the decoding step's without
+    the TF32 allowance (its products are exact); a call that writes a new output and changes its input fails."""
     case = launched["case"]
     row = {"case": case["id"], "primitive": case["primitive"], "dtype": case["dtype"], "path": launched["path"],
            "repeat_equal": launched["repeat_equal"], "op_equal": launched["op_equal"]}
-    if case.get("precision"):
-        row["precision"] = case["precision"]
+    for key in ("precision", "in_place"):
+        if key in case:
+            row[key] = case[key]
     if launched["path"] != "triton" and launched["path_detail"] and case["primitive"] in TRITON_PRIMITIVES:
         row["path_detail"] = launched["path_detail"]
     try:
@@ -1425,16 +1577,25 @@ def _checked_case(reference, launched):
         return {**row, "verdict": "error", "messages": {**launched["messages"], "reference": _first_line(error)}}
     tolerance = TF32_TOLERANCE if case.get("precision") == "tf32" else None
     names = launched["output_names"]
+    dtypes = launched.get("output_dtypes") or [case["dtype"]] * len(names)
     comparisons = {}
     for run, gots in launched["outputs"].items():
-        for name, got, want in zip(names, gots, wants):
+        for name, dtype, got, want in zip(names, dtypes, gots, wants):
             key = run if len(names) == 1 else f"{run} {name}"
-            comparisons[key] = (compare_codes(got, want, case["allowed_mismatch"]) if case["primitive"] in HASHES
-                                else compare_values(got, want, case["dtype"], tolerance))
+            if case["primitive"] in HASHES:
+                comparisons[key] = compare_codes(got, want, case["allowed_mismatch"])
+            elif case["primitive"] in DECODING:
+                comparisons[key] = compare_values(got, want, dtype, TOLERANCE[dtype])
+            else:
+                comparisons[key] = compare_values(got, want, case["dtype"], tolerance)
     verdicts = [c["verdict"] for c in comparisons.values()] + ["error"] * len(launched["messages"])
     if launched["must_repeat"] and launched["repeat_equal"] is False:
         verdicts.append("fail")
         row["failing_repeat"] = "two runs through ky_run_device differ, where they must be bitwise equal"
+    changed = [run for run, kept in (launched.get("inputs_kept") or {}).items() if not kept]
+    if changed:
+        verdicts.append("fail")
+        row["failing_inputs"] = f"an input changed in a call that writes a new output: {', '.join(changed)}"
     worst = max(comparisons.values(), key=lambda c: c["ratio"], default={})
     row.update({"verdict": worst_verdict(verdicts), "error": worst.get("error"), "allowed": worst.get("allowed"),
                 "ratio": worst.get("ratio")})
@@ -1477,14 +1638,18 @@ def _reference_threads():
 
 
 def _reproducibility(torch, native, spec, facts, seed, dtype="float32"):
-    """REPRODUCIBLE_CASE of each Triton primitive the library builds (Zipf codes, random masks), twice through
-    ky_run_device: {primitive: {"case", "path", "bitwise_equal", "required"}}; bitwise equality is required of
+    """REPRODUCIBLE_CASE of each Triton primitive the library builds (REPRODUCIBLE_STEP_CASE of the decoding step,
+    in place: its tables restored before each run; Zipf codes, random masks), twice through ky_run_device:
+    {primitive: {"case", "length", "path", "bitwise_equal", "required"}}; bitwise equality is required of
     TRITON_REPRODUCIBLE on the Triton kernels (lower_bound_gradients adds with atomics: recorded only)."""
     found = {}
     for name in TRITON_PRIMITIVES:
         if not _has_device_kernel(native, name):
             continue
-        case = _cumulation_case(name, mask="random", codes="zipf", dtype=dtype, k=0, **REPRODUCIBLE_CASE)
+        if name in DECODING:
+            case = _decoding_case(mask="random", codes="zipf", dtype=dtype, **REPRODUCIBLE_STEP_CASE)
+        else:
+            case = _cumulation_case(name, mask="random", codes="zipf", dtype=dtype, k=0, **REPRODUCIBLE_CASE)
         primitive = spec.PRIMITIVES[name]
         host, attributes = case_inputs(case, np.random.default_rng([seed, zlib.crc32(case["id"].encode())]), None)
         tensors, _ = _device_inputs(torch, primitive, dtype, host)
@@ -1493,12 +1658,21 @@ def _reproducibility(torch, native, spec, facts, seed, dtype="float32"):
                               attributes, dtypes)
         values = _attribute_values(primitive, attributes)
         path, _ = kernel_path(native, name, _views(native, torch, tensors), values, facts)
-        first, second = (call_device(native, torch, name, tensors, values, specs) for _ in range(2))
+        updated = _in_place_pairs(primitive)
+        originals = {i: tensors[i].clone() for i in updated}
+        aliases = {o: i for i, o in updated.items()} if case.get("in_place") else {}
+        runs = []
+        for _ in range(2):
+            for i, original in originals.items():
+                tensors[i].copy_(original)
+            outputs = call_device(native, torch, name, tensors, values, specs, aliases)
+            runs.append([t.clone() if k in aliases else t for k, t in enumerate(outputs)])
+        first, second = runs
         equal = all(_bitwise_equal(torch, a, b) for a, b in zip(first, second))
-        found[name] = {"case": case["id"], "path": path, "bitwise_equal": equal,
+        found[name] = {"case": case["id"], "length": case["nq"], "path": path, "bitwise_equal": equal,
                        "required": path == "triton" and name in TRITON_REPRODUCIBLE,
                        "bytes": int(sum(t.numel() * t.element_size() for t in first))}
-        del tensors, first, second
+        del tensors, first, second, runs, outputs, originals
         torch.cuda.empty_cache()
     return found
 
@@ -1777,15 +1951,48 @@ def _time_sdpa(rec, torch, n):
     return rows
 
 
+def _time_decoding_step(rec, torch, native):
+    """The decoding step lsh_cumulation_step at TIMING_SHAPE (B*H = 32 as its batch, m = 32, tau = 8, D = 64: tables
+    [32, 32, 256, 64] float32, 64 MiB), T of DECODING_TIMING_LENGTHS (one token, a prefill chunk), float32 and
+    bfloat16, two ways: in place through the library's device entry ky_run_device (tables_out is the tables' own
+    buffer, so the plan copies nothing; views and workspace made once, as a caller that keeps its state would) and
+    through torch.ops.keras_yoso.lsh_cumulation_step (a functional op: it returns a new tables_out, so the plan first
+    copies the 64 MiB of tables). One row per (way, T, dtype): ms per call (`_cuda_median_ms`)."""
+    name, shape = "lsh_cumulation_step", TIMING_SHAPE
+    batch, m, width, buckets = shape["batch_heads"], shape["num_hashes"], shape["dim"], 2 ** shape["hash_code_len"]
+    tables = torch.randn(batch, m, buckets, width, device="cuda")
+    stream = torch.cuda.current_stream().cuda_stream
+    rows = []
+    for length, dtype_name in itertools.product(DECODING_TIMING_LENGTHS, TIMING_DTYPES):
+        mask = torch.ones(batch, length, device="cuda")
+        query_codes, key_codes = (torch.randint(0, buckets, (batch, m, length), dtype=torch.int32, device="cuda")
+                                  for _ in range(2))
+        value = torch.randn(batch, length, width, device="cuda").to(_torch_dtypes(torch)[dtype_name])
+        out = torch.empty_like(value)
+        inputs = [mask, query_codes, mask, key_codes, value, tables]
+        views, out_views = _views(native, torch, inputs), _views(native, torch, [out, tables])
+        workspace_bytes = int(native.device_workspace_bytes(name, views, []))
+        workspace = torch.empty(max(workspace_bytes, 1), dtype=torch.uint8, device="cuda")
+        launches = {
+            "in place (ky_run_device)": lambda: native.call_device(name, views, [], out_views, workspace.data_ptr(),
+                                                                   workspace_bytes, stream),
+            "torch.ops.keras_yoso (copies the tables)": lambda: torch.ops.keras_yoso.lsh_cumulation_step(*inputs)}
+        for what, fn in launches.items():
+            rows.append({"what": what, "length": length, "dtype": dtype_name,
+                         **_measure(rec, torch, fn, f"{name} {what} T={length} {dtype_name}")})
+    return rows
+
+
 def stage_timings(rec):
     """Times (CUDA events, median of >= 10 after warm-up), B*H = 32, d = D = 64, m = 32, tau = 8, float32 and
     bfloat16, in two passes over n = 16,384 and (while >= LONG_TIMING_MIN_S are left) 65,536. First the Triton
     path through the library (`_timing_launches`' library rows: lsh_cumulation, lower_bound_gradients, YOSO
     forward+backward built from them) and SDPA flash attention (bf16, [1, 32, n, 64]) forward and
-    forward+backward at each n; then, while >= LONG_OTHER_TIMING_MIN_S are left for 65,536, the other rows: the
-    other GPU primitives through torch.ops.keras_yoso (hashes of the queries; the weighted cumulation as eq. 4's
-    dQ), keras_yoso.ops.yoso_cumulation (custom_op) forward and forward+backward, and one attention call (the two
-    hashes + yoso_cumulation). The ratios of the attention calls to SDPA."""
+    forward+backward at each n; then the decoding step (`_time_decoding_step`: T = 1 and 256, in place through
+    ky_run_device and through torch.ops.keras_yoso); then, while >= LONG_OTHER_TIMING_MIN_S are left for 65,536,
+    the other rows: the other GPU primitives through torch.ops.keras_yoso (hashes of the queries; the weighted
+    cumulation as eq. 4's dQ), keras_yoso.ops.yoso_cumulation (custom_op) forward and forward+backward, and one
+    attention call (the two hashes + yoso_cumulation). The ratios of the attention calls to SDPA."""
     torch = _cuda_torch()
     from keras_yoso.ops import _spec
     from keras_yoso.ops.providers import native_library
@@ -1818,6 +2025,13 @@ def stage_timings(rec):
                 except Exception as error:  # e.g. no flash kernel: recorded
                     sdpa.append({"what": "setup", "n": n, "error": _first_line(error)})
                 torch.cuda.empty_cache()
+        if part == "library" and "lsh_cumulation_step" in built:
+            try:
+                r["decoding"] = _time_decoding_step(rec, torch, native_library)
+            except Exception as error:  # setting up the inputs failed: recorded, the other rows run
+                r["decoding"] = [{"what": "setup", "error": _first_line(error)}]
+                rec.check(False, f"timings (decoding step): {_first_line(error)}")
+            torch.cuda.empty_cache()
     by = {(row["what"], row["n"], row["dtype"]): row.get("ms") for row in rows}
     reference = {(row["what"], row["n"]): row.get("ms") for row in sdpa}
     ratios = r["ratios"] = {}
@@ -2014,8 +2228,8 @@ def stage_smoke_jax(rec):
 
 
 def _sanitizer_cases(spec, built=lambda name: True):
-    """One tiny float32 case per GPU primitive with a case builder (SANITIZER_CUMULATION, SANITIZER_HASH)
-    for which `built(name)` holds (the library has its kernel)."""
+    """One tiny float32 case per GPU primitive with a case builder (SANITIZER_CUMULATION, SANITIZER_HASH,
+    SANITIZER_DECODING) for which `built(name)` holds (the library has its kernel)."""
     cases = []
     for name in gpu_primitives(spec):
         if not built(name):
@@ -2028,6 +2242,8 @@ def _sanitizer_cases(spec, built=lambda name: True):
             s = SANITIZER_HASH
             cases.append(_hash_case(name, s["n"], s["dim"], "float32", s["num_hashes"], s["hash_code_len"],
                                     integer=True, batch=s["batch"]))
+        elif name in DECODING:
+            cases.append(_decoding_case(mask="random", codes="zipf", dtype="float32", **SANITIZER_DECODING))
     return cases
 
 
