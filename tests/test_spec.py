@@ -156,6 +156,8 @@ def test_the_c_abi_constants_python_restates_are_the_headers():
     assert (int(header["KY_OK"]), int(header["KY_INVALID_ARGUMENT"])) == (native_library._OK,
                                                                           native_library._INVALID_ARGUMENT)
     assert int(header["KY_ERROR_SIZE"]) == native_library._ERROR_SIZE
+    assert int(header["KY_PLAN_EXACT_FP32"]) == native_library._PLAN_EXACT_FP32
+    assert int(header["KY_PLAN_DETERMINISTIC"]) == native_library._PLAN_DETERMINISTIC
     assert "kErrorSize = KY_ERROR_SIZE" in _read("jax", "yoso_xla_ffi.cc")
 
 

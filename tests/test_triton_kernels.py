@@ -197,10 +197,12 @@ def _check_lower_bound(tau, nq, nk, dim, width, masks, codes_kind, dtype, forms)
         chosen = {_uses_table_form(int(a), int(b), dim, width) for a, b in sizes if a and b}
         assert chosen == {False, True}, "the skewed case must run both the pair and the table form"
     for form in forms:
-        dq, dk = lower_bound.lower_bound_gradients(t(qm), t(qc), q, t(km), t(kc), k, v, dy, buckets, form, "ieee",
-                                                   _nan((batch, nq, dim), dtype), _nan((batch, nk, dim), dtype))
-        _assert_close(dq, expected[0], dtype)
-        _assert_close(dk, expected[1], dtype)
+        for deterministic in (False, True):
+            dq, dk = lower_bound.lower_bound_gradients(t(qm), t(qc), q, t(km), t(kc), k, v, dy, buckets, form, "ieee",
+                                                       _nan((batch, nq, dim), dtype), _nan((batch, nk, dim), dtype),
+                                                       deterministic)
+            _assert_close(dq, expected[0], dtype)
+            _assert_close(dk, expected[1], dtype)
 
 
 # Torch dtypes of the kernels' pointer parameter types (aot.py's parameter tables).
@@ -290,6 +292,7 @@ def _check_plan(name, primitive, tau, nq, nk, dim, width, masks, codes_kind, dty
     interpreter against float64."""
     with open(os.environ["KY_TRITON_PLANS"], encoding="utf-8") as plans:
         plan = json.load(plans)[name]
+    primitive = primitive.partition("/")[0]
     rng = np.random.default_rng(nq + 10 * nk + 1000 * tau + dim + arch)
     batch, buckets = 2, 1 << tau
     qc, kc = _codes(rng, batch, nq, tau, codes_kind), _codes(rng, batch, nk, tau, codes_kind)
@@ -387,6 +390,8 @@ PLAN_CASES = {_case_id("plan", *case): (_check_plan, case) for case in [
     ("lsh_cumulation_step", 13, 37, 37, 0, 33, "random", "uniform", torch.bfloat16, 80),
     ("lower_bound_gradients", 3, 300, 300, 16, 33, "random", "zipf", torch.float32, 80),
     ("lower_bound_gradients", 3, 300, 300, 16, 16, "random", "zipf", torch.bfloat16, 90),
+    ("lower_bound_gradients/deterministic", 3, 300, 200, 16, 33, "random", "zipf", torch.float32, 80),
+    ("lower_bound_gradients/deterministic", 3, 100, 300, 16, 16, "random", "zipf", torch.bfloat16, 90),
     ("lower_bound_gradients", 1, 1, 7, 33, 1, "none", "uniform", torch.float32, 90),
     ("lower_bound_gradients", 3, 7, 300, 1, 16, "zero", "zipf", torch.float16, 80),
 ]}
@@ -420,8 +425,10 @@ def _check_case(name):
 
         plans = {}
         for case, (_, (primitive, tau, nq, nk, dim, width, _, _, dtype, arch)) in PLAN_CASES.items():
+            primitive, _, mode = primitive.partition("/")
             inputs, attributes = plan_inputs(primitive, tau, nq, nk, dim, width, dtype)
-            plans[case] = native_library.device_launch_plan(primitive, inputs, attributes, arch, exact_fp32=True)
+            plans[case] = native_library.device_launch_plan(primitive, inputs, attributes, arch, exact_fp32=True,
+                                                            deterministic=mode == "deterministic")
         plans_file = os.path.join(tempfile.mkdtemp(prefix="ky_triton_plans_"), "plans.json")
         with open(plans_file, "w", encoding="utf-8") as out:
             json.dump(plans, out)
@@ -478,6 +485,20 @@ def test_launch_plans_refuse_what_the_kernels_cannot_take():
                native_library.tensor_view(ctypes.addressof(_UNREAD), "float32", (8, 6))]
     with pytest.raises(ValueError, match="no Triton kernels"):
         native_library.device_launch_plan("gaussian_hash_codes", hashing, [2, 3], 80)
+
+
+def test_deterministic_plans_launch_each_hash_alone_without_atomic_variants():
+    from keras_yoso.ops.providers import native_library
+
+    inputs, attributes = plan_inputs("lower_bound_gradients", 3, 64, 80, 64, 64, torch.bfloat16)
+    plan = native_library.device_launch_plan("lower_bound_gradients", inputs, attributes, 90, deterministic=True)
+    eq4 = [launch for launch in plan["launches"] if launch["variant"].startswith("lower_bound_")]
+    assert len(eq4) == 3 * NUM_HASHES and all(launch["variant"].endswith("_det") for launch in eq4)
+    assert [launch["args"][-3][1] for launch in eq4] == [h for h in range(NUM_HASHES) for _ in range(3)]
+    assert all(launch["grid"][0] == 2 for launch in eq4)  # the batch: one hash per launch
+    default = native_library.device_launch_plan("lower_bound_gradients", inputs, attributes, 90)
+    assert [launch["args"][-3][1] for launch in default["launches"] if launch["variant"].startswith("lower_")] == \
+        [-1, -1]
 
 
 def test_launch_plans_take_tf32_products_only_when_asked():
@@ -538,7 +559,7 @@ def test_sass_checks_flag_fenced_atomics_missing_tensor_cores_and_spills():
 
 # One variant of each kernel family, bf16 rows of width 64 (the standard shape, GPU-DESIGN.md).
 AOT_VARIANTS = (r"^(segment_(histograms|cursors|scatter)_kernel_tau8|bucket_tables_kernel_bf16_a16|"
-                r"gather_tables_kernel_bf16_a16|finalize_rows_kernel_bf16|lower_bound_(pairs|tables)_kernel_bf16_d64_a16|"
+                r"gather_tables_kernel_bf16_a16|finalize_rows_kernel_bf16|lower_bound_(pairs|tables)_kernel_bf16_d64_a16(_det)?|"
                 r"decode_outputs_kernel_bf16_a16)$")
 
 
@@ -552,7 +573,7 @@ def test_aot_build_writes_checked_cubins_and_a_launch_manifest(tmp_path):
     assert run.returncode == 0, run.stdout + run.stderr
     manifest = json.loads((out / "manifest.json").read_text())
     entries = {(e["variant"], e["arch"]): e for e in manifest["kernels"]}
-    assert len(entries) == 18
+    assert len(entries) == 22
     for entry in entries.values():
         assert (out / entry["file"]).read_bytes()[:4] == b"\x7fELF"
         assert entry["parameters"][-2:] == manifest["hidden_parameters"]

@@ -75,11 +75,11 @@ _PARAMETERS = {
     "lower_bound_pairs_kernel": "q_ptr:*{dtype} k_ptr:*{dtype} v_ptr:*{dtype} dy_ptr:*{dtype} q_codes_ptr:*i32 "
                                 "k_codes_ptr:*i32 q_offsets_ptr:*i32 q_perm_ptr:*i32 k_offsets_ptr:*i32 "
                                 "k_perm_ptr:*i32 dq_acc_ptr:*fp32 dk_acc_ptr:*fp32 num_hashes:i32 num_queries:i32 "
-                                "num_keys:i32 dim:i32 value_dim:i32 num_buckets:i32",
+                                "num_keys:i32 dim:i32 value_dim:i32 num_buckets:i32 hash_index:i32",
     "lower_bound_tables_kernel": "q_ptr:*{dtype} k_ptr:*{dtype} v_ptr:*{dtype} dy_ptr:*{dtype} q_offsets_ptr:*i32 "
                                  "q_perm_ptr:*i32 k_offsets_ptr:*i32 k_perm_ptr:*i32 dq_acc_ptr:*fp32 "
                                  "dk_acc_ptr:*fp32 num_hashes:i32 num_queries:i32 num_keys:i32 dim:i32 "
-                                 "value_dim:i32 num_buckets:i32",
+                                 "value_dim:i32 num_buckets:i32 hash_index:i32",
     "finalize_rows_kernel": "acc_ptr:*fp32 mask_ptr:*fp32 out_ptr:*{dtype} num_elements:i32 width:i32 scale:fp32",
     "decode_outputs_kernel": "tables_ptr:*fp32 query_codes_ptr:*i32 query_mask_ptr:*fp32 key_codes_ptr:*i32 "
                              "key_mask_ptr:*fp32 value_ptr:*{dtype} out_ptr:*{dtype} num_hashes:i32 length:i32 "
@@ -93,8 +93,8 @@ _GRIDS = {
     "segment_scatter_kernel": "(B * num_hashes, cdiv(length, SEGMENT), 1)",
     "bucket_tables_kernel": "(B * num_hashes, cdiv(num_buckets, BLOCK_C), cdiv(width, BLOCK_D))",
     "gather_tables_kernel": "(B, cdiv(length, BLOCK_Q), cdiv(width, BLOCK_D))",
-    "lower_bound_pairs_kernel": "(B * num_hashes, cdiv(num_queries, BLOCK_Q), 1)",
-    "lower_bound_tables_kernel": "(B * num_hashes, cdiv(num_buckets, BUCKETS), 1)",
+    "lower_bound_pairs_kernel": "(B * num_hashes, cdiv(num_queries, BLOCK_Q), 1); deterministic: (B, ...) per hash",
+    "lower_bound_tables_kernel": "(B * num_hashes, cdiv(num_buckets, BUCKETS), 1); deterministic: (B, ...) per hash",
     "finalize_rows_kernel": "(cdiv(num_elements, BLOCK), 1, 1)",
     "decode_outputs_kernel": "(B, cdiv(length, BLOCK_T), cdiv(width, BLOCK_D))",
     "decode_update_kernel": "(B * num_hashes, cdiv(width, BLOCK_D), 1)",
@@ -138,11 +138,14 @@ def variants(arch):
                         decoding.NUM_WARPS, divisible))
             out.append((f"decode_update_kernel_{tag}", decoding.decode_update_kernel, dtype,
                         dict(BLOCK_D=decoding.BLOCK_D), decoding.NUM_WARPS, divisible))
-        for precision in (("tf32", "ieee") if dtype == "fp32" else ("tf32",)):
+        for precision, deterministic in [(p, d) for p in (("tf32", "ieee") if dtype == "fp32" else ("tf32",))
+                                         for d in (False, True)]:
             for width, aligned in [(w, True) for w in WIDTHS] + [(w, False) for w in UNALIGNED_WIDTHS]:
-                tag = f"{dtype}{'_ieee' if precision == 'ieee' else ''}_d{width}{'_a16' if aligned else ''}"
+                tag = (f"{dtype}{'_ieee' if precision == 'ieee' else ''}_d{width}{'_a16' if aligned else ''}"
+                       f"{'_det' if deterministic else ''}")
                 divisible = ("dim", "value_dim") if aligned else ()
-                widths = dict(FORM=lower_bound.FORMS["auto"], PRECISION=precision, BLOCK_DIM=width, BLOCK_VDIM=width)
+                widths = dict(FORM=lower_bound.FORMS["auto"], PRECISION=precision, DETERMINISTIC=deterministic,
+                              BLOCK_DIM=width, BLOCK_VDIM=width)
                 pair, table = lower_bound.eq4_tiles(arch, dtype == "fp32", precision, width)
                 out.append((f"lower_bound_pairs_kernel_{tag}", lower_bound.lower_bound_pairs_kernel, dtype,
                             dict(widths, BLOCK_Q=pair["BLOCK_Q"], BLOCK_K=pair["BLOCK_K"]), pair["num_warps"],
@@ -209,7 +212,10 @@ def sass_problems(entry, sass):
         mma = r"\bHMMA\b" if entry["arch"] < 90 else r"\b(?:HGMMA|HMMA)\b"
         if not re.search(mma, sass):
             problems.append(f"{name}: no tensor-core instruction ({mma}) in the SASS")
-    if entry["kernel"] in _EQ4_KERNELS:
+    if entry["kernel"] in _EQ4_KERNELS and entry["constexprs"].get("DETERMINISTIC"):
+        if re.search(r"\bREDG?\b|\bATOMG?\b", sass):
+            problems.append(f"{name}: an atomic (RED/ATOM) in the SASS of a deterministic variant")
+    elif entry["kernel"] in _EQ4_KERNELS:
         if not re.search(r"\bREDG?\b", sass):
             problems.append(f"{name}: no RED/REDG reduction in the SASS")
         if re.search(_FENCED_ATOMICS, sass):
@@ -305,7 +311,7 @@ def variants_source(archs=ARCHS):
     for arch in archs:
         for name, kernel, dtype, constexprs, num_warps, _ in variants(arch):
             types = [t for _, t in _parameters(kernel, dtype)] + [p["type"] for p in HIDDEN_PARAMETERS]
-            ints = " ".join(f"{k}={v}" for k, v in constexprs.items() if isinstance(v, int))
+            ints = " ".join(f"{k}={int(v)}" for k, v in constexprs.items() if isinstance(v, int))
             lines.append(f'{{"{name}", {arch}, {num_warps}, "{" ".join(types)}", "{ints}"}},')
     return "\n".join(lines) + "\n"
 

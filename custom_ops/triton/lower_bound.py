@@ -138,25 +138,34 @@ def _load_rows(base, rows, valid, cols, width):
 
 
 @triton.jit
-def _add_rows(base, rows, valid, cols, width, x):
-    """acc[rows] += x (fp32, relaxed atomics) for the valid rows of a [N, width] accumulator at `base`."""
-    tl.atomic_add(base + (rows[:, None] * width + cols[None, :]), x,
-                  mask=valid[:, None] & (cols < width)[None, :], sem="relaxed")
+def _add_rows(base, rows, valid, cols, width, x, DETERMINISTIC: tl.constexpr):
+    """acc[rows] += x for the valid rows of a [N, width] fp32 accumulator at `base`: relaxed atomics, or, in the
+    deterministic mode (where this program is the rows' only writer in its launch), a plain load and store."""
+    pointers = base + (rows[:, None] * width + cols[None, :])
+    valid = valid[:, None] & (cols < width)[None, :]
+    if DETERMINISTIC:
+        tl.store(pointers, tl.load(pointers, mask=valid, other=0.0) + x, mask=valid)
+    else:
+        tl.atomic_add(pointers, x, mask=valid, sem="relaxed")
 
 
 @triton.jit
 def lower_bound_pairs_kernel(q_ptr, k_ptr, v_ptr, dy_ptr, q_codes_ptr, k_codes_ptr, q_offsets_ptr, q_perm_ptr,
                              k_offsets_ptr, k_perm_ptr, dq_acc_ptr, dk_acc_ptr, num_hashes, num_queries, num_keys,
-                             dim, value_dim, num_buckets, FORM: tl.constexpr, PRECISION: tl.constexpr,
-                             BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_DIM: tl.constexpr,
-                             BLOCK_VDIM: tl.constexpr):
+                             dim, value_dim, num_buckets, hash_index, FORM: tl.constexpr, PRECISION: tl.constexpr,
+                             DETERMINISTIC: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
+                             BLOCK_DIM: tl.constexpr, BLOCK_VDIM: tl.constexpr):
     """Pair form over a window of BLOCK_Q sorted queries. Q [B, Nq, d], K [B, Nk, d], V [B, Nk, D],
     dY [B, Nq, D] (one dtype), codes int32 [B, m, N], the two sorts of bucket_sort, fp32 accumulators
     dQacc [B, Nq, d], dKacc [B, Nk, d].
 
-    Grid (B * m, cdiv(Nq, BLOCK_Q)).
+    Grid (B * m, cdiv(Nq, BLOCK_Q)) with hash_index -1. Deterministic mode (DETERMINISTIC): one hash per launch,
+    grid (B, cdiv(Nq, BLOCK_Q)) with hash_index = h, and dQ only (a query row belongs to one window), added with
+    plain loads and stores; dK is the same kernel with the roles of the two sides exchanged (dK_j = sum_i
+    <V_j, dY_i> Q_i is dQ's formula with (Q, dY) and (K, V) swapped; the form test is symmetric).
     """
-    bh = tl.program_id(0).to(tl.int64)
+    pid = tl.program_id(0).to(tl.int64)
+    bh = tl.where(hash_index >= 0, pid * num_hashes + hash_index, pid)
     batch = bh // num_hashes
     q_offsets = q_offsets_ptr + bh * (num_buckets + 1)
     k_offsets = k_offsets_ptr + bh * (num_buckets + 1)
@@ -187,10 +196,11 @@ def lower_bound_pairs_kernel(q_ptr, k_ptr, v_ptr, dy_ptr, q_codes_ptr, k_codes_p
             w = _dot(dy, tl.trans(v), None, PRECISION)
             w = tl.where(hit, w, 0.0).to(q.dtype)
             dq = _dot(w, k, dq, PRECISION)
-            dk = _dot(tl.trans(w), q, None, PRECISION)
-            _add_rows(dk_acc_ptr + batch * num_keys * dim, k_rows, tl.max(hit.to(tl.int32), axis=0) > 0, cols, dim,
-                      dk)
-        _add_rows(dq_acc_ptr + batch * num_queries * dim, q_rows, pair, cols, dim, dq)
+            if not DETERMINISTIC:
+                dk = _dot(tl.trans(w), q, None, PRECISION)
+                _add_rows(dk_acc_ptr + batch * num_keys * dim, k_rows, tl.max(hit.to(tl.int32), axis=0) > 0, cols,
+                          dim, dk, False)
+        _add_rows(dq_acc_ptr + batch * num_queries * dim, q_rows, pair, cols, dim, dq, DETERMINISTIC)
 
 
 @triton.jit
@@ -213,7 +223,7 @@ def _product_rows(a_ptr, b_ptr, rows_ptr, begin, end, a_width, b_width, PRECISIO
 
 @triton.jit
 def _apply_table(x_ptr, rows_ptr, begin, end, x_width, table, acc_ptr, out_width, PRECISION: tl.constexpr,
-                 BLOCK_R: tl.constexpr, BLOCK_X: tl.constexpr, BLOCK_OUT: tl.constexpr):
+                 DETERMINISTIC: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_X: tl.constexpr, BLOCK_OUT: tl.constexpr):
     """acc[rows[p]] += X[rows[p]] @ table for the sorted positions begin..end (X [N, x_width], acc [N, out_width])."""
     x_cols = tl.arange(0, BLOCK_X)
     out_cols = tl.arange(0, BLOCK_OUT)
@@ -222,21 +232,24 @@ def _apply_table(x_ptr, rows_ptr, begin, end, x_width, table, acc_ptr, out_width
         inside = pos < end
         rows = tl.load(rows_ptr + pos, mask=inside, other=0)
         x = _load_rows(x_ptr, rows, inside, x_cols, x_width)
-        _add_rows(acc_ptr, rows, inside, out_cols, out_width,
-                  _dot(x, table.to(x.dtype), None, PRECISION))
+        _add_rows(acc_ptr, rows, inside, out_cols, out_width, _dot(x, table.to(x.dtype), None, PRECISION),
+                  DETERMINISTIC)
 
 
 @triton.jit
 def lower_bound_tables_kernel(q_ptr, k_ptr, v_ptr, dy_ptr, q_offsets_ptr, q_perm_ptr, k_offsets_ptr, k_perm_ptr,
                               dq_acc_ptr, dk_acc_ptr, num_hashes, num_queries, num_keys, dim, value_dim, num_buckets,
-                              FORM: tl.constexpr, PRECISION: tl.constexpr, BUCKETS: tl.constexpr,
-                              BLOCK_R: tl.constexpr, BLOCK_DIM: tl.constexpr, BLOCK_VDIM: tl.constexpr):
+                              hash_index, FORM: tl.constexpr, PRECISION: tl.constexpr, DETERMINISTIC: tl.constexpr,
+                              BUCKETS: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_DIM: tl.constexpr,
+                              BLOCK_VDIM: tl.constexpr):
     """Table form of the buckets that take it among BUCKETS consecutive ones (arguments as
     lower_bound_pairs_kernel), one after another: T = V_c^T K_c, dQ_c += dY_c T; U = dY_c^T Q_c, dK_c += V_c U.
 
-    Grid (B * m, cdiv(num_buckets, BUCKETS)).
+    Grid (B * m, cdiv(num_buckets, BUCKETS)) with hash_index -1; deterministic mode: (B, cdiv(num_buckets,
+    BUCKETS)) per hash h = hash_index, plain adds (a bucket's rows have one writer in the launch).
     """
-    bh = tl.program_id(0).to(tl.int64)
+    pid = tl.program_id(0).to(tl.int64)
+    bh = tl.where(hash_index >= 0, pid * num_hashes + hash_index, pid)
     first = tl.program_id(1) * BUCKETS
     batch = bh // num_hashes
     q_offsets = q_offsets_ptr + bh * (num_buckets + 1)
@@ -257,11 +270,11 @@ def lower_bound_tables_kernel(q_ptr, k_ptr, v_ptr, dy_ptr, q_offsets_ptr, q_perm
             t = _product_rows(v, k, k_perm, k_begin, k_end, value_dim, dim, PRECISION, BLOCK_R, BLOCK_VDIM,
                               BLOCK_DIM)
             _apply_table(dy, q_perm, q_begin, q_end, value_dim, t, dq_acc_ptr + batch * num_queries * dim, dim,
-                         PRECISION, BLOCK_R, BLOCK_VDIM, BLOCK_DIM)
+                         PRECISION, DETERMINISTIC, BLOCK_R, BLOCK_VDIM, BLOCK_DIM)
             u = _product_rows(dy, q, q_perm, q_begin, q_end, value_dim, dim, PRECISION, BLOCK_R, BLOCK_VDIM,
                               BLOCK_DIM)
             _apply_table(v, k_perm, k_begin, k_end, value_dim, u, dk_acc_ptr + batch * num_keys * dim, dim,
-                         PRECISION, BLOCK_R, BLOCK_VDIM, BLOCK_DIM)
+                         PRECISION, DETERMINISTIC, BLOCK_R, BLOCK_VDIM, BLOCK_DIM)
 
 
 @triton.jit
@@ -286,9 +299,11 @@ def finalize_rows(acc, mask, scale, out):
 
 
 def lower_bound_accumulators(query_mask, query_codes, query, key_mask, key_codes, key, value, output_gradient,
-                             num_buckets, form="auto", precision="tf32"):
+                             num_buckets, form="auto", precision="tf32", deterministic=False):
     """(dQacc float32 [B, Nq, d], dKacc float32 [B, Nk, d]): the sums of the module docstring without the 1/m,
-    by K1 (both sides) and K6 (`form`: "auto" chooses per bucket, "pair" or "table" forces one)."""
+    by K1 (both sides) and K6 (`form`: "auto" chooses per bucket, "pair" or "table" forces one). deterministic:
+    one launch per hash and kind (dQ pairs, dK pairs, tables), each row added by one program with plain loads
+    and stores, the hashes in order: bitwise reproducible, 3 m launches."""
     if form not in FORMS:
         raise ValueError(f"form must be one of {sorted(FORMS)}, got {form!r}")
     if precision not in PRECISIONS:
@@ -306,33 +321,44 @@ def lower_bound_accumulators(query_mask, query_codes, query, key_mask, key_codes
         return dq_acc, dk_acc
     q_offsets, q_perm = bucket_sort(query_codes, query_mask, num_buckets)
     k_offsets, k_perm = bucket_sort(key_codes, key_mask, num_buckets)
-    rows = [t.contiguous() for t in (query, key, value.to(query.dtype), output_gradient.to(query.dtype))]
+    q, k, v, dy = [t.contiguous() for t in (query, key, value.to(query.dtype), output_gradient.to(query.dtype))]
     q_codes, k_codes = query_codes.to(torch.int32).contiguous(), key_codes.to(torch.int32).contiguous()
-    sizes = (num_hashes, num_queries, num_keys, dim, value_dim, num_buckets)
     float32 = query.dtype == torch.float32
     arch = torch.cuda.get_device_capability(device)[0] * 10 if device.type == "cuda" else 80
     pair_tiles, table_tiles = eq4_tiles(arch, float32, precision, block_width(max(dim, value_dim)))
-    widths = dict(FORM=FORMS[form], PRECISION=precision if float32 else "tf32", BLOCK_DIM=block_width(dim),
-                  BLOCK_VDIM=block_width(value_dim))
-    if form != "table":
-        lower_bound_pairs_kernel[(batch * num_hashes, triton.cdiv(num_queries, pair_tiles["BLOCK_Q"]))](
-            *rows, q_codes, k_codes, q_offsets, q_perm, k_offsets, k_perm, dq_acc, dk_acc, *sizes, **widths,
-            **pair_tiles)
-    if form != "pair":
-        lower_bound_tables_kernel[(batch * num_hashes, triton.cdiv(num_buckets, TABLE_BUCKETS))](
-            *rows, q_offsets, q_perm, k_offsets, k_perm, dq_acc, dk_acc, *sizes, **widths, BUCKETS=TABLE_BUCKETS,
-            **table_tiles)
+    constants = dict(FORM=FORMS[form], PRECISION=precision if float32 else "tf32", DETERMINISTIC=deterministic,
+                     BLOCK_DIM=block_width(dim), BLOCK_VDIM=block_width(value_dim))
+    queries_side = (q, k, v, dy, q_codes, k_codes, q_offsets, q_perm, k_offsets, k_perm, dq_acc, dk_acc,
+                    num_hashes, num_queries, num_keys, dim, value_dim, num_buckets)
+    # dK as dQ with the sides exchanged (deterministic mode: the pair kernel adds dQ only).
+    keys_side = (k, q, dy, v, k_codes, q_codes, k_offsets, k_perm, q_offsets, q_perm, dk_acc, dq_acc,
+                 num_hashes, num_keys, num_queries, dim, value_dim, num_buckets)
+    tables = (q, k, v, dy, q_offsets, q_perm, k_offsets, k_perm, dq_acc, dk_acc, num_hashes, num_queries, num_keys,
+              dim, value_dim, num_buckets)
+    table_grid = triton.cdiv(num_buckets, TABLE_BUCKETS)
+    for h in (range(num_hashes) if deterministic else [-1]):
+        rows = batch if deterministic else batch * num_hashes
+        if form != "table":
+            lower_bound_pairs_kernel[(rows, triton.cdiv(num_queries, pair_tiles["BLOCK_Q"]))](
+                *queries_side, h, **constants, **pair_tiles)
+            if deterministic:
+                lower_bound_pairs_kernel[(rows, triton.cdiv(num_keys, pair_tiles["BLOCK_Q"]))](
+                    *keys_side, h, **constants, **pair_tiles)
+        if form != "pair":
+            lower_bound_tables_kernel[(rows, table_grid)](*tables, h, **constants, BUCKETS=TABLE_BUCKETS,
+                                                          **table_tiles)
     return dq_acc, dk_acc
 
 
 def lower_bound_gradients(query_mask, query_codes, query, key_mask, key_codes, key, value, output_gradient,
-                          num_buckets, form="auto", precision="tf32", query_gradient=None, key_gradient=None):
+                          num_buckets, form="auto", precision="tf32", query_gradient=None, key_gradient=None,
+                          deterministic=False):
     """The primitive lower_bound_gradients with causal = 0: (dQ [B, Nq, d], dK [B, Nk, d]) in query's dtype
     (module docstring), written into query_gradient and key_gradient when given; K1, K6 and K7. Masks float32
     [B, N], codes int32 [B, m, N], query [B, Nq, d], key [B, Nk, d], value and output_gradient [B, Nk, D] and
     [B, Nq, D]."""
     dq_acc, dk_acc = lower_bound_accumulators(query_mask, query_codes, query, key_mask, key_codes, key, value,
-                                              output_gradient, num_buckets, form, precision)
+                                              output_gradient, num_buckets, form, precision, deterministic)
     scale = 1.0 / max(query_codes.shape[1], 1)
     if query_gradient is None:
         query_gradient = torch.empty(dq_acc.shape, dtype=query.dtype, device=query.device)

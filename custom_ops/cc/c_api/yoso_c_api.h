@@ -121,17 +121,22 @@ KY_EXPORT int32_t ky_run_device(const char* primitive, const KyTensor* inputs, i
                                 int32_t num_outputs, void* workspace, int64_t workspace_bytes, void* stream,
                                 char* error, int64_t error_size);
 
+/* ky_device_launch_plan's options, or'ed: exact IEEE fp32 products for fp32 rows (else TF32), and the
+ * deterministic mode of the eq. 4 kernels. */
+#define KY_PLAN_EXACT_FP32 1
+#define KY_PLAN_DETERMINISTIC 2
+
 /* The Triton launch plan (custom_ops/cc/kernels/triton_launch.h) of a call of `primitive` (inputs and
  * attributes as for ky_device_workspace_bytes; the data pointers are not read) for the cubins of compute
- * capability `arch` (80: 8.x, 90: 9.0), with exact IEEE fp32 products for fp32 rows when exact_fp32 is
- * nonzero (else TF32), written as NUL-terminated JSON into `plan` (plan_size bytes): the workspace it
+ * capability `arch` (80: 8.x, 90: 9.0) with `options` (KY_PLAN_*), written as NUL-terminated JSON into
+ * `plan` (plan_size bytes): the workspace it
  * needs, the regions it zeroes, the kernels it launches in order with their grids and arguments. In every
  * build, with or without CUDA or cubins: tests run the plans in Triton's interpreter. Returns
  * KY_INVALID_ARGUMENT for a bad call, a primitive without Triton kernels or a call they cannot take, and
  * KY_ERROR_SIZE-like truncation as KY_INTERNAL when plan_size is too small. */
 KY_EXPORT int32_t ky_device_launch_plan(const char* primitive, const KyTensor* inputs, int32_t num_inputs,
                                         const KyAttribute* attributes, int32_t num_attributes, int32_t arch,
-                                        int32_t exact_fp32, char* plan, int64_t plan_size, char* error,
+                                        int32_t options, char* plan, int64_t plan_size, char* error,
                                         int64_t error_size);
 
 /* The number of Triton cubins embedded in this library (0: built without KERAS_YOSO_TRITON_CUBINS). */

@@ -122,7 +122,7 @@ std::string DeviceWorkspaceBytes(const KyTensor* inputs, int32_t num_inputs, con
 // The Triton launch plan of P for cubins of `arch`, as JSON (triton_launch.h).
 template <typename P>
 std::string DeviceLaunchPlan(const KyTensor* inputs, int32_t num_inputs, const KyAttribute* attributes,
-                             int32_t num_attributes, int32_t arch, bool exact_fp32, std::string* json) {
+                             int32_t num_attributes, int32_t arch, const TritonOptions& options, std::string* json) {
   if constexpr (!TritonPlanOf<P>::kExists) {
     return std::string(P::kName) + " has no Triton kernels (they run lsh_cumulation and lower_bound_gradients)";
   } else {
@@ -132,7 +132,7 @@ std::string DeviceLaunchPlan(const KyTensor* inputs, int32_t num_inputs, const K
     TritonPlan plan;
     if (e.empty()) {
       e = TritonPlanOf<P>::Plan(call.dims, static_cast<ScalarType>(call.dtype), call.attributes.data(), arch,
-                                exact_fp32, &plan);
+                                options, &plan);
     }
     if (e.empty()) *json = TritonPlanJson(plan);
     return e;
@@ -172,15 +172,17 @@ int32_t ky_device_kernels(void) { return KY_WITH_CUDA ? 1 : 0; }
 int32_t ky_triton_cubins(void) { return kTritonCubinCount; }
 
 int32_t ky_device_launch_plan(const char* primitive, const KyTensor* inputs, int32_t num_inputs,
-                              const KyAttribute* attributes, int32_t num_attributes, int32_t arch, int32_t exact_fp32,
+                              const KyAttribute* attributes, int32_t num_attributes, int32_t arch, int32_t options,
                               char* plan, int64_t plan_size, char* error, int64_t error_size) {
   return c_api::Guarded(error, error_size, [&]() -> std::string {
     if (plan == nullptr || plan_size < 1) return "ky_device_launch_plan: plan must hold at least 1 byte";
     plan[0] = '\0';
     std::string json;
     const std::string e = c_api::ForPrimitiveNamed(primitive, [&](auto p) {
-      return DeviceLaunchPlan<decltype(p)>(inputs, num_inputs, attributes, num_attributes, arch, exact_fp32 != 0,
-                                           &json);
+      TritonOptions chosen;
+      chosen.exact_fp32 = (options & KY_PLAN_EXACT_FP32) != 0;
+      chosen.deterministic = (options & KY_PLAN_DETERMINISTIC) != 0;
+      return DeviceLaunchPlan<decltype(p)>(inputs, num_inputs, attributes, num_attributes, arch, chosen, &json);
     });
     if (!e.empty()) return e;
     if (static_cast<int64_t>(json.size()) >= plan_size) {

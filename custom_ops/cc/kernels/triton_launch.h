@@ -250,12 +250,21 @@ inline std::string Eq4WidthTag(int64_t dim, int64_t value_dim) {
   return "d" + std::to_string(tile < 64 ? 64 : tile);
 }
 
+// How the Triton eq. 4 kernels compute: fp32 rows with exact IEEE products (FMA) or TF32 tensor
+// cores; atomics into the accumulators, or the deterministic mode (one launch per hash and kind,
+// each row added by its one program with plain loads and stores, the hashes in order).
+struct TritonOptions {
+  bool exact_fp32 = true;
+  bool deterministic = false;
+};
+
 // The plan of lower_bound_gradients (causal = 0) for cubins of `arch`: inputs (query_mask,
 // query_codes, query, key_mask, key_codes, key, value, output_gradient), outputs query_gradient
 // [B, Nq, d] and key_gradient [B, Nk, d] (d.vector_dim = d, d.value_dim = D), each (1/m) times the
-// sums of eq. 4 without tau/2. fp32 rows take TF32 products unless exact_fp32 (IEEE fp32 on FMA).
-inline std::string PlanLowerBoundGradients(const CumulationDims& d, ScalarType dtype, int arch, bool exact_fp32,
-                                           TritonPlan* plan) {
+// sums of eq. 4 without tau/2. In the deterministic mode, per hash: the dQ pairs, the dK pairs (the
+// same kernel with the sides exchanged) and the tables, 3 m launches.
+inline std::string PlanLowerBoundGradients(const CumulationDims& d, ScalarType dtype, int arch,
+                                           const TritonOptions& options, TritonPlan* plan) {
   using namespace triton_plan;  // NOLINT: the plan's vocabulary
   *plan = TritonPlan{};
   const int64_t dim = d.vector_dim, width = d.value_dim;
@@ -279,19 +288,28 @@ inline std::string PlanLowerBoundGradients(const CumulationDims& d, ScalarType d
     SortLaunch(&b, d, tau, 1, 0, d.num_queries, q_offsets, q_perm);
     SortLaunch(&b, d, tau, 4, 3, d.num_keys, k_offsets, k_perm);
     const std::string dtype_tag =
-        std::string(DtypeName(dtype)) + (dtype == ScalarType::kFloat32 && exact_fp32 ? "_ieee" : "");
-    const std::string pairs = "lower_bound_pairs_kernel_" + dtype_tag + "_" + widths;
-    const std::string tables = "lower_bound_tables_kernel_" + dtype_tag + "_" + widths;
-    const std::vector<PlanArg> sizes = {I32(d.num_hashes), I32(d.num_queries), I32(d.num_keys), I32(dim),
-                                        I32(width), I32(nb)};
-    std::vector<PlanArg> pair_args = {In(2), In(5), In(6), In(7), In(1), In(4), Ws(q_offsets), Ws(q_perm),
-                                      Ws(k_offsets), Ws(k_perm), Ws(dq_acc), Ws(dk_acc)};
-    pair_args.insert(pair_args.end(), sizes.begin(), sizes.end());
-    b.Launch(pairs, bm, CeilDiv(d.num_queries, b.Tile(pairs, "BLOCK_Q")), 1, pair_args);
-    std::vector<PlanArg> table_args = {In(2), In(5), In(6), In(7), Ws(q_offsets), Ws(q_perm), Ws(k_offsets),
-                                       Ws(k_perm), Ws(dq_acc), Ws(dk_acc)};
-    table_args.insert(table_args.end(), sizes.begin(), sizes.end());
-    b.Launch(tables, bm, CeilDiv(nb, b.Tile(tables, "BUCKETS")), 1, table_args);
+        std::string(DtypeName(dtype)) + (dtype == ScalarType::kFloat32 && options.exact_fp32 ? "_ieee" : "");
+    const std::string variant = dtype_tag + "_" + widths + (options.deterministic ? "_det" : "");
+    const std::string pairs = "lower_bound_pairs_kernel_" + variant, tables = "lower_bound_tables_kernel_" + variant;
+    const int64_t block_q = b.Tile(pairs, "BLOCK_Q"), groups = CeilDiv(nb, b.Tile(tables, "BUCKETS"));
+    // hash -1: every hash in one launch (grid B * m); h: hash h alone (grid B), the deterministic mode.
+    for (int64_t h = options.deterministic ? 0 : -1; h < (options.deterministic ? d.num_hashes : 0); ++h) {
+      const int64_t rows = options.deterministic ? d.batch : bm;
+      b.Launch(pairs, rows, CeilDiv(d.num_queries, block_q), 1,
+               {In(2), In(5), In(6), In(7), In(1), In(4), Ws(q_offsets), Ws(q_perm), Ws(k_offsets), Ws(k_perm),
+                Ws(dq_acc), Ws(dk_acc), I32(d.num_hashes), I32(d.num_queries), I32(d.num_keys), I32(dim),
+                I32(width), I32(nb), I32(h)});
+      if (options.deterministic) {  // dK_j = sum_i <V_j, dY_i> Q_i: dQ's formula with the sides exchanged
+        b.Launch(pairs, rows, CeilDiv(d.num_keys, block_q), 1,
+                 {In(5), In(2), In(7), In(6), In(4), In(1), Ws(k_offsets), Ws(k_perm), Ws(q_offsets), Ws(q_perm),
+                  Ws(dk_acc), Ws(dq_acc), I32(d.num_hashes), I32(d.num_keys), I32(d.num_queries), I32(dim),
+                  I32(width), I32(nb), I32(h)});
+      }
+      b.Launch(tables, rows, groups, 1,
+               {In(2), In(5), In(6), In(7), Ws(q_offsets), Ws(q_perm), Ws(k_offsets), Ws(k_perm), Ws(dq_acc),
+                Ws(dk_acc), I32(d.num_hashes), I32(d.num_queries), I32(d.num_keys), I32(dim), I32(width), I32(nb),
+                I32(h)});
+    }
   }
   const std::string finalize = std::string("finalize_rows_kernel_") + DtypeName(dtype);
   const float scale = 1.0f / static_cast<float>(d.num_hashes);

@@ -14,12 +14,37 @@
 
 namespace keras_yoso {
 
-// fp32 rows of the eq. 4 kernels: exact IEEE products by default (as PyTorch's matmuls default to
-// no TF32); KERAS_YOSO_GPU_TF32=1 takes TF32 tensor-core products with fp32 accumulation
-// (GPU-DESIGN.md §2.4: about 2e-3 relative), read at each call.
-inline bool TritonExactFp32() {
-  const char* tf32 = std::getenv("KERAS_YOSO_GPU_TF32");
-  return tf32 == nullptr || std::strcmp(tf32, "1") != 0;
+// Set on a thread (ScopedTritonDeterministic) for the calls it makes: TensorFlow's GPU kernels do so
+// under op determinism.
+inline bool& TritonDeterministicOnThisThread() {
+  thread_local bool deterministic = false;
+  return deterministic;
+}
+
+class ScopedTritonDeterministic {
+ public:
+  ScopedTritonDeterministic() : was_(TritonDeterministicOnThisThread()) { TritonDeterministicOnThisThread() = true; }
+  ~ScopedTritonDeterministic() { TritonDeterministicOnThisThread() = was_; }
+
+ private:
+  bool was_;
+};
+
+inline bool EnvironmentFlag(const char* name) {
+  const char* value = std::getenv(name);
+  return value != nullptr && std::strcmp(value, "1") == 0;
+}
+
+// The options of the calls made now, read at each call: fp32 rows of the eq. 4 kernels take exact
+// IEEE products unless KERAS_YOSO_GPU_TF32=1 (TF32 tensor cores with fp32 accumulation,
+// GPU-DESIGN.md §2.4: about 2e-3 relative; PyTorch's matmuls default to no TF32 too); the eq. 4
+// kernels run their deterministic mode under KERAS_YOSO_GPU_DETERMINISTIC=1 or on a thread that
+// asks for it (ScopedTritonDeterministic).
+inline TritonOptions TritonOptionsNow() {
+  TritonOptions options;
+  options.exact_fp32 = !EnvironmentFlag("KERAS_YOSO_GPU_TF32");
+  options.deterministic = EnvironmentFlag("KERAS_YOSO_GPU_DETERMINISTIC") || TritonDeterministicOnThisThread();
+  return options;
 }
 
 inline std::string CheckTritonCausal(const char* primitive, int64_t causal) {
@@ -27,6 +52,8 @@ inline std::string CheckTritonCausal(const char* primitive, int64_t causal) {
   return std::string(primitive) + " has no Triton kernel for causal = " + std::to_string(causal);
 }
 
+// TritonPlanOf<P>::Plan(d, dtype, attributes, arch, options, plan): "" and the plan, or why the Triton
+// kernels cannot take the call. kDeterministicMode: the plan is deterministic under options.deterministic.
 template <typename P>
 struct TritonPlanOf {
   static constexpr bool kExists = false;
@@ -35,8 +62,8 @@ struct TritonPlanOf {
 template <>
 struct TritonPlanOf<LshCumulation> {
   static constexpr bool kExists = true;
-  static std::string Plan(const CumulationDims& d, ScalarType dtype, const AttributeValue* a, int arch, bool,
-                          TritonPlan* plan) {
+  static std::string Plan(const CumulationDims& d, ScalarType dtype, const AttributeValue* a, int arch,
+                          const TritonOptions&, TritonPlan* plan) {
     const std::string error = CheckTritonCausal(LshCumulation::kName, a[1].int_value);
     return error.empty() ? PlanLshCumulation(d, dtype, arch, plan) : error;
   }
@@ -45,8 +72,8 @@ struct TritonPlanOf<LshCumulation> {
 template <>
 struct TritonPlanOf<LshCumulationStep> {
   static constexpr bool kExists = true;
-  static std::string Plan(const CumulationDims& d, ScalarType dtype, const AttributeValue*, int arch, bool,
-                          TritonPlan* plan) {
+  static std::string Plan(const CumulationDims& d, ScalarType dtype, const AttributeValue*, int arch,
+                          const TritonOptions&, TritonPlan* plan) {
     return PlanLshCumulationStep(d, dtype, arch, plan);
   }
 };
@@ -55,9 +82,9 @@ template <>
 struct TritonPlanOf<LowerBoundGradients> {
   static constexpr bool kExists = true;
   static std::string Plan(const CumulationDims& d, ScalarType dtype, const AttributeValue* a, int arch,
-                          bool exact_fp32, TritonPlan* plan) {
+                          const TritonOptions& options, TritonPlan* plan) {
     const std::string error = CheckTritonCausal(LowerBoundGradients::kName, a[1].int_value);
-    return error.empty() ? PlanLowerBoundGradients(d, dtype, arch, exact_fp32, plan) : error;
+    return error.empty() ? PlanLowerBoundGradients(d, dtype, arch, options, plan) : error;
   }
 };
 

@@ -11,6 +11,8 @@
 //   WorkspaceBytes(d, a)     device scratch the launcher needs (the caller allocates it)
 //   kDeterministic           false when the kernel's rounding depends on thread scheduling (float
 //                            atomics into bucket tables): TensorFlow refuses it under op determinism
+//   kHasDeterministicMode    true when it has a deterministic mode (ScopedTritonDeterministic), which
+//                            TensorFlow then takes under op determinism
 //   Available()              false when this build lacks the kernel (the Triton cubins are optional)
 //   Run(d, dtype, a, in, out, workspace, workspace_bytes, stream)   enqueues the kernels on `stream`;
 //                            "" or the CUDA error
@@ -53,7 +55,7 @@ inline std::string CudaErrorText(cudaError_t status) {
 template <typename P>
 size_t TritonWorkspaceBytes(const typename P::Dims& d, const AttributeValue* a) {
   TritonPlan plan;
-  const std::string error = TritonPlanOf<P>::Plan(d, ScalarType::kFloat32, a, 80, true, &plan);
+  const std::string error = TritonPlanOf<P>::Plan(d, ScalarType::kFloat32, a, 80, TritonOptions{}, &plan);
   return error.empty() ? plan.workspace_bytes : 0;
 }
 
@@ -67,7 +69,7 @@ std::string RunTriton(const typename P::Dims& d, ScalarType dtype, const Attribu
   const int arch = TritonArchOfStream(stream, &error);
   if (arch == 0) return error;
   TritonPlan plan;
-  if (!TritonPlanOf<P>::Plan(d, dtype, a, arch, TritonExactFp32(), &plan).empty() || plan.workspace_bytes > bytes) {
+  if (!TritonPlanOf<P>::Plan(d, dtype, a, arch, TritonOptionsNow(), &plan).empty() || plan.workspace_bytes > bytes) {
     return "";
   }
   void* inputs[P::kInputs.size()];
@@ -81,6 +83,7 @@ std::string RunTriton(const typename P::Dims& d, ScalarType dtype, const Attribu
 // What a primitive without a device limit or scratch declares.
 struct GpuRunDefaults {
   static constexpr bool kDeterministic = true;
+  static constexpr bool kHasDeterministicMode = false;
   static bool Available() { return true; }
   template <typename Dims>
   static std::string Check(const Dims&, const AttributeValue*) { return ""; }
@@ -133,9 +136,11 @@ struct GpuRun<LshCumulation> : GpuRunDefaults {
 };
 
 // A primitive whose only GPU kernels are the Triton ones, where the library embeds them.
-template <typename P, bool kIsDeterministic>
+// kHasDeterministicMode: its plan is deterministic under TritonOptions::deterministic.
+template <typename P, bool kIsDeterministic, bool kWithDeterministicMode = false>
 struct TritonOnlyGpuRun : GpuRunDefaults {
   static constexpr bool kDeterministic = kIsDeterministic;
+  static constexpr bool kHasDeterministicMode = kWithDeterministicMode;
   static bool Available() { return TritonCubinsEmbedded(); }
   static std::string Check(const CumulationDims& d, const AttributeValue* a) {
     if (!Available()) {
@@ -144,7 +149,7 @@ struct TritonOnlyGpuRun : GpuRunDefaults {
              "KERAS_YOSO_TRITON_CUBINS, docs/build.md)";
     }
     TritonPlan plan;
-    return TritonPlanOf<P>::Plan(d, ScalarType::kFloat32, a, 80, true, &plan);
+    return TritonPlanOf<P>::Plan(d, ScalarType::kFloat32, a, 80, TritonOptions{}, &plan);
   }
   static size_t WorkspaceBytes(const CumulationDims& d, const AttributeValue* a) {
     return TritonWorkspaceBytes<P>(d, a);
@@ -159,9 +164,9 @@ struct TritonOnlyGpuRun : GpuRunDefaults {
   }
 };
 
-// eq. 4 in one pass (K1, K6, K7): fp32 atomics into the accumulators.
+// eq. 4 in one pass (K1, K6, K7): fp32 atomics into the accumulators, or the deterministic mode.
 template <>
-struct GpuRun<LowerBoundGradients> : TritonOnlyGpuRun<LowerBoundGradients, false> {};
+struct GpuRun<LowerBoundGradients> : TritonOnlyGpuRun<LowerBoundGradients, false, true> {};
 
 // The decoding step: every element summed in a fixed order.
 template <>

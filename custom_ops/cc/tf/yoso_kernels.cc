@@ -11,6 +11,7 @@
 
 #include <cstddef>
 #include <functional>
+#include <optional>
 #include <string>
 
 #include "tensorflow/core/framework/op_kernel.h"
@@ -189,7 +190,12 @@ struct Launch<GPUDevice, P, T> {
   static Status Run(OpKernelContext* ctx, const typename P::Dims& d, const AttributeValue* a,
                     const std::array<TensorRef, N>& in, const std::array<TensorRef, M>& out) {
     TF_RETURN_IF_ERROR(Invalid(GpuRun<P>::Check(d, a)));
-    if (!GpuRun<P>::kDeterministic) TF_RETURN_IF_ERROR(CheckNondeterminismAllowed(P::kName));
+    const bool deterministic_mode = GpuRun<P>::kHasDeterministicMode && tensorflow::OpDeterminismRequired();
+    if (!GpuRun<P>::kDeterministic && !deterministic_mode) {
+      TF_RETURN_IF_ERROR(CheckNondeterminismAllowed(P::kName));
+    }
+    std::optional<ScopedTritonDeterministic> deterministic;
+    if (deterministic_mode) deterministic.emplace();
     Tensor ws;
     const size_t bytes = GpuRun<P>::WorkspaceBytes(d, a);
     TF_RETURN_IF_ERROR(AllocateWorkspace(ctx, bytes, &ws));

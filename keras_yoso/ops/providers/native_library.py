@@ -22,11 +22,13 @@ from keras_yoso.ops import _spec
 
 # The folder of the keras_yoso package (keras_yoso/ops/providers/../..), where the compiled libraries lie.
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-# custom_ops/cc/c_api/yoso_c_api.h: KY_ABI_VERSION, dtype codes, return codes, KY_MAX_RANK, KY_ERROR_SIZE
+# custom_ops/cc/c_api/yoso_c_api.h: KY_ABI_VERSION, dtype codes, return codes, KY_MAX_RANK, KY_ERROR_SIZE,
+# KY_PLAN_*
 # (tests/test_spec.py reads them there).
 ABI_VERSION = 8
 DTYPE_CODES = {"float32": 0, "float16": 1, "bfloat16": 2, "int32": 3}
 _OK, _INVALID_ARGUMENT = 0, 1
+_PLAN_EXACT_FP32, _PLAN_DETERMINISTIC = 1, 2
 MAX_RANK = 8
 _ERROR_SIZE = 4096
 REBUILD_HINT = ("Rebuild it with `pip install --force-reinstall --no-deps .` from the keras-yoso source tree "
@@ -259,17 +261,19 @@ def triton_cubins():
     return 0 if library() is None else int(library().ky_triton_cubins())
 
 
-def device_launch_plan(name, inputs, attributes, arch, exact_fp32=True):
+def device_launch_plan(name, inputs, attributes, arch, exact_fp32=True, deterministic=False):
     """The Triton launch plan of primitive `name` on `inputs` (KyTensor views; their data is not read) for the
     cubins of compute capability `arch` (80 or 90), as a dict (custom_ops/cc/kernels/triton_launch.h:
-    workspace_bytes, zeroed, launches with variant, grid and args). Needs no GPU: tests run it in Triton's
-    interpreter. ValueError where the Triton kernels cannot take the call."""
+    workspace_bytes, copies, zeroed, launches with variant, grid and args); exact_fp32: IEEE products for fp32
+    rows (else TF32); deterministic: the eq. 4 kernels' deterministic mode. Needs no GPU: tests run it in
+    Triton's interpreter. ValueError where the Triton kernels cannot take the call."""
     primitive = _spec.PRIMITIVES[name]
     error = ctypes.create_string_buffer(_ERROR_SIZE)
     plan = ctypes.create_string_buffer(1 << 20)
     status = library().ky_device_launch_plan(name.encode(), _views(inputs), len(inputs),
                                              _attributes(primitive, attributes), len(attributes), int(arch),
-                                             int(bool(exact_fp32)), plan, len(plan), error, _ERROR_SIZE)
+                                             _PLAN_EXACT_FP32 * bool(exact_fp32) + _PLAN_DETERMINISTIC * bool(deterministic),
+                                             plan, len(plan), error, _ERROR_SIZE)
     _raise_unless_ok(status, error)
     return json.loads(plan.value.decode())
 
