@@ -611,6 +611,13 @@ def test_embedded_cubin_table_compiles_with_every_cubin_of_the_build(tmp_path):
     assert len(manifest["kernels"]) == 4
     for entry in manifest["kernels"]:
         assert (out / entry["file"]).read_bytes() in object_bytes, entry["file"]
+    stale = dict(manifest, sources="0" * 64)
+    (out / "manifest.json").write_text(json.dumps(stale))
+    with pytest.raises(ValueError, match="other custom_ops/triton/.*sources"):
+        embed.cubins_source(out)
+    renamed = dict(manifest, kernels=[dict(e, constexprs=dict(e["constexprs"], NUM_BINS=3)) for e in manifest["kernels"]])
+    assert any("triton_variants.inc has" in r for r in embed.stale_reasons(renamed))
+    (out / "manifest.json").write_text(json.dumps(manifest))
     (out / manifest["kernels"][0]["file"]).write_bytes(b"not the built cubin")
     with pytest.raises(ValueError, match="sha256"):
         embed.cubins_source(out)

@@ -230,11 +230,21 @@ def sass_problems(entry, sass):
     return problems
 
 
+def sources_digest():
+    """sha256 of the kernels' sources (custom_ops/triton/*.py, by name), as embed.py recomputes it: a cubin built
+    from other sources is refused there."""
+    digest = hashlib.sha256()
+    for path in sorted(pathlib.Path(__file__).resolve().parent.glob("*.py")):
+        digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
 def build(out_dir, archs=ARCHS, only=None, check=True, log=print):
     """Compile the variants whose name matches the regex `only` (all when None) for every arch into out_dir;
     returns (manifest, problems). problems lists the failed checks, or says the checks did not run."""
     out_dir = pathlib.Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
+    sources = sources_digest()  # before compiling: sources edited meanwhile make the build stale
     cuobjdump = find_cuobjdump() if check else None
     entries, problems = [], []
     if check and cuobjdump is None:
@@ -269,7 +279,7 @@ def build(out_dir, archs=ARCHS, only=None, check=True, log=print):
             entries.append(entry)
             log(f"{path.name}: {time.perf_counter() - started:.1f} s, {entry['registers']} registers, "
                 f"{entry['stack_bytes']} B stack, {entry['shared_bytes']} B shared")
-    manifest = dict(triton=triton.__version__, ptxas=triton.knobs.nvidia.ptxas.version,
+    manifest = dict(triton=triton.__version__, ptxas=triton.knobs.nvidia.ptxas.version, sources=sources,
                     hidden_parameters=list(HIDDEN_PARAMETERS), kernels=entries)
     (out_dir / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
     return manifest, problems

@@ -4,13 +4,50 @@
 
 OUT.cc defines `kTritonCubins` and `kTritonCubinCount` (custom_ops/cc/kernels/triton_launch.h): per cubin of
 DIR/manifest.json its variant, arch, function, bytes (checked against the manifest's sha256) and dynamic shared
-memory. The bytes are assembled in from the cubin files at compile time (`.incbin`). setup.py runs it when KERAS_YOSO_TRITON_CUBINS names such a folder. Needs no Triton.
+memory. It refuses a build whose sources or variants differ from this tree's (`stale_reasons`). The bytes are assembled in from the cubin files at compile time (`.incbin`). setup.py runs it when KERAS_YOSO_TRITON_CUBINS names such a folder. Needs no Triton.
 """
 
 import hashlib
 import json
 import pathlib
+import re
 import sys
+
+
+VARIANTS_FILE = pathlib.Path(__file__).resolve().parents[1] / "cc" / "kernels" / "triton_variants.inc"
+
+
+def sources_digest():
+    """sha256 of custom_ops/triton/*.py as aot.py records it in the manifest (`sources`)."""
+    digest = hashlib.sha256()
+    for path in sorted(pathlib.Path(__file__).resolve().parent.glob("*.py")):
+        digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
+def stale_reasons(manifest, variants_text=None):
+    """Why the AOT build `manifest` cannot be embedded in a library built from this tree (empty when it can): its
+    sources differ from custom_ops/triton/*.py, or a cubin's parameter types or integer constexprs differ from the
+    variant row the C++ launch plans read (triton_variants.inc), or it lacks a row's cubin (only a full build
+    embeds every row; an --only build is checked for its own cubins)."""
+    reasons = []
+    if manifest.get("sources") != sources_digest():
+        reasons.append("it was built from other custom_ops/triton/*.py sources (rebuild with aot.py)")
+    rows = {}
+    for name, arch, _, types, ints in re.findall(r'\{"(\w+)", (\d+), (\d+), "([^"]*)", "([^"]*)"\}',
+                                                 variants_text if variants_text is not None
+                                                 else VARIANTS_FILE.read_text()):
+        rows[(name, int(arch))] = (types, ints)
+    for entry in manifest["kernels"]:
+        key = (entry["variant"], entry["arch"])
+        types = " ".join(p["type"] for p in entry["parameters"])
+        ints = " ".join(f"{k}={int(v)}" for k, v in entry["constexprs"].items() if isinstance(v, (int, bool)))
+        if key not in rows:
+            reasons.append(f"{key[0]} sm_{key[1]} has no row in {VARIANTS_FILE.name}")
+        elif rows[key] != (types, ints):
+            reasons.append(f"{key[0]} sm_{key[1]}: built as ({types}; {ints}), {VARIANTS_FILE.name} has "
+                           f"({rows[key][0]}; {rows[key][1]})")
+    return reasons
 
 
 def cubins_source(build_dir):
@@ -18,6 +55,9 @@ def cubins_source(build_dir):
     with `.incbin` from the cubin files (absolute paths), so the source stays small and compiles in a second."""
     build_dir = pathlib.Path(build_dir).resolve()
     manifest = json.loads((build_dir / "manifest.json").read_text())
+    reasons = stale_reasons(manifest)
+    if reasons:
+        raise ValueError(f"the Triton cubins of {build_dir} do not match this tree: " + "; ".join(reasons[:5]))
     blobs, rows = [], []
     for i, entry in enumerate(manifest["kernels"]):
         path = build_dir / entry["file"]

@@ -7,8 +7,9 @@
 #   PYTHON=/work/venv/bin/python bash tests/gpu/build_for_gpu.sh [--only REGEX] [--cubins DIR] [--out-dir DIR]
 #
 # 1. The AOT build of the Triton kernels (custom_ops/triton/aot.py, ~5 min on 2 cores) into --cubins DIR
-#    (default build/triton_cubins), skipped when DIR/manifest.json is newer than every custom_ops/triton/*.py and
-#    DIR was built with the same --only. It builds into DIR.partial and replaces DIR only when aot.py's checks pass.
+#    (default build/triton_cubins), skipped when DIR was built from the same custom_ops/triton/*.py (the
+#    manifest's sources digest), its cubins match the C++ variant rows (embed.py's stale_reasons) and DIR was
+#    built with the same --only. It builds into DIR.partial and replaces DIR only when aot.py's checks pass.
 # 2. The native library with those cubins embedded (setup.py build_ext with KERAS_YOSO_TRITON_CUBINS=DIR,
 #    KERAS_YOSO_CUDA_ARCHS, KERAS_YOSO_BUILD_TF_OPS=0; nvcc ~2-4 min) in a folder of its own under build/, then
 #    moved into --out-dir DIR (default keras_yoso, where verify.py loads it) in one rename, replacing the
@@ -53,14 +54,13 @@ say() { echo "build_for_gpu.sh: $*"; }
 # 1. The Triton cubins.
 stamp="$CUBINS/build_for_gpu.only"
 fresh=false
-if [[ -f $CUBINS/manifest.json && -f $stamp && "$(cat "$stamp")" == "$ONLY" ]]; then
+if [[ -f $CUBINS/manifest.json && -f $stamp && "$(cat "$stamp")" == "$ONLY" ]] &&
+  "$PYTHON" -c 'import json, sys; sys.path.insert(0, "custom_ops/triton"); import embed
+sys.exit(1 if embed.stale_reasons(json.load(open(sys.argv[1]))) else 0)' "$CUBINS/manifest.json"; then
   fresh=true
-  for source in custom_ops/triton/*.py; do
-    [[ $source -nt $CUBINS/manifest.json ]] && fresh=false
-  done
 fi
 if $fresh; then
-  say "the Triton cubins in $CUBINS are newer than custom_ops/triton/*.py: kept"
+  say "the Triton cubins in $CUBINS were built from these sources and match the variant rows: kept"
 else
   say "AOT build of the Triton kernels into $CUBINS${ONLY:+ (only $ONLY)}"
   rm -rf "$CUBINS.partial"
