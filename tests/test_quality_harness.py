@@ -6,7 +6,8 @@ attentions and its command line, on real inputs, at tiny sizes.
 - every registered attention maps [B, T, d] to [B, T, d]; the causal ones never let position i
   see inputs after i; the bidirectional ones ignore the content of padded positions;
 - the chunked causal linear attention equals the direct formula;
-- `run.py` trains for 1 step, writes results.json and the PNG, and draws again with --plot-only.
+- `run.py` trains the model with no attention first, judges every run against it (diverged, learned
+  nothing), trains for 1 step, writes results.json and the PNG, and draws again with --plot-only.
 """
 
 import json
@@ -30,8 +31,11 @@ import run  # noqa: E402
 import tasks  # noqa: E402
 
 # gated_deltanet needs keras-hub, whose import loads TensorFlow (~40 s): its error path is tested instead.
-CAUSAL = [name for name, spec in attentions.ATTENTIONS.items() if spec.causal and name != "gated_deltanet"]
-BIDIRECTIONAL = [name for name, spec in attentions.ATTENTIONS.items() if spec.bidirectional]
+# The model with no attention (zeros) is tested on its own.
+CAUSAL = [name for name, spec in attentions.ATTENTIONS.items()
+          if spec.causal and name not in ("gated_deltanet", attentions.NO_ATTENTION)]
+BIDIRECTIONAL = [name for name, spec in attentions.ATTENTIONS.items()
+                 if spec.bidirectional and name != attentions.NO_ATTENTION]
 SMALL = {"reformer": {"chunk_size": 8, "num_buckets": 4}, "sliding_window": {"window": 8},
          "linformer": {"k": 8}, "yoso": {"num_hashes": 4}, "yoso_c": {"num_hashes": 4}, "yoso_star": {"num_hashes": 4},
          "performer": {"num_features": 16, "chunk_size": 8}, "linear": {"chunk_size": 8}}
@@ -284,6 +288,49 @@ def test_every_task_sweeps_two_learning_rates_by_default_and_the_command_line_ov
     assert run.parse_args(["--task", "tags", "--lr", "1e-4"])[1].lr == [1e-4]
 
 
+def _judged(**fields):
+    base = {"task": "mqar", "pairs": 4, "test_size": 1000, "steps": 400, "steps_done": 400, "diverged": None,
+            "accuracy": 0.5, "loss": 2.0}
+    return {**base, **fields}
+
+
+def test_judge_fails_a_diverged_run_and_one_no_better_than_no_attention():
+    floor = _judged(accuracy=0.03, loss=8.2)
+    assert run.judge(_judged(), floor) == ("ok", None)
+    status, why = run.judge(_judged(loss=float("nan"), steps_done=53, diverged={"step": 53, "train_loss": float("nan")}),
+                            floor)
+    assert status == "diverged" and "step 53 of 400" in why
+    status, why = run.judge(_judged(accuracy=0.035, loss=8.1), floor)  # within two standard errors of the floor
+    assert status == "learned_nothing" and "0.0350" in why and "0.0300" in why
+    assert run.judge(_judged(accuracy=0.05), floor)[0] == "ok"
+    assert run.judge(_judged(), None) == ("unjudged", None)
+    lm_floor = {"task": "lm", "bits_per_byte": 2.50}
+    assert run.judge(_judged(task="lm", bits_per_byte=2.495), lm_floor)[0] == "learned_nothing"
+    assert run.judge(_judged(task="lm", bits_per_byte=2.40), lm_floor)[0] == "ok"
+
+
+def test_floor_margin_is_two_standard_errors_of_the_floor_at_least_one_point():
+    assert run.floor_margin(_judged(accuracy=0.5, test_size=100, pairs=1)) == pytest.approx(0.1)
+    assert run.floor_margin(_judged(accuracy=0.001)) == run.FLOOR_MARGIN
+
+
+def test_floor_record_is_found_only_for_the_same_experiment():
+    _, args = run.parse_args(["--task", "mqar", "--length", "32", "--pairs", "2", "--steps", "5", "--lr", "1e-3"])
+    cell = run.cell_fields(args, 1e-3, 0)
+    floor = {**cell, "attention": attentions.NO_ATTENTION, "accuracy": 0.1}
+    other = {**cell, "attention": "softmax"}
+    assert run.find_floor([other, floor], cell) is floor
+    assert run.find_floor([floor], run.cell_fields(args, 1e-3, 1)) is None  # another seed
+    assert run.find_floor([floor], {**cell, "steps": 6}) is None
+
+
+def test_no_attention_returns_zeros_in_both_modes():
+    x = np.random.default_rng(9).standard_normal((2, 5, 8)).astype("float32")
+    for causal in (True, False):
+        layer = attentions.build_attention(attentions.NO_ATTENTION, 2, 4, causal, 5, seed=0)
+        assert np.all(_numpy(layer(x)) == 0.0)
+
+
 def test_median_step_seconds_leaves_out_compiles():
     times = [9.0, 1.0, 1.0, 1.0, 1.0, 8.0, 2.0, 2.0]
     shapes = [(4, 8)] * 5 + [(4, 16)] * 3  # the first (4, 16) step compiles
@@ -303,16 +350,20 @@ def test_run_cli_writes_results_and_plots(tmp_path):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "best learning rate" in proc.stdout
     records = json.loads((out / "results.json").read_text())
-    assert [r["label"] for r in records] == ["softmax tiny", "linear tiny"]
+    assert [r["label"] for r in records] == ["none", "softmax tiny", "linear tiny"]
+    assert records[0]["status"] == "floor" and records[0]["state_bytes_per_layer"] == 0
     for record in records:
         assert 0.0 <= record["accuracy"] <= 1.0 and np.isfinite(record["loss"])
         assert record["steps_done"] == 1 and record["keras_backend"] == BACKEND
-        assert record["state_bytes_per_layer"] > 0 and record["peak_rss_mib"] > 0
-        assert {"date", "machine", "args", "command", "seconds_per_step"} <= set(record)
+        assert record["peak_rss_mib"] > 0
+        assert {"date", "machine", "args", "command", "seconds_per_step", "status", "failure"} <= set(record)
+    for record in records[1:]:  # one step learns nothing: judged against the floor, and said so
+        assert record["state_bytes_per_layer"] > 0 and record["floor"]["accuracy"] == records[0]["accuracy"]
+        assert record["status"] in ("ok", "learned_nothing") and (record["failure"] is None) == (record["status"] == "ok")
     assert (out / "mqar.png").stat().st_size > 0
     (out / "mqar.png").unlink()
     replot = run.main(["--plot-only", str(out / "results.json")])
-    assert len(replot) == 2 and (out / "mqar.png").stat().st_size > 0
+    assert len(replot) == 3 and (out / "mqar.png").stat().st_size > 0
 
 
 def test_mqar_plot_draws_one_label_at_two_budgets_with_the_same_state(tmp_path):

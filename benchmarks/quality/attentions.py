@@ -15,7 +15,8 @@ registration. None for the bidirectional-only attentions.
 
 The baselines (linear, performer, reformer, sliding_window, linformer) are compact `keras.ops`
 code written here for the benchmark only; yoso, linear_relative and softmax are the library
-layers; gated_deltanet is keras-hub's layer (an optional benchmark dependency).
+layers; gated_deltanet is keras-hub's layer (an optional benchmark dependency); none (NO_ATTENTION)
+returns zeros: the model without attention, the floor every run is judged against.
 """
 
 import dataclasses
@@ -164,6 +165,32 @@ def _softmax(num_heads, key_dim, causal, length, seed, **kwargs):
 
 register("softmax", {}, state_bytes=lambda h, d, length, **_: 2 * FLOAT_BYTES * h * d * length,  # KV cache
          description="softmax attention, keras.layers.MultiHeadAttention")(_softmax)
+
+
+# ----------------------------------------------------------------------------- the floor
+
+NO_ATTENTION = "none"
+
+
+class NoAttention(keras.layers.Layer):
+    """No attention: the branch returns zeros, so a block keeps only its other parts (the causal
+    models' short convolution, the encoders' feed-forward). The floor a run must beat: a run that does
+    no better than this model learned nothing from attention (run.py judges every run against it)."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.supports_masking = True
+
+    def compute_output_shape(self, input_shape, *args, **kwargs):
+        return tuple(input_shape)
+
+    def call(self, x, padding_mask=None, training=None):
+        return ops.zeros_like(x)
+
+
+register(NO_ATTENTION, {}, state_bytes=lambda h, d, length, **_: 0,
+         description="no attention (zeros): the floor every attention must beat")(
+    lambda h, d, causal, length, seed, **kw: NoAttention(name="no_attention"))
 
 
 # ----------------------------------------------------------------------------- baselines (keras.ops)

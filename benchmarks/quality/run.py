@@ -16,7 +16,7 @@ the records in <out>/results.json (plot.py).
 Tasks (tasks.py): mqar (multi-query associative recall, Zoology), listops, tags, imdb (bidirectional
 classification, LRA classifier), lm (byte-level causal LM on IMDB text, bits per byte).
 Attentions (attentions.py): yoso yoso_c yoso_star yoso_e linear_relative linear_relative_nohorizon
-softmax linear performer reformer sliding_window linformer gated_deltanet.
+softmax linear performer reformer sliding_window linformer gated_deltanet, and none (no attention: the floor).
 
 Training: Adam (no weight decay), learning rate warming up linearly over --warmup-fraction of the steps
 from 0 to --lr, then cosine decay to 0 (keras.optimizers.schedules.CosineDecay). One `train_on_batch` per
@@ -32,6 +32,14 @@ peak RSS: the process's peak resident memory during the run (Linux: reset before
 to /proc/self/clear_refs, then read from getrusage's ru_maxrss; where the reset fails, the peak since
 the process started, said by "rss_scope"); state bytes per layer: attentions.state_bytes, the causal
 decoding state of one layer for one sequence in float32.
+
+Failed runs (issue 43, the protocol): before the attentions, the harness trains the model with no
+attention (attentions.NO_ATTENTION, "none": the attention branch returns zeros) on the same task, steps,
+learning rate and seed -- or reuses such a record of <out>/results.json -- and judges every run
+against it (`judge`): "diverged" when a training loss is not finite (the run is stopped at that step),
+"learned_nothing" when its test score does not beat the floor's by `floor_margin` (accuracy; bits per
+byte for lm), else "ok". Each record says so in "status" and why in "failure"; a failed run is printed
+as FAILED and left out of the best-learning-rate summary. --no-floor skips the floor ("unjudged").
 
 KERAS_BACKEND defaults to jax here (set it to run another backend).
 """
@@ -121,6 +129,8 @@ def build_parser():
     train.add_argument("--eval-batch-size", type=int, default=None, help="Default: --batch-size")
     train.add_argument("--log-every", type=int, default=None, help="steps between progress lines. Default: steps/10")
     train.add_argument("--no-jit", action="store_true", help="run eagerly (debugging)")
+    train.add_argument("--no-floor", action="store_true",
+                       help="do not train the model with no attention, nor judge the runs against it")
     out = parser.add_argument_group("outputs")
     out.add_argument("--out", default=None, help="folder of results.json and the PNG. Default: runs/quality/<task>")
     out.add_argument("--plot-only", nargs="*", default=None, metavar="RESULTS_JSON",
@@ -250,11 +260,29 @@ def settings_of(name, kwargs):
 
 # ----------------------------------------------------------------------------- one run
 
+def warmup_steps(args):
+    return min(args.steps - 1, max(1, round(args.warmup_fraction * args.steps))) if args.steps > 1 else 0
+
+
+def cell_fields(args, lr, seed):
+    """The fields of a record that define its experiment but for the attention: runs with the same ones
+    are judged against the same model with no attention."""
+    import keras
+
+    causal = args.task in CAUSAL_TASKS
+    return {"task": args.task, "length": args.length, "pairs": args.pairs if args.task == "mqar" else None,
+            "vocab": args.vocab if args.task == "mqar" else None, "width": args.width, "layers": args.layers,
+            "heads": args.heads, "ffn_dim": None if causal else args.ffn_dim,
+            "short_conv": args.short_conv if causal else None, "dropout": args.dropout, "steps": args.steps,
+            "batch_size": args.batch_size, "warmup_steps": warmup_steps(args), "train_size": args.train_size,
+            "test_size": args.test_size, "lr": lr, "seed": seed, "keras_backend": keras.backend.backend()}
+
+
 def compile_model(model, args, lr):
     import keras
     from sequence_classification.optimizer import DenseGradientAdam  # Adam with dense gradients on every backend
 
-    warmup = min(args.steps - 1, max(1, round(args.warmup_fraction * args.steps))) if args.steps > 1 else 0
+    warmup = warmup_steps(args)
     if warmup:
         schedule = keras.optimizers.schedules.CosineDecay(0.0, args.steps - warmup, warmup_target=lr,
                                                           warmup_steps=warmup)
@@ -331,8 +359,9 @@ def run_one(args, name, kwargs, lr, seed, label, command):
     run_args = copy.copy(args)
     run_args.seed = seed
     model, batch, evaluate, data_description = task_setup(run_args, name, kwargs, seed)
-    warmup = compile_model(model, run_args, lr)
+    compile_model(model, run_args, lr)
     times, shapes, history, interval = [], [], [], []
+    diverged = None
     tag = f"[{label} lr={lr:g} seed={seed}]"
     start = time.perf_counter()
     for step in range(args.steps):
@@ -344,6 +373,7 @@ def run_one(args, name, kwargs, lr, seed, label, command):
         interval.append((logs["loss"], logs["accuracy"]))
         if not math.isfinite(logs["loss"]):
             print(f"  {tag} step {step + 1}: loss is {logs['loss']}, stopping this run", flush=True)
+            diverged = {"step": step + 1, "train_loss": float(logs["loss"])}
             break
         if (step + 1) % args.log_every == 0 or step + 1 == args.steps:
             loss, accuracy = (statistics.mean(v) for v in zip(*interval))
@@ -358,31 +388,78 @@ def run_one(args, name, kwargs, lr, seed, label, command):
     key_dim = args.width // args.heads
     backend = keras.backend.backend()
     record = {
-        "task": args.task, "label": label, "attention": name, "attention_kwargs": kwargs,
-        "settings": settings_of(name, kwargs), "lr": lr, "seed": seed,
+        **cell_fields(args, lr, seed), "label": label, "attention": name, "attention_kwargs": kwargs,
+        "settings": settings_of(name, kwargs),
         "accuracy": float(metrics["accuracy"]), "loss": float(metrics["loss"]),
         "seconds_per_step": median_step_seconds(times, shapes), "peak_rss_mib": peak_rss_mib(), "rss_scope": rss_scope,
         "state_bytes_per_layer": attentions.state_bytes(name, args.heads, key_dim, args.length, **kwargs),
-        "length": args.length, "pairs": args.pairs if args.task == "mqar" else None,
-        "vocab": args.vocab if args.task == "mqar" else None, "width": args.width, "layers": args.layers,
-        "heads": args.heads, "key_dim": key_dim, "ffn_dim": args.ffn_dim if args.task not in CAUSAL_TASKS else None,
-        "short_conv": args.short_conv if args.task in CAUSAL_TASKS else None,
-        "dropout": args.dropout, "steps": args.steps, "steps_done": len(times), "batch_size": args.batch_size,
-        "warmup_steps": warmup, "schedule": "linear warmup from 0, cosine decay to 0", "optimizer": "Adam",
-        "train_size": args.train_size, "test_size": args.test_size, "data": data_description,
+        "key_dim": key_dim, "steps_done": len(times), "schedule": "linear warmup from 0, cosine decay to 0",
+        "optimizer": "Adam", "data": data_description,
         "train_seconds": train_seconds, "eval_seconds": eval_seconds, "num_parameters": int(model.count_params()),
-        "jit_compile": bool(model.jit_compile), "keras_backend": backend,
+        "jit_compile": bool(model.jit_compile),
         "backend_version": getattr(__import__({"jax": "jax", "torch": "torch"}.get(backend, "tensorflow")),
                                    "__version__", "?"),
         "keras_version": keras.__version__, "keras_yoso_version": keras_yoso.__version__,
         "yoso_ops": keras_yoso.ops.implementation_in_use(),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "machine": machine(),
         "command": command,
-        "args": {k: v for k, v in vars(args).items()}, "history": history,
+        "args": {k: v for k, v in vars(args).items()}, "history": history, "diverged": diverged,
     }
     if "bits_per_byte" in metrics:
         record["bits_per_byte"] = float(metrics["bits_per_byte"])
     return record
+
+
+# ----------------------------------------------------------------------------- failed runs
+
+FLOOR_MARGIN = 0.01  # the least improvement over the floor that counts: accuracy, or bits per byte (lm)
+
+
+def scored_predictions(record):
+    """How many test predictions an accuracy averages (MQAR: every query of every test sequence)."""
+    return record["test_size"] * (record["pairs"] if record["task"] == "mqar" else 1)
+
+
+def floor_margin(floor):
+    """How much a run's score must exceed the floor's: FLOOR_MARGIN, or for an accuracy two standard
+    errors of the floor's accuracy over the test predictions when that is larger (a model no better than
+    the floor exceeds it by that only 2.3% of the time)."""
+    if floor["task"] == "lm":
+        return FLOOR_MARGIN
+    p = floor["accuracy"]
+    return max(FLOOR_MARGIN, 2.0 * math.sqrt(p * (1.0 - p) / scored_predictions(floor)))
+
+
+def judge(record, floor):
+    """(status, failure): ("diverged", why) when a loss was not finite; ("learned_nothing", why) when the
+    run's test score (accuracy; lm: bits per byte) does not beat the model with no attention, `floor`, by
+    floor_margin; ("ok", None) otherwise; ("unjudged", None) without a floor."""
+    if record.get("diverged") or not math.isfinite(record["loss"]):
+        step = (record.get("diverged") or {}).get("step", record["steps_done"])
+        return "diverged", (f"the loss was not finite at step {step} of {record['steps']}: the run was stopped "
+                            f"there (test loss {record['loss']})")
+    if floor is None:
+        return "unjudged", None
+    margin = floor_margin(floor)
+    if record["task"] == "lm":
+        if record["bits_per_byte"] > floor["bits_per_byte"] - margin:
+            return "learned_nothing", (f"test bits per byte {record['bits_per_byte']:.4f} is not below the model "
+                                       f"with no attention ({floor['bits_per_byte']:.4f}) by {margin:g}")
+    elif record["accuracy"] < floor["accuracy"] + margin:
+        return "learned_nothing", (f"test accuracy {record['accuracy']:.4f} does not beat the model with no "
+                                   f"attention ({floor['accuracy']:.4f}, same task, steps, rate and seed) by "
+                                   f"{margin:.4f}")
+    return "ok", None
+
+
+def find_floor(records, cell):
+    """The last record of the model with no attention in `records` whose experiment is `cell`
+    (cell_fields), or None."""
+    import attentions
+
+    matches = [r for r in records if r.get("attention") == attentions.NO_ATTENTION
+               and all(r.get(key) == value for key, value in cell.items())]
+    return matches[-1] if matches else None
 
 
 def append_results(path, records):
@@ -433,24 +510,62 @@ def main(argv=None):
           f"{args.batch_size}; lr {args.lr}; seeds {args.seeds}; Keras backend {keras.backend.backend()}", flush=True)
     header = table_row([name for name, _, _ in COLUMNS])
     rows, records = [], []
-    for name in args.attention:
-        label = label_of(args, name, kwargs[name])
+    existing = [] if args.no_floor or not os.path.exists(results_path) else plot.load([results_path])
+
+    def train(name, lr, seed, floor):
+        import attentions
+
+        label = label_of(args, name, kwargs[name]) if name in kwargs else name
+        record = run_one(args, name, kwargs.get(name, {}), lr, seed, label, command)
+        if name == attentions.NO_ATTENTION:
+            record["status"], record["failure"] = "floor", None
+        else:
+            record["status"], record["failure"] = judge(record, floor)
+        record["floor"] = None if floor is None else {key: floor.get(key) for key in ("accuracy", "loss", "bits_per_byte",
+                                                                                      "date")}
+        append_results(results_path, [record])
+        records.append(record)
+        state = record["state_bytes_per_layer"]
+        rows.append(table_row([label, settings_of(name, kwargs.get(name, {})), lr, seed, record["accuracy"],
+                               record.get("bits_per_byte", record["loss"]), record["seconds_per_step"],
+                               record["peak_rss_mib"], f"{state:,}" if state is not None else "-"]))
+        print("\n".join([header, rows[-1]]), flush=True)
+        if record["failure"]:
+            print(f"  FAILED ({record['status']}): {record['failure']}", flush=True)
+        return record
+
+    import attentions
+
+    floors = {}
+    if not args.no_floor:
         for lr in args.lr:
             for seed in args.seeds:
-                record = run_one(args, name, kwargs[name], lr, seed, label, command)
-                append_results(results_path, [record])
-                records.append(record)
-                state = record["state_bytes_per_layer"]
-                rows.append(table_row([label, settings_of(name, kwargs[name]), lr, seed, record["accuracy"],
-                                       record.get("bits_per_byte", record["loss"]), record["seconds_per_step"],
-                                       record["peak_rss_mib"], f"{state:,}" if state else "-"]))
-                print("\n".join([header, rows[-1]]), flush=True)
+                floors[lr, seed] = find_floor(existing, cell_fields(args, lr, seed))
+                if floors[lr, seed] is None:
+                    print(f"the model with no attention (the floor every run must beat), lr={lr:g} seed={seed}:",
+                          flush=True)
+                    floors[lr, seed] = train(attentions.NO_ATTENTION, lr, seed, None)
+                else:
+                    print(f"the model with no attention, lr={lr:g} seed={seed}: reusing its record of "
+                          f"{floors[lr, seed].get('date')} in {results_path} (accuracy "
+                          f"{floors[lr, seed]['accuracy']:.4f})", flush=True)
+    for name in args.attention:
+        for lr in args.lr:
+            for seed in args.seeds:
+                if name == attentions.NO_ATTENTION and floors.get((lr, seed)) is not None:
+                    continue  # trained above as the floor
+                train(name, lr, seed, floors.get((lr, seed)))
     print("\n" + "\n".join([header] + rows))
     if args.task == "lm":
         print("(lm: the loss column is test bits per byte; accuracy is next-byte accuracy)")
-    print("\nbest learning rate per attention (this invocation):")
-    for line in plot.summary_lines(records):
+    print("\nbest learning rate per attention (this invocation; failed runs left out):")
+    for line in plot.summary_lines([r for r in records if r["status"] in ("ok", "floor", "unjudged")]):
         print("  " + line)
+    failed = [r for r in records if r["status"] in ("diverged", "learned_nothing")]
+    if failed:
+        print(f"\n{len(failed)} failed run(s):")
+        for r in failed:
+            print(f"  {r['label']} lr={r['lr']:g} seed={r['seed']}: {r['status']}: {r['failure']}")
     everything = plot.load([results_path])
     try:
         print(f"wrote {results_path} ({len(everything)} records) and "
