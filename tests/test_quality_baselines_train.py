@@ -45,7 +45,7 @@ BIDIRECTIONAL_ONLY = [name for name, spec in attentions.ATTENTIONS.items() if no
 
 def _train(cell, name):
     """run.run_one on `cell` for attention `name` (seed 0, quiet): its record."""
-    parser, args = run.parse_args(cell + ["--log-every", "100000"])
+    _, args = run.parse_args(cell + ["--log-every", "100000"])
     kwargs = attentions.resolve_kwargs(name, SMALL.get(name, {}))
     return run.run_one(args, name, kwargs, args.lr[0], 0, name, ["tests/test_quality_baselines_train.py"])
 

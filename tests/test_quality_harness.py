@@ -184,8 +184,6 @@ def test_kernel_attention_with_key_log_scales_beyond_float32_equals_the_formula(
 def test_performer_trains_without_nan_where_its_keys_grow():
     # Keys of norm 60 (x = k / d^(1/4) of norm ~ 21): exp(-|x|^2 / 2) is far below float32's range, where the
     # earlier data-independent key offset turned every key feature to 0 and the gradient to NaN.
-    import keras
-
     layer = attentions.build_attention("performer", num_heads=2, key_dim=8, causal=True, length=24, seed=0,
                                        num_features=16, chunk_size=8)
     x = np.random.default_rng(7).standard_normal((2, 24, 16)).astype("float32")

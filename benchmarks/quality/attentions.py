@@ -277,7 +277,7 @@ def kernel_attention(phi_q, phi_k, v, causal, mask=None, chunk_size=64, epsilon=
         kv = ops.einsum("bthf,bthe->bhfe", phi_k, v1)
         out = ops.einsum("bthf,bhfe->bthe", phi_q, kv)
         return out[..., :-1] / (out[..., -1:] + epsilon)
-    batch, length, heads, features = ops.shape(phi_q)
+    batch, length, heads = ops.shape(phi_q)[:3]
     chunk = min(chunk_size, length)
     chunks = -(-length // chunk)
     pad = chunks * chunk - length
