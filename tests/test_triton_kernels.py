@@ -478,6 +478,10 @@ def test_launch_plans_refuse_what_the_kernels_cannot_take():
         native_library.device_launch_plan("lower_bound_gradients", inputs, [8, 1], 80)
     with pytest.raises(ValueError, match="arch must be 80 or 90"):
         native_library.device_launch_plan("lower_bound_gradients", inputs, [8, 0], 75)
+    d100, _ = plan_inputs("lower_bound_gradients", 3, 7, 7, 100, 16, torch.float32)
+    with pytest.raises(ValueError, match="deterministic mode .* exact float32 .* up to 64 wide"):
+        native_library.device_launch_plan("lower_bound_gradients", d100, [8, 0], 90, deterministic=True)
+    native_library.device_launch_plan("lower_bound_gradients", d100, [8, 0], 90, exact_fp32=False, deterministic=True)
     wide, _ = plan_inputs("lower_bound_gradients", 3, 7, 7, 129, 16, torch.float32)
     with pytest.raises(ValueError, match="at most 128"):
         native_library.device_launch_plan("lower_bound_gradients", wide, [8, 0], 90)

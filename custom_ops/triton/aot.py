@@ -141,12 +141,14 @@ def variants(arch):
         for precision, deterministic in [(p, d) for p in (("tf32", "ieee") if dtype == "fp32" else ("tf32",))
                                          for d in (False, True)]:
             for width, aligned in [(w, True) for w in WIDTHS] + [(w, False) for w in UNALIGNED_WIDTHS]:
+                if deterministic and precision == "ieee" and width > lower_bound.MAX_DETERMINISTIC_IEEE_WIDTH:
+                    continue
                 tag = (f"{dtype}{'_ieee' if precision == 'ieee' else ''}_d{width}{'_a16' if aligned else ''}"
                        f"{'_det' if deterministic else ''}")
                 divisible = ("dim", "value_dim") if aligned else ()
                 widths = dict(FORM=lower_bound.FORMS["auto"], PRECISION=precision, DETERMINISTIC=deterministic,
                               BLOCK_DIM=width, BLOCK_VDIM=width)
-                pair, table = lower_bound.eq4_tiles(arch, dtype == "fp32", precision, width)
+                pair, table = lower_bound.eq4_tiles(arch, dtype == "fp32", precision, width, aligned, deterministic)
                 out.append((f"lower_bound_pairs_kernel_{tag}", lower_bound.lower_bound_pairs_kernel, dtype,
                             dict(widths, BLOCK_Q=pair["BLOCK_Q"], BLOCK_K=pair["BLOCK_K"]), pair["num_warps"],
                             divisible))

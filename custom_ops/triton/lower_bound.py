@@ -81,13 +81,35 @@ FORMS = {"auto": 0, "pair": 1, "table": 2}
 PRECISIONS = ("tf32", "ieee")
 
 
-def eq4_tiles(arch, float32, precision, width):
-    """(pair, table) launch settings for sm_<arch> (80: any arch below 90), float32 rows or not, `precision` and
-    tile width `width` (block_width of max(d, D)): dicts of the kernels' tile constexprs and num_warps."""
+# Variants whose tiles differ from the tables above, found by aot.py's checks (2026-11-28): the deterministic mode's
+# plain adds keep the accumulator tile live, and a few variants spilled a few bytes. (arch, operands, tile width,
+# widths multiples of 16, deterministic) -> {"pair": (BLOCK_Q, BLOCK_K, warps)} and / or {"table": (BLOCK_R, warps)}.
+_TILE_OVERRIDES = {
+    (80, "tf32", 16, True, True): {"pair": (64, 32, 4)},
+    (80, "tf32", 128, False, True): {"table": (16, 8)},
+    (80, "ieee", 128, False, False): {"pair": (16, 32, 8)},
+    (80, "ieee", 64, False, True): {"pair": (16, 32, 4)},
+    (90, "tf32", 128, False, True): {"table": (16, 8)},
+    (90, "ieee", 64, True, True): {"table": (16, 8)},
+    (90, "ieee", 64, False, True): {"table": (16, 8)},
+    (90, "ieee", 128, True, True): {"pair": (32, 16, 4)},
+}
+# The deterministic mode of exact fp32 products takes tiles up to this width: at 128 columns its table form spills
+# whatever its tiles (its d x D fp32 table and the accumulator rows it adds to), so those variants are not built.
+MAX_DETERMINISTIC_IEEE_WIDTH = 64
+
+
+def eq4_tiles(arch, float32, precision, width, aligned=True, deterministic=False):
+    """(pair, table) launch settings for sm_<arch> (80: any arch below 90), float32 rows or not, `precision`, tile
+    width `width` (block_width of max(d, D); 64 or 128 for widths that are not multiples of 16: aligned False)
+    and the mode: dicts of the kernels' tile constexprs and num_warps."""
     operands = precision if float32 else "16bit"
     key = (90 if arch >= 90 else 80, operands)
     block_q, block_k, pair_warps = _PAIR_TILES[key][max(64, width)]
     block_r, table_warps = _TABLE_TILES[key][max(64, width)]
+    override = _TILE_OVERRIDES.get((key[0], operands, width, aligned, deterministic), {})
+    block_q, block_k, pair_warps = override.get("pair", (block_q, block_k, pair_warps))
+    block_r, table_warps = override.get("table", (block_r, table_warps))
     return (dict(BLOCK_Q=block_q, BLOCK_K=block_k, num_warps=pair_warps),
             dict(BLOCK_R=block_r, num_warps=table_warps))
 
@@ -325,7 +347,9 @@ def lower_bound_accumulators(query_mask, query_codes, query, key_mask, key_codes
     q_codes, k_codes = query_codes.to(torch.int32).contiguous(), key_codes.to(torch.int32).contiguous()
     float32 = query.dtype == torch.float32
     arch = torch.cuda.get_device_capability(device)[0] * 10 if device.type == "cuda" else 80
-    pair_tiles, table_tiles = eq4_tiles(arch, float32, precision, block_width(max(dim, value_dim)))
+    aligned = dim % 16 == 0 and value_dim % 16 == 0
+    width = block_width(max(dim, value_dim)) if aligned else max(64, block_width(max(dim, value_dim)))
+    pair_tiles, table_tiles = eq4_tiles(arch, float32, precision, width, aligned, deterministic)
     constants = dict(FORM=FORMS[form], PRECISION=precision if float32 else "tf32", DETERMINISTIC=deterministic,
                      BLOCK_DIM=block_width(dim), BLOCK_VDIM=block_width(value_dim))
     queries_side = (q, k, v, dy, q_codes, k_codes, q_offsets, q_perm, k_offsets, k_perm, dq_acc, dk_acc,

@@ -54,7 +54,9 @@ written before the next stage starts:
                                  with a `deterministic` attribute must give bitwise equal outputs
                                  twice in that mode, and so must lsh_cumulation and the decoding step
                                  on the Triton kernels (no atomics): every case, and first one 4,099-row
-                                 case of each on its own (the step's in place, its tables restored).
+                                 case of each on its own (the step's in place, its tables restored);
+                                 and lower_bound_gradients in its deterministic mode
+                                 (KERAS_YOSO_GPU_DETERMINISTIC=1, DETERMINISTIC_CASES).
   timings      timings.json      first the Triton path through the library (torch.ops.keras_yoso, i.e.
                                  ky_run_device): lsh_cumulation, lower_bound_gradients (float32 also
                                  with TF32 products) and YOSO forward+backward built from them (hash
@@ -204,6 +206,13 @@ TF32_VARIABLE = "KERAS_YOSO_GPU_TF32"
 # float32 lower_bound_gradients cases run with TF32 products, bound TF32_TOLERANCE: (Nq, Nk, d, D, tau, codes).
 TF32_CASES = ((1000, 1000, 64, 64, 8, "zipf"), (7, 1000, 100, 1, 6, "uniform"),
               (LONG_LENGTH, LONG_LENGTH, 64, 100, 12, "uniform"))
+# The library runs the eq. 4 kernels' deterministic mode where this variable is "1" (read at each call).
+DETERMINISTIC_VARIABLE = "KERAS_YOSO_GPU_DETERMINISTIC"
+# lower_bound_gradients cases run in the deterministic mode (bitwise equal twice, required): (Nq, Nk, d, D, tau,
+# codes, dtype).
+DETERMINISTIC_CASES = ((1000, 1000, 64, 64, 8, "zipf", "float32"), (7, 1000, 100, 1, 6, "uniform", "bfloat16"),
+                       (1000, 7, 64, 100, 12, "zipf", "float16"),
+                       (LONG_LENGTH, LONG_LENGTH, 64, 64, 8, "zipf", "bfloat16"))
 # lsh_cumulation cases past the Triton kernels' 12-bit sort, which its CUDA kernel runs: (Nq, Nk, dtype).
 CUDA_FALLBACK_CODE_LEN = 14
 CUDA_FALLBACK_CASES = ((1000, 1000, "float32"), (7, 1000, "bfloat16"), (1000, 7, "float16"))
@@ -459,7 +468,7 @@ def relative_difference(got, want):
 # The correctness grid.
 
 def _cumulation_case(name, nq, nk, mask, codes, dtype, k, batch, num_hashes=None, hash_code_len=None, width=None,
-                     weight_width=None, precision=None):
+                     weight_width=None, precision=None, deterministic=False):
     """One cumulation case; the widths, m and tau not given rotate with the case's index k in the grid
     (changing every 4, 5, 7 and 11 cases, against the dtype's every case and the code distribution's
     every 3), so that each value meets every dtype, mask and code distribution. lower_bound_gradients
@@ -477,6 +486,9 @@ def _cumulation_case(name, nq, nk, mask, codes, dtype, k, batch, num_hashes=None
     if precision:
         case["precision"] = precision
         case["id"] += f"-{precision}"
+    if deterministic:  # the eq. 4 kernels' deterministic mode (DETERMINISTIC_VARIABLE)
+        case["deterministic"] = True
+        case["id"] += "-deterministic"
     return case
 
 
@@ -534,8 +546,12 @@ def _cases_of(name):
         tf32 = [_cumulation_case(name, nq, nk, "random", codes, "float32", 0, batch=1 if nq == LONG_LENGTH else 2,
                                  num_hashes=4, hash_code_len=tau, width=width, weight_width=dim, precision="tf32")
                 for nq, nk, dim, width, tau, codes in TF32_CASES]
-        long += [c for c in tf32 if c["nq"] == LONG_LENGTH]
-        cases += [c for c in tf32 if c["nq"] != LONG_LENGTH]
+        deterministic = [_cumulation_case(name, nq, nk, "random", codes, dtype, 0,
+                                          batch=1 if nq == LONG_LENGTH else 2, num_hashes=4, hash_code_len=tau,
+                                          width=width, weight_width=dim, deterministic=True)
+                         for nq, nk, dim, width, tau, codes, dtype in DETERMINISTIC_CASES]
+        long += [c for c in tf32 + deterministic if c["nq"] == LONG_LENGTH]
+        cases += [c for c in tf32 + deterministic if c["nq"] != LONG_LENGTH]
     if name == "lsh_cumulation":
         cases += [_cumulation_case(name, nq, nk, "random", "zipf", dtype, 0, batch=2, num_hashes=4,
                                    hash_code_len=CUDA_FALLBACK_CODE_LEN, width=64)
@@ -1372,7 +1388,7 @@ def _triton_facts(torch, native):
     return {"triton_cubins": cubins, "capability": f"{major}{minor}", "triton_arch": triton_arch(major, minor)}
 
 
-def kernel_path(native, name, views, attribute_values, facts, exact_fp32=True):
+def kernel_path(native, name, views, attribute_values, facts, exact_fp32=True, deterministic=False):
     """("triton", variants) where primitive `name` on `views` runs the Triton kernels (the library embeds cubins of
     this GPU's family and the launch plan takes the call: ky_device_launch_plan), else ("cuda", why not)."""
     if name not in TRITON_PRIMITIVES:
@@ -1381,27 +1397,34 @@ def kernel_path(native, name, views, attribute_values, facts, exact_fp32=True):
     if not checked:
         return "cuda", why
     try:
-        plan = native.device_launch_plan(name, views, attribute_values, facts["triton_arch"], exact_fp32)
+        plan = native.device_launch_plan(name, views, attribute_values, facts["triton_arch"], exact_fp32,
+                                         deterministic)
     except ValueError as error:  # a limit of the Triton kernels: the CUDA kernel runs the call
         return "cuda", _first_line(error)
     return "triton", sorted({launch["variant"] for launch in plan["launches"]})
 
 
 @contextlib.contextmanager
-def _tf32_products(enabled):
-    """TF32_VARIABLE=1 while the block runs (the library reads it at each call), when `enabled`."""
+def _library_variable(name, enabled):
+    """The environment variable `name` = "1" while the block runs (the library reads it at each call), when
+    `enabled`."""
     if not enabled:
         yield
         return
-    previous = os.environ.get(TF32_VARIABLE)
-    os.environ[TF32_VARIABLE] = "1"
+    previous = os.environ.get(name)
+    os.environ[name] = "1"
     try:
         yield
     finally:
         if previous is None:
-            del os.environ[TF32_VARIABLE]
+            del os.environ[name]
         else:
-            os.environ[TF32_VARIABLE] = previous
+            os.environ[name] = previous
+
+
+def _tf32_products(enabled):
+    """TF32_VARIABLE=1 while the block runs, when `enabled`."""
+    return _library_variable(TF32_VARIABLE, enabled)
 
 
 def _views(native, torch, tensors):
@@ -1519,13 +1542,14 @@ def _launch_case(torch, native, spec, hadamard_blocks, case, seed, facts):
                           dtypes)
     values = _attribute_values(primitive, attributes)
     tf32 = case.get("precision") == "tf32"
+    deterministic_mode = bool(case.get("deterministic"))
     path, detail = kernel_path(native, primitive.name, _views(native, torch, tensors), values, facts,
-                               exact_fp32=not tf32)
+                               exact_fp32=not tf32, deterministic=deterministic_mode)
     updated = _in_place_pairs(primitive)
     originals = {i: tensors[i].clone() for i in updated}
     aliases = {o: i for i, o in updated.items()} if case.get("in_place") else {}
     outputs, messages, inputs_kept = {}, {}, {}
-    with _tf32_products(tf32):
+    with _tf32_products(tf32), _library_variable(DETERMINISTIC_VARIABLE, deterministic_mode):
         for run in ("call_device", "call_device_again", "torch_op"):
             for i, original in originals.items():
                 tensors[i].copy_(original)
@@ -1550,7 +1574,8 @@ def _launch_case(torch, native, spec, hadamard_blocks, case, seed, facts):
             return None
         return all(_bitwise_equal(torch, x, y) for x, y in zip(outputs[a], outputs[b]))
 
-    reproducible = deterministic or (path == "triton" and primitive.name in TRITON_REPRODUCIBLE)
+    reproducible = deterministic or (path == "triton" and (primitive.name in TRITON_REPRODUCIBLE
+                                                           or deterministic_mode))
     return {"case": case, "inputs": seen, "attributes": attributes, "must_repeat": reproducible, "messages": messages,
             "path": path, "path_detail": detail, "output_names": [o.name for o in primitive.outputs],
             "output_dtypes": [dtype for _, dtype in specs], "inputs_kept": inputs_kept,
@@ -1566,7 +1591,7 @@ def _checked_case(reference, launched):
     case = launched["case"]
     row = {"case": case["id"], "primitive": case["primitive"], "dtype": case["dtype"], "path": launched["path"],
            "repeat_equal": launched["repeat_equal"], "op_equal": launched["op_equal"]}
-    for key in ("precision", "in_place"):
+    for key in ("precision", "in_place", "deterministic"):
         if key in case:
             row[key] = case[key]
     if launched["path"] != "triton" and launched["path_detail"] and case["primitive"] in TRITON_PRIMITIVES:

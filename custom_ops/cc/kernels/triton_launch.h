@@ -290,6 +290,11 @@ inline std::string PlanLowerBoundGradients(const CumulationDims& d, ScalarType d
     const std::string dtype_tag =
         std::string(DtypeName(dtype)) + (dtype == ScalarType::kFloat32 && options.exact_fp32 ? "_ieee" : "");
     const std::string variant = dtype_tag + "_" + widths + (options.deterministic ? "_det" : "");
+    if (options.deterministic && FindTritonVariant("lower_bound_tables_kernel_" + variant, arch) == nullptr) {
+      return "the deterministic mode of the Triton eq. 4 kernels with exact float32 products takes rows up to 64 "
+             "wide (d = " + std::to_string(dim) + ", D = " + std::to_string(width) +
+             "; wider ones spill registers): set KERAS_YOSO_GPU_TF32=1, or use float16 / bfloat16 rows";
+    }
     const std::string pairs = "lower_bound_pairs_kernel_" + variant, tables = "lower_bound_tables_kernel_" + variant;
     const int64_t block_q = b.Tile(pairs, "BLOCK_Q"), groups = CeilDiv(nb, b.Tile(tables, "BUCKETS"));
     // hash -1: every hash in one launch (grid B * m); h: hash h alone (grid B), the deterministic mode.
