@@ -92,7 +92,9 @@ def config():
                or library._name),
               ("C ABI version", str(native_library.ABI_VERSION) if library is not None else "-"),
               ("built with", native_library.build_info() or "-"),
-              ("CUDA kernels", "yes" if native_library.device_kernels() else "no")]
+              ("CUDA kernels", "yes" if native_library.device_kernels() else "no"),
+              ("Triton cubins", str(native_library.triton_cubins()) + (
+                  "" if native_library.triton_cubins() else " (build with KERAS_YOSO_TRITON_CUBINS, docs/build.md)"))]
     provider, error = _dispatch.native_provider()
     runs = [("native kernels on this backend", "loaded" if provider else f"not loaded: {error}"),
             ("native kernels serve", " and ".join(provider.devices()) if provider else "-")]

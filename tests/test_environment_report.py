@@ -39,6 +39,7 @@ def test_the_report_says_which_native_library_was_found_and_how_it_was_built():
         assert libraries["built with"].startswith("compiler ")
         cuda = libraries["CUDA kernels"] == "yes"
         assert ("CUDA runtime" in libraries["built with"]) == cuda
+        assert libraries["Triton cubins"].split()[0] == str(native_library.triton_cubins())
     else:
         assert libraries["native library"].startswith("not loaded: disabled by KERAS_YOSO_DISABLE_CUSTOM_OPS=1")
 
