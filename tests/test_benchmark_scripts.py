@@ -212,3 +212,27 @@ def test_benchmark_scripts_import_without_editing_sys_path():
             with open(os.path.join(folder, name), encoding="utf-8") as f:
                 source = f.read()
             assert "sys.path.insert" not in source and "sys.path.append" not in source, name
+
+
+def test_conversion_error_dry_run_measures_every_variant_and_the_docs_quote_the_record(tmp_path):
+    """benchmarks/conversion_error.py on a tiny random BERT (no checkpoint): every variant at both lengths,
+    the re-implemented softmax, YOSO-E and sampled YOSO equal to the layers themselves; and the table in
+    docs/results.md is what --render gives from the committed record. 8-18 s of CPU time (TensorFlow,
+    PyTorch; JAX compiles each eager op)."""
+    proc = _run("conversion_error.py", tmp_path, "--dry-run", timeout=240)
+    _assert_wrote(proc, tmp_path, "conversion_error.json", "conversion_error.png")
+    record = json.loads((tmp_path / "conversion_error.json").read_text())
+    assert {(r["variant"], r["length"]) for r in record["rows"]} == {
+        (v, n) for v in ("softmax", "exp, unit q,k", "YOSO-E, /sum", "YOSO-E", "YOSO converted",
+                         "YOSO library default", "softmax, L2 out") for n in (16, 32)}
+    # Sampled YOSO to 1e-2: a hash code can flip where NumPy and the layer round a normalized q or k apart.
+    tolerances = {"softmax": 1e-4, "YOSO-E": 1e-4, "sampled YOSO": 1e-2}
+    assert all(value < tolerances[name.split(" re-implemented")[0].split(" via")[0]]
+               for name, value in record["checks"].items()), record["checks"]
+    assert all(e < 1e-4 for r in record["rows"] if r["variant"] == "softmax" for e in r["layer_error"])
+    rendered = subprocess.run([sys.executable, os.path.join("benchmarks", "conversion_error.py"), "--render",
+                               os.path.join("docs", "data", "conversion_error_2026-11-28.json")], cwd=REPO,
+                              capture_output=True, text=True, timeout=60)
+    assert rendered.returncode == 0, rendered.stderr[-3000:]
+    with open(os.path.join(REPO, "docs", "results.md"), encoding="utf-8") as f:
+        assert rendered.stdout.strip() in f.read()
