@@ -6,13 +6,13 @@ attention reaches a finite loss and beats the model with no attention, judged by
 - causal attentions: MQAR of 16 tokens, 2 pairs, vocabulary 16 (one block, width 32), 120 steps;
 - bidirectional-only attentions: the tags task at 32 words (the classifier of the LRA appendix), 100 steps.
 
-The trainings run on the PyTorch backend only (about 40-60 s for all 15 on 2 busy cores): there Keras
-compiles nothing, where each run compiles its training and evaluation steps on TensorFlow (~3 s) and JAX
-(~6 s), 100-145 s in all. The attentions are `keras.ops` code; tests/test_quality_harness.py checks
-every one of them on every backend (shapes, causality, padding), and CI runs the suite on PyTorch too.
-Gated DeltaNet (keras-hub) has its own tests: its layer unrolls a 63-step Python loop per chunk (100 s
-to compile on JAX, 27 s to train here on PyTorch), so its training test is marked slow; the fast one
-checks the initialisation that made it learn.
+The trainings run on the PyTorch backend only (60-85 s for all 15, measured on 2 cores shared with a
+C++ build): there Keras compiles nothing, where each run compiles its training and evaluation steps on
+TensorFlow (~3 s) and JAX (~6 s), 100-145 s in all. The attentions are `keras.ops` code;
+tests/test_quality_harness.py checks every one of them on every backend (shapes, causality, padding),
+and CI runs the suite on PyTorch too. Gated DeltaNet (keras-hub) has its own tests: its layer unrolls a
+63-step Python loop per chunk (100 s to compile on JAX, 27-49 s to train here on PyTorch), so its
+training test is marked slow; the fast one checks the initialisation that made it learn.
 """
 
 import os
