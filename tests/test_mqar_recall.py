@@ -1,11 +1,17 @@
-"""Associative recall, the field's test of efficient attention (MQAR: Arora et al. 2023, "Zoology"),
-learned on this backend by softmax attention and by YosoAttention with its default settings.
+"""Associative recall, the field's test of efficient attention (MQAR: Arora et al. 2023, "Zoology"):
+YosoAttention with its default settings recalls within 0.05 of softmax attention, seed by seed.
 
-A CI-sized cell of benchmarks/quality (the same generator, model and training loop as
-docs/quality.md): sequences of 32 tokens holding 4 key-value pairs and then each key once more,
-vocabulary 256, a 2-layer width-64 model of [causal short convolution, causal attention] blocks,
-250 Adam steps of 64 fresh sequences at learning rate 1e-2; accuracy of the value predicted at the
-query positions of 256 held-out sequences. Chance is 1/128.
+Two CI-sized cells of benchmarks/quality (the same generator, model and training loop as
+docs/quality.md): sequences of `length` tokens holding `pairs` key-value pairs and then each key once
+more, vocabulary 256, a 2-layer width-64 model of [causal short convolution, causal attention]
+blocks, 250 Adam steps of 64 fresh sequences at learning rate 1e-2; accuracy of the value predicted
+at the query positions of 256 held-out sequences (chance is 1/128). The harness builds YosoAttention
+with the library's defaults (num_hashes=32, hash_code_len=6). On each seed softmax must reach 0.9
+(else the cell or the training broke, and the test fails: the comparison would mean nothing; it is a
+stronger check than the harness's floor, which --no-floor skips to save its runs) and
+YOSO must reach softmax's accuracy less 0.05. Measured 2026-11-28 on TensorFlow, JAX and PyTorch,
+both cells, both seeds: softmax 0.984-1.0, YOSO 0.972-0.998, YOSO at most 0.027 below softmax (PyTorch,
+(64, 8), seed 1). At 150 steps softmax missed (64, 8) on PyTorch (0.06, seed 0): 250 is the budget.
 """
 
 import json
@@ -19,13 +25,23 @@ sys.path[:0] = [os.path.join(REPO, "benchmarks", "quality"), os.path.join(REPO, 
 
 import run  # noqa: E402
 
+SEEDS = (0, 1)
+SOFTMAX_SOLVES = 0.9  # softmax's accuracy that makes the cell a fair comparison
+YOSO_WITHIN = 0.05  # how far below softmax YOSO may recall
 
-@pytest.mark.parametrize("attention", ["softmax", "yoso"])
-def test_two_layer_model_learns_multi_query_associative_recall(attention, tmp_path):
-    run.main(["--task", "mqar", "--attention", attention, "--length", "32", "--pairs", "4", "--vocab", "256",
-              "--width", "64", "--layers", "2", "--steps", "250", "--batch-size", "64", "--lr", "1e-2",
-              "--seeds", "0", "--test-size", "256", "--out", str(tmp_path)])
+
+@pytest.mark.parametrize("length, pairs", [(32, 4), (64, 8)], ids=["length_32_pairs_4", "length_64_pairs_8"])
+def test_yoso_recalls_within_0_05_of_softmax_on_every_seed(length, pairs, tmp_path):
+    run.main(["--task", "mqar", "--attention", "softmax", "yoso", "--length", str(length), "--pairs", str(pairs),
+              "--vocab", "256", "--width", "64", "--layers", "2", "--steps", "250", "--batch-size", "64",
+              "--lr", "1e-2", "--seeds", *map(str, SEEDS), "--test-size", "256", "--no-floor",
+              "--out", str(tmp_path)])
     with open(tmp_path / "results.json") as f:
-        (record,) = json.load(f)
-    assert record["attention"] == attention and record["steps_done"] == 250
-    assert record["accuracy"] >= 0.9, record["accuracy"]
+        records = json.load(f)
+    accuracy = {(record["attention"], record["seed"]): record["accuracy"] for record in records}
+    assert sorted(accuracy) == sorted((a, s) for a in ("softmax", "yoso") for s in SEEDS), sorted(accuracy)
+    assert all(record["steps_done"] == 250 for record in records)
+    for seed in SEEDS:
+        softmax, yoso = accuracy["softmax", seed], accuracy["yoso", seed]
+        assert softmax >= SOFTMAX_SOLVES, f"seed {seed}: softmax reached {softmax:.3f} < {SOFTMAX_SOLVES}"
+        assert yoso >= softmax - YOSO_WITHIN, f"seed {seed}: yoso {yoso:.3f} vs softmax {softmax:.3f}"
