@@ -157,6 +157,21 @@ def _check_cumulation(tau, nq, nk, width, masks, codes_kind, dtype):
     _assert_close(d_value, expected, dtype)
 
 
+def _check_causal(tau, length, width, masks, codes_kind, dtype, direction):
+    causal, = _import_kernels("causal")
+    rng = np.random.default_rng(length + 1000 * tau + width + 7 * direction)
+    batch, buckets = 2, 1 << tau
+    qc, kc = _codes(rng, batch, length, tau, codes_kind), _codes(rng, batch, length, tau, codes_kind)
+    qm, km = _mask(rng, batch, length, masks), _mask(rng, batch, length, masks)
+    value = _rows(rng, km, width, dtype)
+    rqc, rkc = _reference_codes(qc, tau, "query"), _reference_codes(kc, tau, "key")
+    expected = ref.lsh_cumulation(rqc, rkc, np.nan_to_num(_numpy(value)), qm, km, causal=direction)
+    for deterministic in (False, True):
+        out = causal.causal_lsh_cumulation(_t(qm), _t(qc), _t(km), _t(kc), value, buckets, direction, deterministic,
+                                           out=_nan((batch, length, width), dtype))
+        _assert_close(out, expected, dtype)
+
+
 def _check_empty_buckets():
     bucket_sort, bucket_sums = _import_kernels("bucket_sort", "bucket_sums")
     rng = np.random.default_rng(7)
@@ -292,7 +307,7 @@ def _check_plan(name, primitive, tau, nq, nk, dim, width, masks, codes_kind, dty
     interpreter against float64."""
     with open(os.environ["KY_TRITON_PLANS"], encoding="utf-8") as plans:
         plan = json.load(plans)[name]
-    primitive = primitive.partition("/")[0]
+    primitive, *modes = primitive.split("/")
     rng = np.random.default_rng(nq + 10 * nk + 1000 * tau + dim + arch)
     batch, buckets = 2, 1 << tau
     qc, kc = _codes(rng, batch, nq, tau, codes_kind), _codes(rng, batch, nk, tau, codes_kind)
@@ -312,7 +327,8 @@ def _check_plan(name, primitive, tau, nq, nk, dim, width, masks, codes_kind, dty
     if primitive == "lsh_cumulation":
         out = _nan((batch, nq, width), dtype)
         _run_plan(plan, [_t(qm), _t(qc), _t(km), _t(kc), v], [out])
-        _assert_close(out, ref.lsh_cumulation(rqc, rkc, _numpy(v), qm, km), dtype)
+        expected = ref.lsh_cumulation(rqc, rkc, np.nan_to_num(_numpy(v)), qm, km, causal=_plan_direction(modes))
+        _assert_close(out, expected, dtype)
         return
     q, k = _rows(rng, qm, dim, dtype), _rows(rng, km, dim, dtype)
     dq, dk = _nan((batch, nq, dim), dtype), _nan((batch, nk, dim), dtype)
@@ -325,6 +341,11 @@ def _check_plan(name, primitive, tau, nq, nk, dim, width, masks, codes_kind, dty
 
 # Stands for the inputs' data, which a plan never reads (the C ABI refuses null pointers).
 _UNREAD = ctypes.create_string_buffer(16)
+
+
+def _plan_direction(modes):
+    """The causal attribute of a plan case's modes ("causal", "anticausal" or neither)."""
+    return 1 if "causal" in modes else -1 if "anticausal" in modes else 0
 
 
 def plan_inputs(primitive, tau, nq, nk, dim, width, dtype):
@@ -364,6 +385,15 @@ CUMULATION_CASES = {_case_id("cumulation", *case): (_check_cumulation, case) for
     (3, 300, 300, 16, "random", "uniform", torch.float16),
 ]}
 CUMULATION_CASES["empty-buckets"] = (_check_empty_buckets, ())
+# The causal cumulation: (tau, N, D, masks, codes, dtype, direction); Zipf codes put hundreds of rows in a bucket
+# (several query chunks and key tiles), 3% of the codes out of range.
+CAUSAL_CASES = {_case_id("causal", *case): (_check_causal, case) for case in [
+    (3, 300, 16, "random", "zipf", torch.float32, 1),
+    (3, 300, 33, "random", "zipf", torch.float32, -1),
+    (1, 7, 1, "none", "uniform", torch.float32, 1),
+    (6, 200, 64, "zero", "uniform", torch.bfloat16, -1),
+    (1, 300, 16, "random", "uniform", torch.float16, 1),
+]}
 # The decoding step: (tau, T, D, masks, dtype, in place).
 DECODING_CASES = {_case_id("decoding", *case): (_check_decoding, case) for case in [
     (3, 1, 16, "none", torch.float32, True),
@@ -386,6 +416,8 @@ PLAN_CASES = {_case_id("plan", *case): (_check_plan, case) for case in [
     ("lsh_cumulation", 6, 300, 300, 0, 33, "random", "uniform", torch.bfloat16, 90),
     ("lsh_cumulation", 1, 1, 7, 0, 1, "zero", "uniform", torch.float16, 80),
     ("lsh_cumulation", 3, 300, 2500, 0, 16, "random", "zipf", torch.float32, 90),
+    ("lsh_cumulation/causal", 3, 300, 300, 0, 33, "random", "zipf", torch.float32, 80),
+    ("lsh_cumulation/anticausal/deterministic", 2, 200, 200, 0, 16, "random", "uniform", torch.bfloat16, 90),
     ("lsh_cumulation_step", 3, 1, 1, 0, 16, "none", "uniform", torch.float32, 90),
     ("lsh_cumulation_step", 13, 37, 37, 0, 33, "random", "uniform", torch.bfloat16, 80),
     ("lower_bound_gradients", 3, 300, 300, 16, 33, "random", "zipf", torch.float32, 80),
@@ -395,7 +427,7 @@ PLAN_CASES = {_case_id("plan", *case): (_check_plan, case) for case in [
     ("lower_bound_gradients", 1, 1, 7, 33, 1, "none", "uniform", torch.float32, 90),
     ("lower_bound_gradients", 3, 7, 300, 1, 16, "zero", "zipf", torch.float16, 80),
 ]}
-CASES = {**SORT_CASES, **CUMULATION_CASES, **DECODING_CASES, **LOWER_BOUND_CASES, **PLAN_CASES}
+CASES = {**SORT_CASES, **CUMULATION_CASES, **CAUSAL_CASES, **DECODING_CASES, **LOWER_BOUND_CASES, **PLAN_CASES}
 
 
 def run_cases(names):
@@ -425,10 +457,12 @@ def _check_case(name):
 
         plans = {}
         for case, (_, (primitive, tau, nq, nk, dim, width, _, _, dtype, arch)) in PLAN_CASES.items():
-            primitive, _, mode = primitive.partition("/")
+            primitive, *modes = primitive.split("/")
             inputs, attributes = plan_inputs(primitive, tau, nq, nk, dim, width, dtype)
+            if primitive == "lsh_cumulation":
+                attributes[1] = _plan_direction(modes)
             plans[case] = native_library.device_launch_plan(primitive, inputs, attributes, arch, exact_fp32=True,
-                                                            deterministic=mode == "deterministic")
+                                                            deterministic="deterministic" in modes)
         plans_file = os.path.join(tempfile.mkdtemp(prefix="ky_triton_plans_"), "plans.json")
         with open(plans_file, "w", encoding="utf-8") as out:
             json.dump(plans, out)
@@ -450,6 +484,11 @@ def test_bucket_sort_is_a_stable_counting_sort_of_the_kept_rows(case):
 
 @pytest.mark.parametrize("case", CUMULATION_CASES)
 def test_lsh_cumulation_and_its_value_gradient_match_eq_2(case):
+    _check_case(case)
+
+
+@pytest.mark.parametrize("case", CAUSAL_CASES)
+def test_causal_cumulation_walks_each_bucket_in_position_order(case):
     _check_case(case)
 
 

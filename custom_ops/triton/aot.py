@@ -45,6 +45,7 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 
 import bucket_sort  # noqa: E402
 import bucket_sums  # noqa: E402
+import causal  # noqa: E402
 import decoding  # noqa: E402
 import lower_bound  # noqa: E402
 
@@ -81,6 +82,8 @@ _PARAMETERS = {
                                  "dk_acc_ptr:*fp32 num_hashes:i32 num_queries:i32 num_keys:i32 dim:i32 "
                                  "value_dim:i32 num_buckets:i32 hash_index:i32",
     "finalize_rows_kernel": "acc_ptr:*fp32 mask_ptr:*fp32 out_ptr:*{dtype} num_elements:i32 width:i32 scale:fp32",
+    "causal_scan_kernel": "value_ptr:*{dtype} q_offsets_ptr:*i32 q_perm_ptr:*i32 k_offsets_ptr:*i32 k_perm_ptr:*i32 "
+                          "acc_ptr:*fp32 num_hashes:i32 length:i32 width:i32 num_buckets:i32 hash_index:i32",
     "decode_outputs_kernel": "tables_ptr:*fp32 query_codes_ptr:*i32 query_mask_ptr:*fp32 key_codes_ptr:*i32 "
                              "key_mask_ptr:*fp32 value_ptr:*{dtype} out_ptr:*{dtype} num_hashes:i32 length:i32 "
                              "width:i32 num_buckets:i32 inv_num_hashes:fp32",
@@ -96,6 +99,8 @@ _GRIDS = {
     "lower_bound_pairs_kernel": "(B * num_hashes, cdiv(num_queries, BLOCK_Q), 1); deterministic: (B, ...) per hash",
     "lower_bound_tables_kernel": "(B * num_hashes, cdiv(num_buckets, BUCKETS), 1); deterministic: (B, ...) per hash",
     "finalize_rows_kernel": "(cdiv(num_elements, BLOCK), 1, 1)",
+    "causal_scan_kernel": "(B * num_hashes, cdiv(num_buckets, BUCKETS), cdiv(width, BLOCK_D)); deterministic: "
+                          "(B, ...) per hash",
     "decode_outputs_kernel": "(B, cdiv(length, BLOCK_T), cdiv(width, BLOCK_D))",
     "decode_update_kernel": "(B * num_hashes, cdiv(width, BLOCK_D), 1)",
 }
@@ -103,6 +108,8 @@ _GRIDS = {
 # CTA-scope (MEMBAR.ALL.CTA) and allowed.
 _FENCED_ATOMICS = r"\bATOMG\b|\bMEMBAR\.[A-Z.]*(?:GPU|SYS)\b|\bCCTL\b"
 _EQ4_KERNELS = ("lower_bound_pairs_kernel", "lower_bound_tables_kernel")
+# Kernels that add into fp32 accumulators: relaxed reductions, or none at all in their deterministic variants.
+_ACCUMULATING_KERNELS = _EQ4_KERNELS + ("causal_scan_kernel",)
 
 
 def variants(arch):
@@ -138,6 +145,13 @@ def variants(arch):
                         decoding.NUM_WARPS, divisible))
             out.append((f"decode_update_kernel_{tag}", decoding.decode_update_kernel, dtype,
                         dict(BLOCK_D=decoding.BLOCK_D), decoding.NUM_WARPS, divisible))
+            for direction in causal.DIRECTIONS:
+                for deterministic in (False, True):
+                    out.append((f"causal_scan_kernel_{tag}_{'causal' if direction == 1 else 'anticausal'}"
+                                f"{'_det' if deterministic else ''}", causal.causal_scan_kernel, dtype,
+                                dict(DIRECTION=direction, DETERMINISTIC=deterministic, BUCKETS=causal.BUCKETS,
+                                     BLOCK_Q=causal.BLOCK_Q, BLOCK_K=causal.BLOCK_K[dtype], BLOCK_D=causal.BLOCK_D),
+                                causal.NUM_WARPS, divisible))
         for precision, deterministic in [(p, d) for p in (("tf32", "ieee") if dtype == "fp32" else ("tf32",))
                                          for d in (False, True)]:
             for width, aligned in [(w, True) for w in WIDTHS] + [(w, False) for w in UNALIGNED_WIDTHS]:
@@ -214,10 +228,10 @@ def sass_problems(entry, sass):
         mma = r"\bHMMA\b" if entry["arch"] < 90 else r"\b(?:HGMMA|HMMA)\b"
         if not re.search(mma, sass):
             problems.append(f"{name}: no tensor-core instruction ({mma}) in the SASS")
-    if entry["kernel"] in _EQ4_KERNELS and entry["constexprs"].get("DETERMINISTIC"):
+    if entry["kernel"] in _ACCUMULATING_KERNELS and entry["constexprs"].get("DETERMINISTIC"):
         if re.search(r"\bREDG?\b|\bATOMG?\b", sass):
             problems.append(f"{name}: an atomic (RED/ATOM) in the SASS of a deterministic variant")
-    elif entry["kernel"] in _EQ4_KERNELS:
+    elif entry["kernel"] in _ACCUMULATING_KERNELS:
         if not re.search(r"\bREDG?\b", sass):
             problems.append(f"{name}: no RED/REDG reduction in the SASS")
         if re.search(_FENCED_ATOMICS, sass):

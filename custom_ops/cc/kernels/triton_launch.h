@@ -213,9 +213,21 @@ inline std::string CheckSizes(const CumulationDims& d, int64_t widest_row, int64
 
 }  // namespace triton_plan
 
-// The plan of lsh_cumulation (causal = 0) for cubins of `arch`: inputs (query_mask, query_codes,
-// key_mask, key_codes, value), output [B, Nq, D] in value's dtype. "" or why there is none.
-inline std::string PlanLshCumulation(const CumulationDims& d, ScalarType dtype, int arch, TritonPlan* plan) {
+// How the Triton kernels compute: fp32 rows with exact IEEE products (FMA) or TF32 tensor
+// cores; atomics into the accumulators, or the deterministic mode (one launch per hash and kind,
+// each row added by its one program with plain loads and stores, the hashes in order) of the eq. 4
+// kernels and the causal scan.
+struct TritonOptions {
+  bool exact_fp32 = true;
+  bool deterministic = false;
+};
+
+// The plan of lsh_cumulation for cubins of `arch`: inputs (query_mask, query_codes, key_mask,
+// key_codes, value), output [B, Nq, D] in value's dtype. causal = 0: K1 on the keys, K2, K3.
+// causal = 1 / -1 (Nq = Nk): K1 on both sides, the causal scan into an fp32 accumulator (one
+// launch per hash in the deterministic mode), K7. "" or why there is none.
+inline std::string PlanLshCumulation(const CumulationDims& d, ScalarType dtype, int arch, int64_t causal,
+                                     const TritonOptions& options, TritonPlan* plan) {
   using namespace triton_plan;  // NOLINT: the plan's vocabulary
   *plan = TritonPlan{};
   std::string error = CheckSizes(d, d.value_dim, d.batch * d.num_keys * d.value_dim);
@@ -223,6 +235,27 @@ inline std::string PlanLshCumulation(const CumulationDims& d, ScalarType dtype, 
   const int tau = HashCodeLen(d.num_buckets);
   Builder b(arch, plan, &error);
   const int64_t bm = d.batch * d.num_hashes, nb = d.num_buckets, width = d.value_dim;
+  if (causal != 0) {
+    const int64_t length = d.num_queries;
+    const int64_t q_offsets = b.Region(bm * (nb + 1) * 4), q_perm = b.Region(bm * length * 4);
+    const int64_t k_offsets = b.Region(bm * (nb + 1) * 4), k_perm = b.Region(bm * length * 4);
+    const int64_t acc = b.Region(d.batch * length * width * 4, true);
+    SortLaunch(&b, d, tau, 1, 0, length, q_offsets, q_perm);
+    SortLaunch(&b, d, tau, 3, 2, length, k_offsets, k_perm);
+    const std::string scan = "causal_scan_kernel_" + std::string(DtypeName(dtype)) + (width % 16 == 0 ? "_a16" : "") +
+                             (causal > 0 ? "_causal" : "_anticausal") + (options.deterministic ? "_det" : "");
+    for (int64_t h = options.deterministic ? 0 : -1; h < (options.deterministic ? d.num_hashes : 0); ++h) {
+      b.Launch(scan, options.deterministic ? d.batch : bm, CeilDiv(nb, b.Tile(scan, "BUCKETS")),
+               CeilDiv(width, b.Tile(scan, "BLOCK_D")),
+               {In(4), Ws(q_offsets), Ws(q_perm), Ws(k_offsets), Ws(k_perm), Ws(acc), I32(d.num_hashes), I32(length),
+                I32(width), I32(nb), I32(h)});
+    }
+    const std::string finalize = std::string("finalize_rows_kernel_") + DtypeName(dtype);
+    const int64_t elements = d.batch * length * width;
+    b.Launch(finalize, CeilDiv(elements, b.Tile(finalize, "BLOCK")), 1, 1,
+             {Ws(acc), In(0), Out(0), I32(elements), I32(width), F32(1.0f / static_cast<float>(d.num_hashes))});
+    return error;
+  }
   const int64_t offsets = b.Region(bm * (nb + 1) * 4);
   const int64_t perm = b.Region(bm * d.num_keys * 4);
   const int64_t tables = b.Region(bm * nb * width * 4);
@@ -249,14 +282,6 @@ inline std::string Eq4WidthTag(int64_t dim, int64_t value_dim) {
   if (dim % 16 == 0 && value_dim % 16 == 0) return "d" + std::to_string(tile) + "_a16";
   return "d" + std::to_string(tile < 64 ? 64 : tile);
 }
-
-// How the Triton eq. 4 kernels compute: fp32 rows with exact IEEE products (FMA) or TF32 tensor
-// cores; atomics into the accumulators, or the deterministic mode (one launch per hash and kind,
-// each row added by its one program with plain loads and stores, the hashes in order).
-struct TritonOptions {
-  bool exact_fp32 = true;
-  bool deterministic = false;
-};
 
 // The plan of lower_bound_gradients (causal = 0) for cubins of `arch`: inputs (query_mask,
 // query_codes, query, key_mask, key_codes, key, value, output_gradient), outputs query_gradient

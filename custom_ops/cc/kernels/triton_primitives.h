@@ -53,7 +53,7 @@ inline std::string CheckTritonCausal(const char* primitive, int64_t causal) {
 }
 
 // TritonPlanOf<P>::Plan(d, dtype, attributes, arch, options, plan): "" and the plan, or why the Triton
-// kernels cannot take the call. kDeterministicMode: the plan is deterministic under options.deterministic.
+// kernels cannot take the call.
 template <typename P>
 struct TritonPlanOf {
   static constexpr bool kExists = false;
@@ -63,9 +63,8 @@ template <>
 struct TritonPlanOf<LshCumulation> {
   static constexpr bool kExists = true;
   static std::string Plan(const CumulationDims& d, ScalarType dtype, const AttributeValue* a, int arch,
-                          const TritonOptions&, TritonPlan* plan) {
-    const std::string error = CheckTritonCausal(LshCumulation::kName, a[1].int_value);
-    return error.empty() ? PlanLshCumulation(d, dtype, arch, plan) : error;
+                          const TritonOptions& options, TritonPlan* plan) {
+    return PlanLshCumulation(d, dtype, arch, a[1].int_value, options, plan);
   }
 };
 

@@ -115,11 +115,20 @@ struct GpuRun<HadamardHashCodesOf<kInterleaved>> : GpuRunDefaults {
   }
 };
 
+// causal = 0: the Triton kernels on sm_80 / sm_90 where the library embeds them, else the CUDA
+// kernels. causal != 0: the Triton kernels only (the causal scan).
 template <>
 struct GpuRun<LshCumulation> : GpuRunDefaults {
   static constexpr bool kDeterministic = false;
-  static std::string Check(const CumulationDims&, const AttributeValue* a) {
-    return CheckGpuCausal(LshCumulation::kName, a[1].int_value);
+  static std::string Check(const CumulationDims& d, const AttributeValue* a) {
+    if (a[1].int_value == 0) return "";
+    if (!TritonCubinsEmbedded()) {
+      return CheckGpuCausal(LshCumulation::kName, a[1].int_value) +
+             " without the Triton kernels, which this native library does not embed (KERAS_YOSO_TRITON_CUBINS, "
+             "docs/build.md)";
+    }
+    TritonPlan plan;
+    return TritonPlanOf<LshCumulation>::Plan(d, ScalarType::kFloat32, a, 80, TritonOptions{}, &plan);
   }
   static size_t WorkspaceBytes(const CumulationDims& d, const AttributeValue* a) {
     const size_t cuda = LshCumulationWorkspaceBytes(d), triton = TritonWorkspaceBytes<LshCumulation>(d, a);
@@ -130,6 +139,11 @@ struct GpuRun<LshCumulation> : GpuRunDefaults {
     bool ran = false;
     const std::string error = RunTriton<LshCumulation>(d, dtype, a, in, out, workspace, bytes, stream, &ran);
     if (ran) return error;
+    if (a[1].int_value != 0) {
+      return std::string(LshCumulation::kName) + " with causal != 0 runs the Triton kernels only, and no embedded "
+             "cubin runs on this GPU (they are built for sm_80 (8.x) and sm_90a (9.0))" +
+             (error.empty() ? "" : ": " + error);
+    }
     return CudaErrorText(LshCumulationGpu(d, dtype, In<float>(in[0]), In<int32_t>(in[1]), In<float>(in[2]),
                                           In<int32_t>(in[3]), in[4].data, out[0].data, workspace, bytes, stream));
   }
