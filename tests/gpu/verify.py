@@ -56,7 +56,8 @@ written before the next stage starts:
                                  on the Triton kernels (no atomics): every case, and first one 4,099-row
                                  case of each on its own (the step's in place, its tables restored);
                                  and lower_bound_gradients in its deterministic mode
-                                 (KERAS_YOSO_GPU_DETERMINISTIC=1, DETERMINISTIC_CASES).
+                                 (KERAS_YOSO_GPU_DETERMINISTIC=1, DETERMINISTIC_CASES); lsh_cumulation
+                                 with causal = +-1 (the Triton causal scan, CAUSAL_CASES).
   timings      timings.json      first the Triton path through the library (torch.ops.keras_yoso, i.e.
                                  ky_run_device): lsh_cumulation, lower_bound_gradients (float32 also
                                  with TF32 products) and YOSO forward+backward built from them (hash
@@ -213,6 +214,10 @@ DETERMINISTIC_VARIABLE = "KERAS_YOSO_GPU_DETERMINISTIC"
 DETERMINISTIC_CASES = ((1000, 1000, 64, 64, 8, "zipf", "float32"), (7, 1000, 100, 1, 6, "uniform", "bfloat16"),
                        (1000, 7, 64, 100, 12, "zipf", "float16"),
                        (LONG_LENGTH, LONG_LENGTH, 64, 64, 8, "zipf", "bfloat16"))
+# lsh_cumulation cases with causal = +-1 (the Triton causal scan; no CUDA kernel): (N, direction, tau, codes,
+# dtype, deterministic mode).
+CAUSAL_CASES = ((1000, 1, 8, "zipf", "float32", False), (1000, -1, 6, "uniform", "bfloat16", False),
+                (7, 1, 1, "uniform", "float16", False), (1000, 1, 12, "zipf", "bfloat16", True))
 # lsh_cumulation cases past the Triton kernels' 12-bit sort, which its CUDA kernel runs: (Nq, Nk, dtype).
 CUDA_FALLBACK_CODE_LEN = 14
 CUDA_FALLBACK_CASES = ((1000, 1000, "float32"), (7, 1000, "bfloat16"), (1000, 7, "float16"))
@@ -556,6 +561,12 @@ def _cases_of(name):
         cases += [_cumulation_case(name, nq, nk, "random", "zipf", dtype, 0, batch=2, num_hashes=4,
                                    hash_code_len=CUDA_FALLBACK_CODE_LEN, width=64)
                   for nq, nk, dtype in CUDA_FALLBACK_CASES]
+        for n, direction, tau, codes, dtype, deterministic in CAUSAL_CASES:  # the Triton causal scan only
+            case = _cumulation_case(name, n, n, "random", codes, dtype, 0, batch=2, num_hashes=4, hash_code_len=tau,
+                                    width=64, deterministic=deterministic)
+            case["causal"] = direction
+            case["id"] += f"-causal{direction}"
+            cases.append(case)
     return long, cases
 
 
@@ -646,7 +657,7 @@ def case_inputs(case, rng, hadamard_blocks):
         return inputs, {}
     if name == "lsh_cumulation":
         inputs["value"] = _poison(rng.standard_normal((batch, nk, width)), km)
-        return inputs, {"num_buckets": num_buckets, "causal": 0}
+        return inputs, {"num_buckets": num_buckets, "causal": case.get("causal", 0)}
     if name == "weighted_lsh_cumulation":
         inputs["query_weight"] = _poison(rng.standard_normal((batch, nq, weight_width)), qm)
         inputs["key_weight"] = _poison(rng.standard_normal((batch, nk, weight_width)), km)
@@ -692,7 +703,7 @@ def reference_outputs(reference, name, x, attributes):
     in the order of the primitive's outputs."""
     if name == "lsh_cumulation":
         return [reference.lsh_cumulation(x["query_codes"], x["key_codes"], x["value"], x["query_mask"],
-                                         x["key_mask"])]
+                                         x["key_mask"], causal=attributes.get("causal", 0))]
     if name == "lsh_cumulation_step":
         return list(decoding_step_reference(x["query_mask"], x["query_codes"], x["key_mask"], x["key_codes"],
                                             x["value"], x["tables"]))
@@ -1574,7 +1585,9 @@ def _launch_case(torch, native, spec, hadamard_blocks, case, seed, facts):
             return None
         return all(_bitwise_equal(torch, x, y) for x, y in zip(outputs[a], outputs[b]))
 
-    reproducible = deterministic or (path == "triton" and (primitive.name in TRITON_REPRODUCIBLE
+    # the causal scan adds the hashes with atomics, like eq. 4: reproducible in the deterministic mode only
+    atomics = bool(case.get("causal"))
+    reproducible = deterministic or (path == "triton" and ((primitive.name in TRITON_REPRODUCIBLE and not atomics)
                                                            or deterministic_mode))
     return {"case": case, "inputs": seen, "attributes": attributes, "must_repeat": reproducible, "messages": messages,
             "path": path, "path_detail": detail, "output_names": [o.name for o in primitive.outputs],
@@ -1591,7 +1604,7 @@ def _checked_case(reference, launched):
     case = launched["case"]
     row = {"case": case["id"], "primitive": case["primitive"], "dtype": case["dtype"], "path": launched["path"],
            "repeat_equal": launched["repeat_equal"], "op_equal": launched["op_equal"]}
-    for key in ("precision", "in_place", "deterministic"):
+    for key in ("precision", "in_place", "deterministic", "causal"):
         if key in case:
             row[key] = case[key]
     if launched["path"] != "triton" and launched["path_detail"] and case["primitive"] in TRITON_PRIMITIVES:
