@@ -122,6 +122,7 @@ def test_gated_deltanet_starts_with_a_decay_near_one():
     dt = np.log1p(np.exp(dt_bias))  # softplus
     assert np.all((a > 0) & (a < 16)) and np.all((dt >= 1e-4) & (dt <= 0.1 + 1e-6)), (a, dt)
     gate = keras.ops.convert_to_numpy(inner.in_proj_a(x))  # [B, T, heads]
-    log_decay = -a * np.log1p(np.exp(gate + dt_bias))
-    kept = np.exp(log_decay[:, 1:].sum(axis=1))  # what remains of the first token's write at the last position
-    assert kept.max() > 1e-2, kept
+    per_token = np.exp(-a * np.log1p(np.exp(gate + dt_bias)))  # [B, T, heads]
+    # keras-hub's placeholders give a median of ~0.28 per token; the paper's initialisation ~0.99. (The decay of
+    # one head over all 47 steps depends on its draw of A in [1, 16] and of dt: not a property to assert.)
+    assert np.median(per_token) > 0.9, np.median(per_token)
