@@ -106,6 +106,25 @@ def lsh_cumulation(query_codes, key_codes, value, query_mask=None, key_mask=None
     return np.einsum("bij,bjd->bid", c, value) / num_hashes
 
 
+def lsh_cumulation_step(query_mask, query_codes, key_mask, key_codes, value, tables):
+    """The decoding step (custom_ops/triton/decoding.py): float64 (out [B, T, D], tables_out [B, m, num_buckets,
+    D]) for T new positions over bucket tables [B, m, num_buckets, D]. Per (b, h), in position order t: key t's
+    value joins bucket key_codes[b, h, t] where key_mask[b, t] != 0, then query t reads bucket query_codes[b, h, t]
+    (1/m of the sum over h where query_mask[b, t] != 0; 0 elsewhere), so out is the old tables read by code plus
+    eq. 2 over the chunk's keys s <= t. Rows a mask drops are never read (they may hold NaN)."""
+    batch, num_hashes, length = np.shape(query_codes)
+    query_mask, key_mask, value = np.asarray(query_mask), np.asarray(key_mask), np.asarray(value, np.float64)
+    tables = np.array(tables, np.float64)
+    out = np.zeros((batch, length, tables.shape[3]))
+    b, h = np.meshgrid(np.arange(batch), np.arange(num_hashes), indexing="ij")  # [B, m]
+    for t in range(length):
+        keep = key_mask[:, t] != 0
+        tables[b[keep], h[keep], np.asarray(key_codes)[keep, :, t]] += value[keep, t][:, None, :]
+        read = query_mask[:, t] != 0
+        out[read, t] = tables[b[read], h[read], np.asarray(query_codes)[read, :, t]].sum(axis=1) / num_hashes
+    return out, tables
+
+
 def weighted_lsh_cumulation(query_codes, query_weight, key_codes, key_weight, value,
                             query_mask=None, key_mask=None, causal=0):
     """lsh_cumulation with pair (i, j) weighted by <query_weight[b,i], key_weight[b,j]> (causal as
@@ -168,15 +187,15 @@ def yoso_expectation(query, key, value, hash_code_len, query_mask=None, key_mask
 
 
 def yoso_lower_bound_gradients(query, key, value, query_codes, key_codes, hash_code_len,
-                               grad_output, query_mask=None, key_mask=None, causal=False):
-    """Paper eq. 4 with the sampled counts c_ij: returns (dQ, dK, dV). causal: pairs j <= i only
-    (dQ_i over j <= i; dK_j and dV_j over i >= j)."""
+                               grad_output, query_mask=None, key_mask=None, causal=0):
+    """Paper eq. 4 with the sampled counts c_ij: returns (dQ, dK, dV). causal 1 (or True): pairs j <= i only
+    (dQ_i over j <= i; dK_j and dV_j over i >= j); -1: pairs j >= i (the mirror)."""
     num_hashes = np.shape(query_codes)[1]
     batch, nq = np.shape(query)[:2]
     nk = np.shape(key)[1]
     qm, km = _mask(query_mask, batch, nq), _mask(key_mask, batch, nk)
     c = collision_counts(query_codes, key_codes) * qm[:, :, None] * km[:, None, :] / num_hashes
-    c = c * direction_mask(nq, nk, 1 if causal else 0)
+    c = c * direction_mask(nq, nk, int(causal))
     dy = np.asarray(grad_output, np.float64) * qm[:, :, None]
     q = np.asarray(query, np.float64)
     k = np.asarray(key, np.float64)

@@ -349,20 +349,6 @@ def test_decoding_grid_takes_every_value_of_every_axis_in_place_and_not():
         verify.DECODING_TABLE_FLOATS)
 
 
-def _literal_decoding_reference(qm, qc, km, kc, value, tables):
-    """tests/test_triton_kernels.py's reference, loop for loop."""
-    batch, num_hashes, length = qc.shape
-    out, tables = np.zeros(value.shape), tables.astype(np.float64).copy()
-    for b in range(batch):
-        for h in range(num_hashes):
-            for t in range(length):
-                if km[b, t] != 0:
-                    tables[b, h, kc[b, h, t]] += value[b, t]
-                if qm[b, t] != 0:
-                    out[b, t] += tables[b, h, qc[b, h, t]] / num_hashes
-    return out, tables
-
-
 @pytest.mark.parametrize("mask", verify.MASKS)
 def test_decoding_reference_reads_the_old_tables_and_the_earlier_keys_of_the_chunk(mask):
     case = verify._decoding_case(23, mask, "zipf", "float32", batch=3, num_hashes=4, hash_code_len=3, width=5,
@@ -373,13 +359,13 @@ def test_decoding_reference_reads_the_old_tables_and_the_earlier_keys_of_the_chu
     assert np.isnan(x["value"][masked]).all() and not np.isnan(x["value"][~masked]).any()
     out, tables_out = verify.reference_outputs(numpy_reference, "lsh_cumulation_step", x, attributes)
     assert np.isfinite(out).all() and np.isfinite(tables_out).all()
-    literal = _literal_decoding_reference(x["query_mask"], x["query_codes"], x["key_mask"], x["key_codes"],
-                                          np.nan_to_num(x["value"]), x["tables"])
-    np.testing.assert_allclose(out, literal[0], atol=1e-12)
-    np.testing.assert_allclose(tables_out, literal[1], atol=1e-12)
+    b, h, t = np.meshgrid(*(np.arange(n) for n in x["query_codes"].shape), indexing="ij")
+    # the tables gain every kept key's value in its bucket
+    grown, keys = x["tables"].astype(np.float64), x["key_mask"][b, t] != 0
+    np.add.at(grown, (b[keys], h[keys], x["key_codes"][keys]), x["value"][b[keys], t[keys]])
+    np.testing.assert_allclose(tables_out, grown, atol=1e-12)
     # the old tables read by query code, plus eq. 2 over the chunk's keys s <= t (causal)
     kept = (x["query_mask"] != 0)[:, :, None]
-    b, h, t = np.meshgrid(*(np.arange(n) for n in x["query_codes"].shape), indexing="ij")
     old = x["tables"][b, h, x["query_codes"]].mean(axis=1) * kept
     chunk = numpy_reference.lsh_cumulation(x["query_codes"], x["key_codes"], x["value"], x["query_mask"],
                                            x["key_mask"], causal=1)

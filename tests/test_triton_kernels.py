@@ -263,21 +263,6 @@ def _run_plan(plan, inputs, outputs):
         kernel[tuple(launch["grid"])](*args, **constexprs, num_warps=num_warps)
 
 
-def _decoding_reference(qm, qc, km, kc, value, tables):
-    """float64 (out, tables_out) of the decoding step (custom_ops/triton/decoding.py's definition), in position
-    order per (b, h)."""
-    batch, num_hashes, length = qc.shape
-    out, tables = np.zeros(value.shape), tables.astype(np.float64).copy()
-    for b in range(batch):
-        for h in range(num_hashes):
-            for t in range(length):
-                if km[b, t] != 0:
-                    tables[b, h, kc[b, h, t]] += value[b, t]
-                if qm[b, t] != 0:
-                    out[b, t] += tables[b, h, qc[b, h, t]] / num_hashes
-    return out, tables
-
-
 def _decoding_inputs(rng, tau, length, width, masks, dtype):
     batch, buckets = 2, 1 << tau
     qc = rng.integers(0, buckets, (batch, NUM_HASHES, length)).astype(np.int32)
@@ -292,7 +277,7 @@ def _check_decoding(tau, length, width, masks, dtype, in_place):
     decoding, = _import_kernels("decoding")
     qm, qc, km, kc, value, tables = _decoding_inputs(np.random.default_rng(tau + 10 * length + width), tau, length,
                                                      width, masks, dtype)
-    want_out, want_tables = _decoding_reference(qm, qc, km, kc, np.nan_to_num(_numpy(value)), tables)
+    want_out, want_tables = ref.lsh_cumulation_step(qm, qc, km, kc, _numpy(value), tables)
     old = _t(tables)
     target = old if in_place else torch.full_like(old, float("nan"))
     out, new = decoding.lsh_cumulation_step(_t(qm), _t(qc), _t(km), _t(kc), value, old,
@@ -315,7 +300,7 @@ def _check_plan(name, primitive, tau, nq, nk, dim, width, masks, codes_kind, dty
     rqc, rkc = _reference_codes(qc, tau, "query"), _reference_codes(kc, tau, "key")
     if primitive == "lsh_cumulation_step":
         qm, qc, km, kc, value, tables = _decoding_inputs(rng, tau, nq, width, masks, dtype)
-        want_out, want_tables = _decoding_reference(qm, qc, km, kc, np.nan_to_num(_numpy(value)), tables)
+        want_out, want_tables = ref.lsh_cumulation_step(qm, qc, km, kc, _numpy(value), tables)
         for in_place in (False, True):
             old = _t(tables)
             out, new = _nan(value.shape, dtype), old if in_place else torch.full_like(old, float("nan"))

@@ -679,25 +679,6 @@ def case_inputs(case, rng, hadamard_blocks):
     return inputs, {"hash_code_len": tau, "epsilon": CASE_EPSILON}
 
 
-def decoding_step_reference(query_mask, query_codes, key_mask, key_codes, value, tables):
-    """float64 (out [B, T, D], tables_out [B, m, num_buckets, D]) of the decoding step lsh_cumulation_step
-    (custom_ops/triton/decoding.py's definition, tests/test_triton_kernels.py's reference): per (b, h), in position
-    order t, key t's value joins bucket key_codes[b, h, t] where its mask is nonzero, then query t reads bucket
-    query_codes[b, h, t] (1/m of the sum over h, where its mask is nonzero; 0 elsewhere). Positions t run in order,
-    each over every (b, h) at once (each (b, h) updates its own table); rows a mask drops are never read."""
-    batch, num_hashes, length = np.shape(query_codes)
-    query_mask, key_mask, value = np.asarray(query_mask), np.asarray(key_mask), np.asarray(value, np.float64)
-    tables = np.array(tables, np.float64)
-    out = np.zeros((batch, length, tables.shape[3]))
-    b, h = np.meshgrid(np.arange(batch), np.arange(num_hashes), indexing="ij")  # [B, m]
-    for t in range(length):
-        keep = key_mask[:, t] != 0
-        tables[b[keep], h[keep], key_codes[keep, :, t]] += value[keep, t][:, None, :]
-        read = query_mask[:, t] != 0
-        out[read, t] = tables[b[read], h[read], query_codes[read, :, t]].sum(axis=1) / num_hashes
-    return out, tables
-
-
 def reference_outputs(reference, name, x, attributes):
     """The float64 (codes: int32) results of primitive `name` on inputs `x` from tests/numpy_reference.py, a list
     in the order of the primitive's outputs."""
@@ -705,8 +686,8 @@ def reference_outputs(reference, name, x, attributes):
         return [reference.lsh_cumulation(x["query_codes"], x["key_codes"], x["value"], x["query_mask"],
                                          x["key_mask"], causal=attributes.get("causal", 0))]
     if name == "lsh_cumulation_step":
-        return list(decoding_step_reference(x["query_mask"], x["query_codes"], x["key_mask"], x["key_codes"],
-                                            x["value"], x["tables"]))
+        return list(reference.lsh_cumulation_step(x["query_mask"], x["query_codes"], x["key_mask"], x["key_codes"],
+                                                  x["value"], x["tables"]))
     if name == "weighted_lsh_cumulation":
         return [reference.weighted_lsh_cumulation(x["query_codes"], x["query_weight"], x["key_codes"],
                                                   x["key_weight"], x["value"], x["query_mask"], x["key_mask"])]
