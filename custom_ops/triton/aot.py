@@ -47,6 +47,7 @@ import bucket_sort  # noqa: E402
 import bucket_sums  # noqa: E402
 import causal  # noqa: E402
 import decoding  # noqa: E402
+import embed  # noqa: E402
 import lower_bound  # noqa: E402
 
 ARCHS = (80, 90)
@@ -246,21 +247,12 @@ def sass_problems(entry, sass):
     return problems
 
 
-def sources_digest():
-    """sha256 of the kernels' sources (custom_ops/triton/*.py, by name), as embed.py recomputes it: a cubin built
-    from other sources is refused there."""
-    digest = hashlib.sha256()
-    for path in sorted(pathlib.Path(__file__).resolve().parent.glob("*.py")):
-        digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
-    return digest.hexdigest()
-
-
 def build(out_dir, archs=ARCHS, only=None, check=True, log=print):
     """Compile the variants whose name matches the regex `only` (all when None) for every arch into out_dir;
     returns (manifest, problems). problems lists the failed checks, or says the checks did not run."""
     out_dir = pathlib.Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    sources = sources_digest()  # before compiling: sources edited meanwhile make the build stale
+    sources = embed.sources_digest()  # before compiling: sources edited meanwhile make the build stale
     cuobjdump = find_cuobjdump() if check else None
     entries, problems = [], []
     if check and cuobjdump is None:
@@ -323,7 +315,7 @@ def resource_table(manifest):
     return "\n".join(lines)
 
 
-VARIANTS_FILE = pathlib.Path(__file__).resolve().parents[1] / "cc" / "kernels" / "triton_variants.inc"
+VARIANTS_FILE = embed.VARIANTS_FILE
 
 
 def variants_source(archs=ARCHS):

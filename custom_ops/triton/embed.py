@@ -18,7 +18,8 @@ VARIANTS_FILE = pathlib.Path(__file__).resolve().parents[1] / "cc" / "kernels" /
 
 
 def sources_digest():
-    """sha256 of custom_ops/triton/*.py as aot.py records it in the manifest (`sources`)."""
+    """sha256 of the kernels' sources (custom_ops/triton/*.py, by name): aot.py records it in the manifest
+    (`sources`), and a cubin built from other sources is refused here."""
     digest = hashlib.sha256()
     for path in sorted(pathlib.Path(__file__).resolve().parent.glob("*.py")):
         digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
