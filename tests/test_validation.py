@@ -155,6 +155,73 @@ def test_kernel_message_contains_the_python_message(case, wrapper):
     assert expected in WRAPPERS[wrapper](op, inputs, num_buckets)
 
 
+# The TensorFlow shape functions are the kernels' checks (yoso_primitives.h's Check) run on the dims a graph
+# knows: a mismatch between known dims fails while the graph is built, with the message the kernel gives when it
+# runs; unknown dims match anything; the output dims are the ones Check computes.
+_F32, _I32 = "float32", "int32"
+_SHAPE_CASES = {  # raw op, its inputs (shape, dtype), attributes, a fragment of the kernel's message
+    "value_length": ("lsh_cumulation", [((2, 5), _F32), ((2, 3, 5), _I32), ((2, 6), _F32), ((2, 3, 6), _I32),
+                                        ((2, 7, 4), _F32)], {"num_buckets": 8},
+                     r"value must have shape \[batch, num_keys, value_dim\] = \[2, 6, \?\], got \[2,7,4\]"),
+    "key_hashes": ("lsh_cumulation", [((2, 5), _F32), ((2, 3, 5), _I32), ((2, 6), _F32), ((2, 4, 6), _I32),
+                                      ((2, 6, 4), _F32)], {"num_buckets": 8},
+                   r"key_codes must have shape \[batch, num_hashes, num_keys\] = \[2, 3, \?\], got \[2,4,6\]"),
+    "causal_lengths": ("lsh_cumulation", [((2, 5), _F32), ((2, 3, 5), _I32), ((2, 6), _F32), ((2, 3, 6), _I32),
+                                          ((2, 6, 4), _F32)], {"num_buckets": 8, "causal": 1},
+                       r"causal = 1 needs as many queries as keys .* num_queries = 5 and num_keys = 6"),
+    "gradient_width": ("lower_bound_gradients", [((1, 5), _F32), ((1, 2, 5), _I32), ((1, 5, 4), _F32),
+                                                 ((1, 6), _F32), ((1, 2, 6), _I32), ((1, 6, 3), _F32),
+                                                 ((1, 6, 8), _F32), ((1, 5, 8), _F32)], {"num_buckets": 4},
+                       r"key must have shape \[batch, num_keys, dim\] = \[1, 6, 4\], got \[1,6,3\]"),
+    "projection": ("gaussian_hash_codes", [((1, 2, 5), _F32), ((5, 7), _F32)], {"num_hashes": 2, "hash_code_len": 4},
+                   r"projection must have shape \[dim, num_hashes \* hash_code_len\] = \[5, 8\], got \[5,7\]"),
+    "step_tables": ("lsh_cumulation_step", [((1, 2), _F32), ((1, 3, 2), _I32), ((1, 2), _F32), ((1, 3, 2), _I32),
+                                            ((1, 2, 4), _F32), ((1, 3, 8, 5), _F32)], {},
+                    r"tables must have shape \[batch, num_hashes, num_buckets, value_dim\] = \[1, 3, \?, 4\]"),
+}
+
+
+@pytest.mark.skipif(not (TENSORFLOW and CUSTOM_OPS_EXPECTED), reason="TensorFlow's op library")
+@pytest.mark.parametrize("wrapper", ["tf_kernel", "tf_shape_function"])
+@pytest.mark.parametrize("case", sorted(_SHAPE_CASES))
+def test_tf_shape_function_rejects_what_the_kernel_rejects_with_the_kernels_message(case, wrapper):
+    op, inputs, attributes, message = _SHAPE_CASES[case]
+    raw_op = getattr(_tf_library(), "yoso_" + op)
+    tensors = [tf.zeros(shape, dtype) for shape, dtype in inputs]
+    if wrapper == "tf_kernel":  # eagerly: no shape function runs
+        with pytest.raises(tf.errors.InvalidArgumentError, match=message):
+            raw_op(*tensors, **attributes)
+    else:
+        with pytest.raises(ValueError, match=message):
+            tf.function(lambda: raw_op(*tensors, **attributes)).get_concrete_function()
+
+
+@pytest.mark.skipif(not (TENSORFLOW and CUSTOM_OPS_EXPECTED), reason="TensorFlow's op library")
+def test_tf_shape_function_lets_unknown_dims_pass_and_gives_the_output_dims_it_knows():
+    library = _tf_library()
+    spec = tf.TensorSpec
+    # Batch and lengths unknown, widths known: no false error, the widths reach the outputs.
+    lsh = tf.function(lambda qm, qc, km, kc, v: library.yoso_lsh_cumulation(qm, qc, km, kc, v, num_buckets=8, causal=1))
+    out = lsh.get_concrete_function(spec([None, None]), spec([None, 3, None], tf.int32), spec([None, None]),
+                                    spec([None, 3, None], tf.int32), spec([None, None, 4])).structured_outputs
+    assert out.shape.as_list() == [None, None, 4]
+    lower = tf.function(lambda *t: library.yoso_lower_bound_gradients(*t, num_buckets=8))
+    dq, dk = lower.get_concrete_function(
+        spec([2, 5]), spec([2, 3, 5], tf.int32), spec([2, 5, 6]), spec([None, None]), spec([None, 3, None], tf.int32),
+        spec([None, None, None]), spec([None, None, 8]), spec([None, None, 8])).structured_outputs
+    assert dq.shape.as_list() == [2, 5, 6] and dk.shape.as_list() == [2, None, 6]
+    # Unknown rank: taken as the input's rank, every dim unknown.
+    hashed = tf.function(lambda x, p: library.yoso_gaussian_hash_codes(x, p, num_hashes=2, hash_code_len=4))
+    codes = hashed.get_concrete_function(spec(None), spec([None, 8])).structured_outputs
+    assert codes.shape.as_list() == [None, 2, None]
+    # A known mismatch beside unknown dims still fails while the graph is built (a new tf.function: the first
+    # one would reuse its more general trace).
+    lsh = tf.function(lambda qm, qc, km, kc, v: library.yoso_lsh_cumulation(qm, qc, km, kc, v, num_buckets=8))
+    with pytest.raises(ValueError, match=r"value must have shape \[batch, num_keys, value_dim\] = \[\?, 6, \?\]"):
+        lsh.get_concrete_function(spec([None, 5]), spec([None, 3, 5], tf.int32), spec([None, 6]),
+                                  spec([None, 3, 6], tf.int32), spec([None, 5, 4]))
+
+
 # Seeds near the wrap-around at 2**31, where the formulas' "% 2 ** 31" matters.
 _SEEDS = (0, 5, 2 ** 31 - 8, 2 ** 31 - 1)
 

@@ -21,8 +21,14 @@
 namespace keras_yoso {
 
 // The shape of one input as the wrappers see it (rank <= kMaxCheckedRank; a wrapper
-// rejects higher ranks with RankTooHighMessage before building one).
+// rejects higher ranks with RankTooHighMessage before building one). Only TensorFlow's shape
+// functions, which run while a graph is built, pass kUnknownDim for a dimension not known yet:
+// the checks treat it as matching any size and skip the limits it takes part in (the kernel
+// checks the real shapes when it runs). The kernels and the C ABI pass known sizes only (the C
+// ABI rejects a negative one).
 constexpr int kMaxCheckedRank = 8;
+constexpr int64_t kUnknownDim = -1;
+inline bool Known(int64_t dim) { return dim >= 0; }
 struct Shape {
   int rank = 0;
   int64_t dims[kMaxCheckedRank] = {};
@@ -56,13 +62,14 @@ inline std::string RankTooHighMessage(const char* name, int rank) {
          std::to_string(kMaxCheckedRank);
 }
 
-// `t` has the rank of `want` and every dimension that is >= 0 in `want` (-1: any).
+// `t` has the rank of `want` and every dimension that is known in both `t` and `want`
+// (kUnknownDim in `want`: any size).
 inline std::string CheckShape(const Shape& t, const char* name, const char* meaning, const Shape& want) {
   bool ok = t.rank == want.rank;
   std::string text = "[";
   for (int axis = 0; axis < want.rank; ++axis) {
     const int64_t d = want.dims[axis];
-    if (ok && d >= 0 && t.dims[axis] != d) ok = false;
+    if (ok && Known(d) && Known(t.dims[axis]) && t.dims[axis] != d) ok = false;
     text += (axis ? ", " : "") + (d < 0 ? std::string("?") : std::to_string(d));
   }
   if (ok) return "";
@@ -109,7 +116,7 @@ inline std::string CheckCollisionAttrs(int64_t hash_code_len, float epsilon) {
 
 // The weighted cumulation's per-bucket [weight_dim, value_dim] table fits kMaxBucketTableFloats.
 inline std::string CheckBucketTable(int64_t weight_dim, int64_t value_dim) {
-  if (BucketTableFits(weight_dim, value_dim)) return "";
+  if (!Known(weight_dim) || !Known(value_dim) || BucketTableFits(weight_dim, value_dim)) return "";
   return "the per-bucket table of the weighted LSH cumulation, weight_dim * value_dim = " +
          std::to_string(weight_dim) + " * " + std::to_string(value_dim) +
          " floats (weight_dim: axis 2 of query_weight and key_weight; value_dim: axis 2 of "
@@ -127,7 +134,7 @@ inline std::string CheckCausalAttr(int64_t causal) {
 
 // With causal != 0, query i and key i are the same position: Nq == Nk.
 inline std::string CheckCausalLengths(int64_t causal, int64_t num_queries, int64_t num_keys) {
-  if (causal == 0 || num_queries == num_keys) return "";
+  if (causal == 0 || !Known(num_queries) || !Known(num_keys) || num_queries == num_keys) return "";
   return "causal = " + std::to_string(causal) +
          " needs as many queries as keys (query i and key i are position i), got num_queries = " +
          std::to_string(num_queries) + " and num_keys = " + std::to_string(num_keys);
@@ -171,6 +178,7 @@ inline std::string CheckHadamardHash(const Shape& x, const Shape& signs, int64_t
   const int64_t bits = num_hashes * hash_code_len;
   *d = HashDims{x.dims[0], x.dims[1], x.dims[2], num_hashes, hash_code_len, signs.dims[2],
                 signs.dims[0], interleaved};
+  if (!Known(d->dim) || !Known(d->padded_dim) || !Known(d->num_blocks)) return "";
   if (d->padded_dim >= 1 && (d->padded_dim & (d->padded_dim - 1)) == 0 &&
       d->padded_dim >= d->dim && SaturatingProduct(d->num_blocks, d->padded_dim) >= bits) {
     return "";
@@ -191,7 +199,7 @@ inline std::string CheckCumulationSides(const Shape& query_mask, const Shape& qu
   d->batch = query_codes.dims[0];
   d->num_hashes = query_codes.dims[1];
   d->num_queries = query_codes.dims[2];
-  if (d->num_hashes < 1) {
+  if (d->num_hashes == 0) {
     return "query_codes must have num_hashes >= 1 (axis 1), got shape " + ShapeText(query_codes);
   }
   error = CheckShape(key_codes, "key_codes", "[batch, num_hashes, num_keys]",
@@ -241,7 +249,7 @@ inline std::string CheckLshCumulationStep(const Shape& query_mask, const Shape& 
                      {d->batch, d->num_hashes, -1, d->value_dim});
   if (!error.empty()) return error;
   d->num_buckets = tables.dims[2];
-  return CheckNumBuckets(d->num_buckets);
+  return Known(d->num_buckets) ? CheckNumBuckets(d->num_buckets) : "";
 }
 
 // query_weight [B, Nq, W] and key_weight [B, Nk, W] against the sides in d; *width = W.

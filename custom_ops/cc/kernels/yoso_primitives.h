@@ -20,7 +20,8 @@
 //   Run<T>(d, a, in, out, pf) the CPU kernel on float type T with ParallelFor pf (yoso_cpu.h)
 //
 // Adding a primitive: its kernel (<family>_cpu.h), its check (yoso_checks.h), a struct here and
-// its name in KY_PRIMITIVES, then the TensorFlow glue (REGISTER_OP, one REGISTER_KERNEL_BUILDER).
+// its name in KY_PRIMITIVES, then the TensorFlow glue (REGISTER_OP with SetShapeFn(PrimitiveShape<P>),
+// which runs Check on the dims a graph knows; one REGISTER_KERNEL_BUILDER).
 // Plain C++ (no framework include).
 #ifndef KERAS_YOSO_KERNELS_YOSO_PRIMITIVES_H_
 #define KERAS_YOSO_KERNELS_YOSO_PRIMITIVES_H_

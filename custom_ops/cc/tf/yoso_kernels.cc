@@ -207,22 +207,6 @@ struct Launch<GPUDevice, P, T> {
 };
 #endif  // GOOGLE_CUDA
 
-// P's attributes from the kernel's NodeDef, by name (int attributes as int64, float ones as float).
-template <typename P>
-Status ReadAttributes(OpKernelConstruction* ctx, AttributeValue* values) {
-  for (size_t i = 0; i < P::kAttributes.size(); ++i) {
-    const AttributeSpec& spec = P::kAttributes[i];
-    if (spec.kind == AttributeKind::kInt) {
-      TF_RETURN_IF_ERROR(ctx->GetAttr(spec.name, &values[i].int_value));
-    } else {
-      float value = 0.0f;
-      TF_RETURN_IF_ERROR(ctx->GetAttr(spec.name, &value));
-      values[i].float_value = value;
-    }
-  }
-  return absl::OkStatus();
-}
-
 // One call of primitive P: its Check on the input shapes and attributes `a`, the codes in
 // [0, num_buckets), the outputs allocated (or forwarded), then Launch unless every output is empty.
 template <typename Device, typename P, typename T>

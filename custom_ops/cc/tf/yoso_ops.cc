@@ -1,15 +1,16 @@
-// Registration of the keras-yoso ops with shape functions that reject bad
-// ranks, mismatched sizes and bad attributes while the graph is built (attributes and the
-// bucket-table limit with the checks of custom_ops/cc/kernels/yoso_checks.h, which the
-// kernels run again on the actual shapes).
+// Registration of the keras-yoso ops. Each op's shape function is PrimitiveShape<P> of its
+// primitive (custom_ops/cc/kernels/yoso_primitives.h): P::Check, the check the kernels run, on the
+// shapes known while the graph is built (unknown dimensions match anything, yoso_checks.h), so bad
+// ranks, mismatched sizes and bad attributes fail at graph construction with the kernel's message,
+// and the output shapes are the ones Check computes. No shape rule is written here.
 // The math of each op is documented in custom_ops/cc/kernels/yoso_cpu.h.
-#include <string>
+#include <array>
+#include <vector>
 
-#include "tensorflow/core/framework/common_shape_fns.h"
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/shape_inference.h"
 #include "tf_status.h"
-#include "yoso_checks.h"
+#include "yoso_primitives.h"
 
 namespace keras_yoso {
 
@@ -20,96 +21,46 @@ using ::tensorflow::shape_inference::ShapeHandle;
 
 namespace {
 
-Status NumBucketsAttr(InferenceContext* c) {
-  int64_t num_buckets = 0;
-  TF_RETURN_IF_ERROR(c->GetAttr("num_buckets", &num_buckets));
-  return Invalid(CheckNumBuckets(num_buckets));
-}
-
-// Input `index` must be [batch, num_hashes, length]; returns its dims.
-Status CodesShape(InferenceContext* c, int index, ShapeHandle* codes) {
-  return c->WithRank(c->input(index), 3, codes);
-}
-
-// Checks the mask / codes / per-position tensors of one side (queries or keys)
-// against each other: mask [B, N], codes [B, m, N], and each extra [B, N, *].
-Status SideShapes(InferenceContext* c, int mask_index, int codes_index,
-                  std::initializer_list<int> per_position, DimensionHandle* batch,
-                  DimensionHandle* num_hashes, DimensionHandle* length) {
-  ShapeHandle mask, codes;
-  TF_RETURN_IF_ERROR(c->WithRank(c->input(mask_index), 2, &mask));
-  TF_RETURN_IF_ERROR(CodesShape(c, codes_index, &codes));
-  TF_RETURN_IF_ERROR(c->Merge(c->Dim(mask, 0), c->Dim(codes, 0), batch));
-  TF_RETURN_IF_ERROR(c->Merge(c->Dim(mask, 1), c->Dim(codes, 2), length));
-  *num_hashes = c->Dim(codes, 1);
-  for (int index : per_position) {
-    ShapeHandle t;
-    TF_RETURN_IF_ERROR(c->WithRank(c->input(index), 3, &t));
-    TF_RETURN_IF_ERROR(c->Merge(*batch, c->Dim(t, 0), batch));
-    TF_RETURN_IF_ERROR(c->Merge(*length, c->Dim(t, 1), length));
+// The shapes of P's inputs as the graph knows them: each dimension or kUnknownDim; an input of
+// unknown rank as P's rank with every dimension unknown.
+template <typename P>
+Status KnownInputShapes(InferenceContext* c, Shape* shapes) {
+  for (size_t i = 0; i < P::kInputs.size(); ++i) {
+    const ShapeHandle input = c->input(static_cast<int>(i));
+    const bool rank_known = c->RankKnown(input);
+    const int rank = rank_known ? c->Rank(input) : P::kInputs[i].rank;
+    if (rank > kMaxCheckedRank) {
+      return absl::InvalidArgumentError(RankTooHighMessage(P::kInputs[i].name, rank));
+    }
+    shapes[i].rank = rank;
+    for (int axis = 0; axis < rank; ++axis) {
+      const DimensionHandle dim = rank_known ? c->Dim(input, axis) : c->UnknownDim();
+      shapes[i].dims[axis] = c->ValueKnown(dim) ? c->Value(dim) : kUnknownDim;
+    }
   }
   return absl::OkStatus();
 }
 
-// Shared shape function of the three cumulations. `query_extra` / `key_extra`
-// list the per-position inputs of each side; the last dimension of
-// `width_pairs` inputs must agree pairwise; the output is [B, Nq, dim(out_dim_input, 2)].
-Status CumulationShape(InferenceContext* c, int query_codes_index,
-                       std::initializer_list<int> query_extra, int key_mask_index,
-                       int key_codes_index, std::initializer_list<int> key_extra,
-                       std::initializer_list<std::pair<int, int>> width_pairs, int out_dim_input) {
-  DimensionHandle qb, qm, nq, kb, km, nk, batch, num_hashes;
-  TF_RETURN_IF_ERROR(SideShapes(c, 0, query_codes_index, query_extra, &qb, &qm, &nq));
-  TF_RETURN_IF_ERROR(SideShapes(c, key_mask_index, key_codes_index, key_extra, &kb, &km, &nk));
-  TF_RETURN_IF_ERROR(c->Merge(qb, kb, &batch));
-  TF_RETURN_IF_ERROR(c->Merge(qm, km, &num_hashes));
-  for (const auto& pair : width_pairs) {
-    DimensionHandle merged;
-    TF_RETURN_IF_ERROR(c->Merge(c->Dim(c->input(pair.first), 2), c->Dim(c->input(pair.second), 2),
-                                &merged));
+// The shape function of primitive P's op: P::Check on the known shapes and the attributes, then
+// the output shapes it computed (kUnknownDim as an unknown dimension).
+template <typename P>
+Status PrimitiveShape(InferenceContext* c) {
+  std::array<Shape, P::kInputs.size()> in{};
+  TF_RETURN_IF_ERROR(KnownInputShapes<P>(c, in.data()));
+  std::array<AttributeValue, P::kAttributes.size()> attributes{};
+  TF_RETURN_IF_ERROR(ReadAttributes<P>(c, attributes.data()));
+  typename P::Dims dims{};
+  std::array<Shape, P::kOutputs.size()> out{};
+  TF_RETURN_IF_ERROR(Invalid(P::Check(in.data(), attributes.data(), &dims, out.data())));
+  for (size_t i = 0; i < out.size(); ++i) {
+    std::vector<DimensionHandle> output_dims;
+    for (int axis = 0; axis < out[i].rank; ++axis) {
+      const int64_t dim = out[i].dims[axis];
+      output_dims.push_back(Known(dim) ? c->MakeDim(dim) : c->UnknownDim());
+    }
+    c->set_output(static_cast<int>(i), c->MakeShape(output_dims));
   }
-  c->set_output(0, c->MakeShape({batch, nq, c->Dim(c->input(out_dim_input), 2)}));
   return absl::OkStatus();
-}
-
-Status HashCodesShape(InferenceContext* c) {
-  ShapeHandle x;
-  TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 3, &x));
-  int64_t num_hashes = 0, hash_code_len = 0;
-  TF_RETURN_IF_ERROR(c->GetAttr("num_hashes", &num_hashes));
-  TF_RETURN_IF_ERROR(c->GetAttr("hash_code_len", &hash_code_len));
-  TF_RETURN_IF_ERROR(Invalid(CheckHashAttrs(num_hashes, hash_code_len)));
-  c->set_output(0, c->MakeShape({c->Dim(x, 0), c->MakeDim(num_hashes), c->Dim(x, 1)}));
-  return absl::OkStatus();
-}
-
-// The weighted cumulation's per-bucket [W, D] table must fit kMaxBucketTableFloats (checked
-// here when W and D are known, and by the kernel in any case).
-Status BucketTable(InferenceContext* c) {
-  const DimensionHandle weight_dim = c->Dim(c->input(2), 2);
-  const DimensionHandle value_dim = c->Dim(c->input(6), 2);
-  if (!c->ValueKnown(weight_dim) || !c->ValueKnown(value_dim)) return absl::OkStatus();
-  return Invalid(CheckBucketTable(c->Value(weight_dim), c->Value(value_dim)));
-}
-
-// The causal attr of the LSH cumulations is -1, 0 or 1; when it is not 0 the query and key
-// lengths (axis 2 of the codes at query_codes_index and key_codes_index) must agree where known.
-Status CausalAttr(InferenceContext* c, int query_codes_index, int key_codes_index) {
-  int64_t causal = 0;
-  TF_RETURN_IF_ERROR(c->GetAttr("causal", &causal));
-  TF_RETURN_IF_ERROR(Invalid(CheckCausalAttr(causal)));
-  const DimensionHandle num_queries = c->Dim(c->input(query_codes_index), 2);
-  const DimensionHandle num_keys = c->Dim(c->input(key_codes_index), 2);
-  if (!c->ValueKnown(num_queries) || !c->ValueKnown(num_keys)) return absl::OkStatus();
-  return Invalid(CheckCausalLengths(causal, c->Value(num_queries), c->Value(num_keys)));
-}
-
-Status CollisionAttrs(InferenceContext* c) {
-  int64_t hash_code_len = 0;
-  float epsilon = 0.0f;
-  TF_RETURN_IF_ERROR(c->GetAttr("hash_code_len", &hash_code_len));
-  TF_RETURN_IF_ERROR(c->GetAttr("epsilon", &epsilon));
-  return Invalid(CheckCollisionAttrs(hash_code_len, epsilon));
 }
 
 }  // namespace
@@ -121,14 +72,7 @@ REGISTER_OP("YosoGaussianHashCodes")
     .Attr("num_hashes: int >= 1")
     .Attr("hash_code_len: int >= 1")
     .Attr("T: {float, half, bfloat16}")
-    .SetShapeFn([](InferenceContext* c) {
-      TF_RETURN_IF_ERROR(HashCodesShape(c));
-      ShapeHandle projection;
-      TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 2, &projection));
-      DimensionHandle unused;
-      TF_RETURN_IF_ERROR(c->Merge(c->Dim(c->input(0), 2), c->Dim(projection, 0), &unused));
-      return absl::OkStatus();
-    })
+    .SetShapeFn(PrimitiveShape<GaussianHashCodes>)
     .Doc(R"doc(
 Hyperplane LSH codes from a dense Gaussian projection (YOSO appendix §1.2).
 x: [batch, length, dim]. projection: [dim, num_hashes * hash_code_len].
@@ -143,14 +87,7 @@ REGISTER_OP("YosoHadamardHashCodes")
     .Attr("hash_code_len: int >= 1")
     .Attr("interleaved: bool = false")
     .Attr("T: {float, half, bfloat16}")
-    .SetShapeFn([](InferenceContext* c) {
-      TF_RETURN_IF_ERROR(HashCodesShape(c));
-      ShapeHandle signs;
-      TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 3, &signs));
-      DimensionHandle unused;
-      TF_RETURN_IF_ERROR(c->WithValue(c->Dim(signs, 1), 3, &unused));
-      return absl::OkStatus();
-    })
+    .SetShapeFn(PrimitiveShape<HadamardHashCodes>)
     .Doc(R"doc(
 Hyperplane LSH codes from the fast Hadamard approximation (YOSO appendix §1.2).
 x: [batch, length, dim]. signs: [num_blocks, 3, padded_dim] of +-1, padded_dim a power
@@ -171,16 +108,13 @@ REGISTER_OP("YosoLshCumulation")
     .Attr("num_buckets: int")
     .Attr("causal: int = 0")
     .Attr("T: {float, half, bfloat16}")
-    .SetShapeFn([](InferenceContext* c) {
-      TF_RETURN_IF_ERROR(NumBucketsAttr(c));
-      TF_RETURN_IF_ERROR(CumulationShape(c, 1, {}, 2, 3, {4}, {}, 4));
-      return CausalAttr(c, 1, 3);
-    })
+    .SetShapeFn(PrimitiveShape<LshCumulation>)
     .Doc(R"doc(
 LSH cumulation (YOSO eq. 2 averaged over hashes):
 output[b,i] = qmask[b,i]/m * sum_h sum_j kmask[b,j] [qc[b,h,i] == kc[b,h,j]] value[b,j].
 causal: 0 sums over every key; 1 over keys j <= i; -1 over keys j >= i (causal != 0 needs
-num_queries == num_keys: query i and key i are position i). The GPU kernel takes causal = 0 only.
+num_queries == num_keys: query i and key i are position i). Which devices run which causal values:
+docs/gpu.md.
 )doc");
 
 REGISTER_OP("YosoLshCumulationStep")
@@ -193,26 +127,13 @@ REGISTER_OP("YosoLshCumulationStep")
     .Output("output: T")
     .Output("tables_out: float")
     .Attr("T: {float, half, bfloat16}")
-    .SetShapeFn([](InferenceContext* c) {
-      TF_RETURN_IF_ERROR(CumulationShape(c, 1, {}, 2, 3, {4}, {}, 4));
-      ShapeHandle tables;
-      TF_RETURN_IF_ERROR(c->WithRank(c->input(5), 4, &tables));
-      DimensionHandle merged;
-      TF_RETURN_IF_ERROR(c->Merge(c->Dim(tables, 0), c->Dim(c->input(1), 0), &merged));
-      TF_RETURN_IF_ERROR(c->Merge(c->Dim(tables, 1), c->Dim(c->input(1), 1), &merged));
-      TF_RETURN_IF_ERROR(c->Merge(c->Dim(tables, 3), c->Dim(c->input(4), 2), &merged));
-      const DimensionHandle num_buckets = c->Dim(tables, 2);
-      if (c->ValueKnown(num_buckets)) TF_RETURN_IF_ERROR(Invalid(CheckNumBuckets(c->Value(num_buckets))));
-      TF_RETURN_IF_ERROR(c->Merge(c->Dim(c->input(1), 2), c->Dim(c->input(3), 2), &merged));
-      c->set_output(1, tables);
-      return absl::OkStatus();
-    })
+    .SetShapeFn(PrimitiveShape<LshCumulationStep>)
     .Doc(R"doc(
 Decoding step of causal YOSO: T new positions over the bucket tables of the earlier ones.
 Per (b, h), in position order t, key t's value joins bucket kc[b,h,t] (when kept), then query t
 reads bucket qc[b,h,t]: output[b,t] = qmask[b,t]/m * sum_h tables_t[b,h,qc[b,h,t]].
 tables, tables_out: [batch, num_hashes, num_buckets, value_dim] float32 (tables_out: the tables
-with the new keys added). CPU kernel only.
+with the new keys added). Its GPU kernel is a Triton one (docs/gpu.md).
 )doc");
 
 REGISTER_OP("YosoWeightedLshCumulation")
@@ -227,12 +148,7 @@ REGISTER_OP("YosoWeightedLshCumulation")
     .Attr("num_buckets: int")
     .Attr("causal: int = 0")
     .Attr("T: {float, half, bfloat16}")
-    .SetShapeFn([](InferenceContext* c) {
-      TF_RETURN_IF_ERROR(NumBucketsAttr(c));
-      TF_RETURN_IF_ERROR(CumulationShape(c, 1, {2}, 3, 4, {5, 6}, {{2, 5}}, 6));
-      TF_RETURN_IF_ERROR(CausalAttr(c, 1, 4));
-      return BucketTable(c);
-    })
+    .SetShapeFn(PrimitiveShape<WeightedLshCumulation>)
     .Doc(R"doc(
 Weighted LSH cumulation: YosoLshCumulation with pair (i, j) weighted by
 <query_weight[b,i], key_weight[b,j]>; causal as in YosoLshCumulation.
@@ -252,19 +168,7 @@ REGISTER_OP("YosoLowerBoundGradients")
     .Attr("num_buckets: int")
     .Attr("causal: int = 0")
     .Attr("T: {float, half, bfloat16}")
-    .SetShapeFn([](InferenceContext* c) {
-      TF_RETURN_IF_ERROR(NumBucketsAttr(c));
-      // output_gradient [B, Nq, W] against value [B, Nk, W]; query [B, Nq, d] against key [B, Nk, d].
-      TF_RETURN_IF_ERROR(CumulationShape(c, 1, {2, 7}, 3, 4, {5, 6}, {{2, 5}, {6, 7}}, 2));
-      TF_RETURN_IF_ERROR(CausalAttr(c, 1, 4));
-      ShapeHandle key;
-      TF_RETURN_IF_ERROR(c->WithRank(c->input(5), 3, &key));
-      c->set_output(1, key);
-      const DimensionHandle value_dim = c->Dim(c->input(6), 2);
-      const DimensionHandle dim = c->Dim(c->input(2), 2);
-      if (!c->ValueKnown(value_dim) || !c->ValueKnown(dim)) return absl::OkStatus();
-      return Invalid(CheckBucketTable(c->Value(value_dim), c->Value(dim)));
-    })
+    .SetShapeFn(PrimitiveShape<LowerBoundGradients>)
     .Doc(R"doc(
 The eq. 4 lower-bound backward in one pass (unscaled): with s_ij = [qc == kc] <dY_i, V_j> over kept
 pairs, query_gradient_i = qmask_i/m sum_h sum_j s_ij K_j and key_gradient_j = kmask_j/m sum_h sum_i
@@ -284,10 +188,7 @@ REGISTER_OP("YosoCollisionCumulation")
     .Attr("hash_code_len: int >= 1")
     .Attr("epsilon: float")
     .Attr("T: {float, half, bfloat16}")
-    .SetShapeFn([](InferenceContext* c) {
-      TF_RETURN_IF_ERROR(CollisionAttrs(c));
-      return CumulationShape(c, 1, {2, 3}, 4, 5, {6, 7}, {{2, 6}, {3, 7}}, 6);
-    })
+    .SetShapeFn(PrimitiveShape<CollisionCumulation>)
     .Doc(R"doc(
 Collision estimator of the YOSO-E gradient (*YOSO, appendix eq. 2 on colliding pairs):
 output[b,i] = sum over keys j colliding with i in >= 1 hash (once each) of
