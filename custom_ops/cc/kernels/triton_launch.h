@@ -23,6 +23,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "yoso_common.h"
@@ -86,12 +87,16 @@ constexpr int64_t kPlanAlignment = 256;
 // Grid limits of a CUDA launch (y and z).
 constexpr int64_t kMaxGridYZ = 65535;
 
-// The variant `name` for `arch` (80 or 90), or nullptr.
+// The variant `name` for `arch` (80 or 90), or nullptr: a hash lookup in an index of kTritonVariants
+// built at the first call.
 inline const TritonVariant* FindTritonVariant(const std::string& name, int arch) {
-  for (const TritonVariant& v : kTritonVariants) {
-    if (v.arch == arch && name == v.name) return &v;
-  }
-  return nullptr;
+  static const auto* index = [] {
+    auto* by_name = new std::unordered_map<std::string, const TritonVariant*>;
+    for (const TritonVariant& v : kTritonVariants) by_name->emplace(std::to_string(v.arch) + v.name, &v);
+    return by_name;
+  }();
+  const auto found = index->find(std::to_string(arch) + name);
+  return found == index->end() ? nullptr : found->second;
 }
 
 // Integer constexpr `key` of a variant (-1 when it has none).

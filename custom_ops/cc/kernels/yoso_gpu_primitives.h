@@ -29,8 +29,12 @@
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
+#include <array>
 #include <cstddef>
+#include <cstring>
 #include <string>
+#include <vector>
 
 #include "triton_primitives.h"
 #include "yoso_gpu.h"
@@ -51,16 +55,61 @@ inline std::string CudaErrorText(cudaError_t status) {
   return std::string("CUDA error ") + cudaGetErrorName(status) + " (" + cudaGetErrorString(status) + ")";
 }
 
-// The workspace of P's Triton plan for dims d (0 where the Triton kernels cannot take the call).
+// P's Triton plan for a call (TritonPlanOf<P>::Plan), or nullptr and *error saying why there is none. Each
+// thread keeps its last kTritonPlansKept plans by what they depend on (dims, attributes, dtype, arch, options),
+// so a call's Check and WorkspaceBytes share one plan, and Run builds its own once per shape and device (a
+// training loop's calls repeat both): no plan is rebuilt, no variant looked up, per call. The pointer is valid
+// until this thread's next call.
+constexpr size_t kTritonPlansKept = 4;
+
 template <typename P>
-size_t TritonWorkspaceBytes(const typename P::Dims& d, const AttributeValue* a) {
-  TritonPlan plan;
-  const std::string error = TritonPlanOf<P>::Plan(d, ScalarType::kFloat32, a, 80, TritonOptions{}, &plan);
-  return error.empty() ? plan.workspace_bytes : 0;
+const TritonPlan* CachedTritonPlan(const typename P::Dims& d, ScalarType dtype, const AttributeValue* a, int arch,
+                                   const TritonOptions& options, std::string* error) {
+  static_assert(sizeof(d) % sizeof(int64_t) == 0, "the dims are int64 fields");
+  using Key = std::array<int64_t, sizeof(d) / sizeof(int64_t) + P::kAttributes.size() + 4>;
+  struct Kept {
+    Key key;
+    TritonPlan plan;
+    std::string error;
+  };
+  Key key{};
+  std::memcpy(key.data(), &d, sizeof(d));
+  size_t at = sizeof(d) / sizeof(int64_t);
+  for (size_t i = 0; i < P::kAttributes.size(); ++i) key[at++] = a[i].int_value;
+  key[at++] = static_cast<int64_t>(dtype), key[at++] = arch;
+  key[at++] = options.exact_fp32, key[at++] = options.deterministic;
+  thread_local std::vector<Kept> kept;  // the most recent last
+  auto found = std::find_if(kept.begin(), kept.end(), [&](const Kept& k) { return k.key == key; });
+  if (found == kept.end()) {
+    if (kept.size() == kTritonPlansKept) kept.erase(kept.begin());
+    kept.push_back(Kept{key, {}, ""});
+    found = kept.end() - 1;
+    found->error = TritonPlanOf<P>::Plan(d, dtype, a, arch, options, &found->plan);
+  }
+  *error = found->error;
+  return error->empty() ? &found->plan : nullptr;
 }
 
-// Runs P's Triton plan when the library embeds cubins for the stream's device and the plan takes
-// the call (*ran = true; "" or the driver's error); else *ran = false.
+// Check and WorkspaceBytes of P's Triton plan: the plan for sm_80 and float32 rows (its workspace is the same
+// for every arch and dtype: regions over the dims only) with the options of the calls made now.
+template <typename P>
+std::string CheckTriton(const typename P::Dims& d, const AttributeValue* a) {
+  std::string error;
+  CachedTritonPlan<P>(d, ScalarType::kFloat32, a, 80, TritonOptionsNow(), &error);
+  return error;
+}
+
+// 0 where the Triton kernels cannot take the call.
+template <typename P>
+size_t TritonWorkspaceBytes(const typename P::Dims& d, const AttributeValue* a) {
+  std::string error;
+  const TritonPlan* plan = CachedTritonPlan<P>(d, ScalarType::kFloat32, a, 80, TritonOptionsNow(), &error);
+  return plan == nullptr ? 0 : plan->workspace_bytes;
+}
+
+// Runs P's Triton plan when the library embeds cubins for the stream's device and the plan takes the call
+// (*ran = true; "" or the driver's error); else *ran = false and why not ("" when the library embeds no cubin
+// for the stream's device).
 template <typename P>
 std::string RunTriton(const typename P::Dims& d, ScalarType dtype, const AttributeValue* a, const TensorRef* in,
                       const TensorRef* out, void* workspace, size_t bytes, cudaStream_t stream, bool* ran) {
@@ -68,16 +117,18 @@ std::string RunTriton(const typename P::Dims& d, ScalarType dtype, const Attribu
   std::string error;
   const int arch = TritonArchOfStream(stream, &error);
   if (arch == 0) return error;
-  TritonPlan plan;
-  if (!TritonPlanOf<P>::Plan(d, dtype, a, arch, TritonOptionsNow(), &plan).empty() || plan.workspace_bytes > bytes) {
-    return "";
+  const TritonPlan* plan = CachedTritonPlan<P>(d, dtype, a, arch, TritonOptionsNow(), &error);
+  if (plan == nullptr) return error;
+  if (plan->workspace_bytes > bytes) {
+    return "the Triton plan needs " + std::to_string(plan->workspace_bytes) + " bytes of workspace, got " +
+           std::to_string(bytes);
   }
   void* inputs[P::kInputs.size()];
   void* outputs[P::kOutputs.size()];
   for (size_t i = 0; i < P::kInputs.size(); ++i) inputs[i] = in[i].data;
   for (size_t i = 0; i < P::kOutputs.size(); ++i) outputs[i] = out[i].data;
   *ran = true;
-  return RunTritonPlan(plan, inputs, outputs, workspace, stream);
+  return RunTritonPlan(*plan, inputs, outputs, workspace, stream);
 }
 
 // What a primitive without a device limit or scratch declares.
@@ -127,8 +178,7 @@ struct GpuRun<LshCumulation> : GpuRunDefaults {
              " without the Triton kernels, which this native library does not embed (KERAS_YOSO_TRITON_CUBINS, "
              "docs/build.md)";
     }
-    TritonPlan plan;
-    return TritonPlanOf<LshCumulation>::Plan(d, ScalarType::kFloat32, a, 80, TritonOptions{}, &plan);
+    return CheckTriton<LshCumulation>(d, a);
   }
   static size_t WorkspaceBytes(const CumulationDims& d, const AttributeValue* a) {
     const size_t cuda = LshCumulationWorkspaceBytes(d), triton = TritonWorkspaceBytes<LshCumulation>(d, a);
@@ -140,9 +190,9 @@ struct GpuRun<LshCumulation> : GpuRunDefaults {
     const std::string error = RunTriton<LshCumulation>(d, dtype, a, in, out, workspace, bytes, stream, &ran);
     if (ran) return error;
     if (a[1].int_value != 0) {
-      return std::string(LshCumulation::kName) + " with causal != 0 runs the Triton kernels only, and no embedded "
-             "cubin runs on this GPU (they are built for sm_80 (8.x) and sm_90a (9.0))" +
-             (error.empty() ? "" : ": " + error);
+      return std::string(LshCumulation::kName) + " with causal != 0 runs the Triton kernels only, which did not run: " +
+             (error.empty() ? "no embedded cubin runs on this GPU (they are built for sm_80 (8.x) and sm_90a (9.0))"
+                            : error);
     }
     return CudaErrorText(LshCumulationGpu(d, dtype, In<float>(in[0]), In<int32_t>(in[1]), In<float>(in[2]),
                                           In<int32_t>(in[3]), in[4].data, out[0].data, workspace, bytes, stream));
@@ -162,8 +212,7 @@ struct TritonOnlyGpuRun : GpuRunDefaults {
              " runs on the GPU through the Triton kernels, and this native library embeds none (build it with "
              "KERAS_YOSO_TRITON_CUBINS, docs/build.md)";
     }
-    TritonPlan plan;
-    return TritonPlanOf<P>::Plan(d, ScalarType::kFloat32, a, 80, TritonOptions{}, &plan);
+    return CheckTriton<P>(d, a);
   }
   static size_t WorkspaceBytes(const CumulationDims& d, const AttributeValue* a) {
     return TritonWorkspaceBytes<P>(d, a);
