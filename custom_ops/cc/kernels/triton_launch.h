@@ -178,6 +178,16 @@ class Builder {
   std::string* error_;
 };
 
+// The hash launches of a kernel that adds each hash's share into fp32 accumulators: launch(rows, h) once
+// with (B * m, -1) (every hash in one launch, the hashes meeting in relaxed atomics), or in the
+// deterministic mode once per hash h with (B, h), in hash order (each row added by its one program with
+// plain loads and stores, the hashes in a fixed order: bitwise reproducible).
+template <typename LaunchHash>
+void ForEachHashLaunch(const CumulationDims& d, bool deterministic, LaunchHash launch) {
+  if (!deterministic) return launch(d.batch * d.num_hashes, int64_t{-1});
+  for (int64_t h = 0; h < d.num_hashes; ++h) launch(d.batch, h);
+}
+
 inline PlanArg In(int64_t i) { return {PlanArg::kInput, i}; }
 inline PlanArg Out(int64_t i) { return {PlanArg::kOutput, i}; }
 inline PlanArg Ws(int64_t offset) { return {PlanArg::kWorkspace, offset}; }
@@ -249,12 +259,11 @@ inline std::string PlanLshCumulation(const CumulationDims& d, ScalarType dtype, 
     SortLaunch(&b, d, tau, 3, 2, length, k_offsets, k_perm);
     const std::string scan = "causal_scan_kernel_" + std::string(DtypeName(dtype)) + (width % 16 == 0 ? "_a16" : "") +
                              (causal > 0 ? "_causal" : "_anticausal") + (options.deterministic ? "_det" : "");
-    for (int64_t h = options.deterministic ? 0 : -1; h < (options.deterministic ? d.num_hashes : 0); ++h) {
-      b.Launch(scan, options.deterministic ? d.batch : bm, CeilDiv(nb, b.Tile(scan, "BUCKETS")),
-               CeilDiv(width, b.Tile(scan, "BLOCK_D")),
+    ForEachHashLaunch(d, options.deterministic, [&](int64_t rows, int64_t h) {
+      b.Launch(scan, rows, CeilDiv(nb, b.Tile(scan, "BUCKETS")), CeilDiv(width, b.Tile(scan, "BLOCK_D")),
                {In(4), Ws(q_offsets), Ws(q_perm), Ws(k_offsets), Ws(k_perm), Ws(acc), I32(d.num_hashes), I32(length),
                 I32(width), I32(nb), I32(h)});
-    }
+    });
     const std::string finalize = std::string("finalize_rows_kernel_") + DtypeName(dtype);
     const int64_t elements = d.batch * length * width;
     b.Launch(finalize, CeilDiv(elements, b.Tile(finalize, "BLOCK")), 1, 1,
@@ -327,9 +336,7 @@ inline std::string PlanLowerBoundGradients(const CumulationDims& d, ScalarType d
     }
     const std::string pairs = "lower_bound_pairs_kernel_" + variant, tables = "lower_bound_tables_kernel_" + variant;
     const int64_t block_q = b.Tile(pairs, "BLOCK_Q"), groups = CeilDiv(nb, b.Tile(tables, "BUCKETS"));
-    // hash -1: every hash in one launch (grid B * m); h: hash h alone (grid B), the deterministic mode.
-    for (int64_t h = options.deterministic ? 0 : -1; h < (options.deterministic ? d.num_hashes : 0); ++h) {
-      const int64_t rows = options.deterministic ? d.batch : bm;
+    ForEachHashLaunch(d, options.deterministic, [&](int64_t rows, int64_t h) {
       b.Launch(pairs, rows, CeilDiv(d.num_queries, block_q), 1,
                {In(2), In(5), In(6), In(7), In(1), In(4), Ws(q_offsets), Ws(q_perm), Ws(k_offsets), Ws(k_perm),
                 Ws(dq_acc), Ws(dk_acc), I32(d.num_hashes), I32(d.num_queries), I32(d.num_keys), I32(dim),
@@ -344,7 +351,7 @@ inline std::string PlanLowerBoundGradients(const CumulationDims& d, ScalarType d
                {In(2), In(5), In(6), In(7), Ws(q_offsets), Ws(q_perm), Ws(k_offsets), Ws(k_perm), Ws(dq_acc),
                 Ws(dk_acc), I32(d.num_hashes), I32(d.num_queries), I32(d.num_keys), I32(dim), I32(width), I32(nb),
                 I32(h)});
-    }
+    });
   }
   const std::string finalize = std::string("finalize_rows_kernel_") + DtypeName(dtype);
   const float scale = 1.0f / static_cast<float>(d.num_hashes);
