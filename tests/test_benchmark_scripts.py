@@ -202,6 +202,22 @@ def test_gpu_report_renders_the_recorded_gpu_run():
     assert "| 16,384 | bfloat16 | uniform |" in proc.stdout
 
 
+def test_quality_gpu_scale_dry_run_checks_every_stage_and_trains_the_first_at_a_tiny_size(tmp_path):
+    """benchmarks/quality/gpu_scale.py (issue 43, item 7), prepared for a GPU machine: every stage's command
+    line passes run.py's checks, and the first stage trains end to end at a tiny size on this backend, its
+    records written before the summary. About 30 s of CPU time."""
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", MPLBACKEND="Agg")
+    proc = subprocess.run([sys.executable, os.path.join("benchmarks", "quality", "gpu_scale.py"), "--dry-run",
+                           "--out", str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=300, env=env)
+    _assert_wrote(proc, tmp_path, "environment.json", "summary.json", "mqar_512_64_width64.json")
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    stage, = summary["stages"]
+    assert stage["status"] == "done", stage["output_tail"]
+    assert {r["attention"] for r in stage["records"]} == {"none", "yoso", "softmax"}
+    assert all(r["steps_done"] == 2 and r["length"] == 24 for r in stage["records"])
+    assert "mqar_512_64_width64      yoso" in proc.stdout
+
+
 def test_benchmark_scripts_import_without_editing_sys_path():
     # Python puts a script's own folder on sys.path; modules of other folders are loaded by path
     # (tests/gpu/harness_library.py) or imported by a process of their own (examples/).
