@@ -90,16 +90,17 @@ def parse_args(argv):
 # ---------------------------------------------------------------------------------------------- texts
 
 
-def imdb_token_ids(args, lengths):
-    """{length: [texts, length] int32}: IMDB test reviews as [CLS] wordpieces [SEP]. A text of the shortest
-    length is one review with at least that many wordpieces (cut); a longer one joins consecutive reviews
-    (by a space) from a random one until it has them (cut). Also the review indices used."""
+def imdb_token_ids(args, lengths, split="test"):
+    """{length: [texts, length] int32}: IMDB reviews of `split` ("test": test.jsonl.gz, "train") as [CLS]
+    wordpieces [SEP]. A text of the shortest length is one review with at least that many wordpieces (cut);
+    a longer one joins consecutive reviews (by a space) from a random one until it has them (cut). Also the
+    review indices used."""
     import tokenizers
 
     tokenizer = tokenizers.Tokenizer.from_file(os.path.join(args.pretrained, "tokenizer.json"))
     tokenizer.no_truncation()
     tokenizer.no_padding()
-    with gzip.open(os.path.join(args.data_dir, "test.jsonl.gz"), "rt", encoding="utf-8") as f:
+    with gzip.open(os.path.join(args.data_dir, f"{split}.jsonl.gz"), "rt", encoding="utf-8") as f:
         reviews = [json.loads(line)["text"] for line in f]
     cls, sep = tokenizer.token_to_id("[CLS]"), tokenizer.token_to_id("[SEP]")
     order = np.random.default_rng(args.seed).permutation(len(reviews))

@@ -6,7 +6,8 @@ cannot be loaded. On JAX and PyTorch the ops run the same native library's CPU k
 torch.library) where it is built, else the composite; TensorFlow need not be installed.
 `keras_yoso.distribution.SequenceParallel` splits long sequences over devices (JAX).
 `keras_yoso.replace_attention` gives an existing model (Functional, Sequential, keras-hub) keras_yoso
-attention with its trained weights.
+attention with its trained weights, and `keras_yoso.calibrate` fits its YOSO layers' tau and per-head
+output scale to the softmax layers they replaced, with no training.
 """
 
 import keras
@@ -16,6 +17,7 @@ from keras_yoso import distribution
 from keras_yoso import layers
 from keras_yoso import models
 from keras_yoso import ops
+from keras_yoso.calibration import calibrate
 from keras_yoso.conversion import replace_attention
 from keras_yoso.layers import LinearRelativeAttention
 from keras_yoso.layers import TransformerEncoderBlock
@@ -40,6 +42,7 @@ def export_portable(model, filepath, **kwargs):
         return model.export(filepath, **kwargs)
 
 
-__all__ = ["LinearRelativeAttention", "TransformerEncoderBlock", "YosoAttention", "check_token_ids", "distribution",
+__all__ = ["LinearRelativeAttention", "TransformerEncoderBlock", "YosoAttention", "calibrate", "check_token_ids",
+           "distribution",
            "export_portable", "layers", "models", "ops",
            "replace_attention", "show_config"]

@@ -4,7 +4,11 @@ Paper: Zeng et al., "You Only Sample (Almost) Once: Linear Cost Self-Attention V
 Sampling", ICML 2021.
 """
 
+import math
+import numbers
+
 import keras
+import numpy as np
 from keras import ops
 
 from keras_yoso import _validation
@@ -166,6 +170,12 @@ class YosoAttention(MultiHeadAttentionBase):
         causal: The default of `use_causal_mask`: True makes every call causal
             unless it passes use_causal_mask=False (as LinearRelativeAttention's
             `causal`). Calls with a `cache` are causal either way.
+        output_scale: None (default: no scale, the layer as before) or
+            `num_heads` finite floats s_h: head h's N-YOSO output (unit norm
+            per query) is multiplied by s_h, before YOSO-C's convolution and
+            the output projection. `keras_yoso.calibrate` fits it (least
+            squares against the softmax layer a model was converted from);
+            kept in `get_config` as a list.
 
     Call arguments:
         query: Query tensor of shape `(B, T, dim)`.
@@ -217,6 +227,7 @@ class YosoAttention(MultiHeadAttentionBase):
         hash_method=_validation.DEFAULT_HASH_METHOD,
         implementation="auto",
         causal=False,
+        output_scale=None,
         **kwargs,
     ):
         self._causal = _validation.boolean(causal, "causal", layer=True)
@@ -237,6 +248,10 @@ class YosoAttention(MultiHeadAttentionBase):
         self.supports_jit = self._use_expectation or yoso_ops.supports_jit(self._implementation)
         self._training_seeds = keras.random.SeedGenerator(self.seed)
         self._hash_functions = None  # the inference hash functions, a weight once built
+        self._output_scale = _output_scale(output_scale)  # its length is checked when the layer is built
+        # keras_yoso.calibrate's view of the heads: a function called by _attend with the N-YOSO output
+        # `[B, T, heads, value_dim]` before the output scale and the query mask `[B, T]`; None otherwise.
+        self._head_recorder = None
 
     @property
     def num_hashes(self):
@@ -273,6 +288,11 @@ class YosoAttention(MultiHeadAttentionBase):
         """The hash family of the layer: one of `keras_yoso._validation.HASH_METHODS`."""
         return self._hash_method
 
+    @property
+    def output_scale(self):
+        """None, or the per-head factors `(num_heads,)` of the N-YOSO output (`keras_yoso.calibrate`)."""
+        return self._output_scale
+
     def get_config(self):
         config = {
             "num_hashes": self._num_hashes,
@@ -283,6 +303,7 @@ class YosoAttention(MultiHeadAttentionBase):
             "hash_method": self._hash_method,
             "implementation": self._implementation,
             "causal": self._causal,
+            "output_scale": None if self._output_scale is None else list(self._output_scale),
         }
         return {**super().get_config(), **config}
 
@@ -299,7 +320,13 @@ class YosoAttention(MultiHeadAttentionBase):
 
     def _build_attention(self, query_shape, value_shape):
         """Creates the YOSO-C filters and the inference hash functions (a non-trainable weight drawn from
-        `seed`, so that the weights carry them)."""
+        `seed`, so that the weights carry them). Checks that `output_scale` has one factor per head: the
+        length is checked here, not in the constructor, so that `attention_kwargs` (checked on a layer of
+        one head) may carry a scale for the layers they build."""
+        if self._output_scale is not None and len(self._output_scale) != self._num_heads:
+            raise ValueError(f"Received an invalid value for argument `output_scale`: expected None or "
+                             f"num_heads = {self._num_heads} factors, one per head. Received "
+                             f"{len(self._output_scale)}: output_scale={list(self._output_scale)!r}")
         self._hash_functions = None
         if not self._use_expectation:
             def draw(shape=None, dtype=None):  # called where Keras creates variables (eagerly, out of any trace)
@@ -398,9 +425,18 @@ class YosoAttention(MultiHeadAttentionBase):
                                            causal=causal)
         out = l2_normalize(out)  # N-YOSO; all-zero rows stay zero
         out = unflatten_heads(out, ops.shape(query_heads)[0], self._num_heads)  # [B, T, heads, value_dim]
+        if self._head_recorder is not None:
+            self._head_recorder(out, query_mask)
+        out = self._scaled(out)
         if self._conv_window is not None:
             out = out + self._depthwise_conv(value_heads, key_mask, causal=causal)
         return out, None
+
+    def _scaled(self, heads):
+        """`heads` `[B, T, num_heads, value_dim]` times the output scale of each head (unchanged without one)."""
+        if self._output_scale is None:
+            return heads
+        return heads * ops.convert_to_tensor(np.asarray(self._output_scale, np.float32)[None, None, :, None])
 
     # ------------------------------------------------------------------ incremental decoding
 
@@ -444,7 +480,7 @@ class YosoAttention(MultiHeadAttentionBase):
         out, tables = yoso_ops.lsh_cumulation_step(query_codes, key_codes, flatten_heads(value_heads),
                                                    cache["tables"], q_mask, k_mask,
                                                         implementation=self._implementation)
-        out = unflatten_heads(l2_normalize(out), batch, heads)
+        out = self._scaled(unflatten_heads(l2_normalize(out), batch, heads))
         new_cache = {"tables": tables}
         if "values" not in cache:
             if self._conv_window is not None:
@@ -483,3 +519,16 @@ class YosoAttention(MultiHeadAttentionBase):
         if causal:
             scores = ops.where(ops.tril(ops.ones(shape[2:], "bool")), scores, 0.0)
         return scores
+
+
+def _output_scale(value):
+    """`output_scale` as a non-empty tuple of finite floats, or None; ValueError naming the argument otherwise."""
+    if value is None:
+        return None
+    values = value.tolist() if isinstance(value, np.ndarray) else value
+    if (isinstance(values, (list, tuple)) and values
+            and all(isinstance(v, numbers.Real) and not isinstance(v, (bool, np.bool_)) and math.isfinite(v)
+                    for v in values)):
+        return tuple(float(v) for v in values)
+    raise ValueError("Received an invalid value for argument `output_scale`: expected None or a list of num_heads "
+                     f"finite floats (one factor per head). Received: output_scale={value!r}")
