@@ -12,30 +12,43 @@ protocol says of it:
 Every table of these records chose its rate on the test split (no validation split was recorded),
 which the protocol forbids; docs/quality.md says so above them.
 
-    python benchmarks/quality/report.py [docs/data/quality_*.json ...]     # prints every table
+The protocol's tables (`render_protocol`) come from the records of benchmarks/quality/protocol.py
+(docs/data/quality_protocol_*.json), one per cell: per attention the seed-0 validation accuracy at
+every rate tried, the rate chosen on it and whether it is interior, the test accuracy's mean [min,
+max] over the seeds at that rate that did not fail, and the failed runs by name (protocol.summarize
+derives each row; run.judge judged each run when it ran), above them the commands, machine and dates.
 
-docs/quality.md holds each table between `<!-- quality-table: KEY -->` and `<!-- /quality-table -->`;
-tests/test_quality_records.py fails when a published table differs from what this renders.
+    python benchmarks/quality/report.py [docs/data/quality_*.json ...]     # prints every table
+    python benchmarks/quality/report.py --protocol [docs/data/quality_protocol_*.json ...]
+
+docs/quality.md holds each table between `<!-- quality-table: KEY -->` (protocol tables:
+`<!-- quality-protocol-table: KEY -->`) and `<!-- /quality-table -->`; tests/test_quality_records.py
+fails when a published table differs from what this renders.
 """
 
+import glob
 import importlib.util
 import math
 import os
+import shlex
 import sys
 
 
-def _plot_module():
-    """plot.py beside this file (benchmarks/ is not a package: loaded by path, sys.path untouched)."""
-    spec = importlib.util.spec_from_file_location("quality_plot", os.path.join(os.path.dirname(__file__), "plot.py"))
+def _module(name):
+    """A module beside this file (benchmarks/ is not a package: loaded by path under a private name)."""
+    spec = importlib.util.spec_from_file_location(f"quality_{name}", os.path.join(os.path.dirname(__file__),
+                                                                                   f"{name}.py"))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
-plot = _plot_module()
+plot = _module("plot")
+protocol = _module("protocol")
 
 DATA = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "docs", "data")
 DEFAULT_FILES = ("quality_mqar_2026-11-25.json", "quality_2026-11-26.json")
+PROTOCOL_FILES = "quality_protocol_*.json"
 
 
 def uniform_loss(record):
@@ -110,13 +123,86 @@ def render(records, key):
     return "\n".join(lines)
 
 
+def _failed_run(record):
+    """A failed run, named: "lr 0.03 seed 0 diverged (step 53)" or "... learned nothing"."""
+    what = ("diverged" + (f" (step {record['diverged']['step']})" if record.get("diverged") else "")
+            if record["status"] == "diverged" else "learned nothing")
+    return f"lr {record['lr']:g} seed {record['seed']} {what}"
+
+
+def _provenance(cell):
+    """The lines above a protocol table: dates, machine and its load, backend, commands."""
+    dates = sorted(r["date"] for r in cell)
+    machine = cell[0]["machine"]
+    notes = sorted({r["protocol"]["machine_note"] for r in cell})
+    commands = []
+    for record in cell:
+        command = shlex.join(record["command"])
+        if command not in commands:
+            commands.append(command)
+    first = cell[0]
+    return [f"Runs {dates[0]} to {dates[-1]} (UTC), Keras {first['keras_backend']} {first['backend_version']}, "
+            f"{machine['cpu_model'] or machine['processor']} ({machine['cpu_count']} CPUs); the machine: "
+            f"{'; '.join(notes)}. Grid {', '.join(f'{lr:g}' for lr in first['protocol']['grid'])}, "
+            f"extended by x{first['protocol']['extend_factor']:g} at most {first['protocol']['max_extensions']} times; "
+            f"{first['validation_size']:,} validation and {first['test_size']:,} test sequences. Commands:", ""]\
+        + [f"    python {command}" for command in commands] + [""]
+
+
+def render_protocol(records, key):
+    """The protocol table of cell `key` (cell_key) with its provenance lines above it."""
+    cell = [r for r in records if cell_key(r) == key]
+    if not cell:
+        raise KeyError(f"no protocol record of the cell {key!r}")
+    lrs = sorted({r["lr"] for r in cell})
+    configs = {}
+    for record in cell:
+        configs.setdefault(plot.config_key(record), []).append(record)
+    rows = [(runs[0], protocol.summarize(runs)) for runs in configs.values()]
+    rows.sort(key=lambda row: (row[0]["status"] == "floor", row[1]["test_mean"] is None, -(row[1]["test_mean"] or 0)))
+    lines = _provenance(cell) + [
+        "| attention | state bytes / layer | " + " | ".join(f"validation, lr {lr:g}" for lr in lrs)
+        + " | chosen lr | interior | test accuracy mean [min, max] (seeds kept of run) | failed runs |",
+        "| --- | ---: | " + " | ".join("---:" for _ in lrs) + " | ---: | --- | ---: | --- |"]
+    for first, row in rows:
+        seed0 = {r["lr"]: r for r in configs[plot.config_key(first)] if r["seed"] == protocol.SEEDS[0]}
+        scores = []
+        for lr in lrs:
+            run = seed0.get(lr)
+            scores.append("—" if run is None else ("failed" if protocol.failed(run) else
+                                                    f"{run['validation_accuracy']:.3f}"))
+        if row["chosen_lr"] is None:
+            chosen, interior, result = "none", "—", "every rate failed"
+        else:
+            chosen = f"{row['chosen_lr']:g}"
+            interior = "yes" if row["interior"] else f"no: at the edge after {row['extensions']} extension(s)"
+            result = (f"{row['test_mean']:.3f} [{row['test_min']:.3f}, {row['test_max']:.3f}] "
+                      f"({row['seeds_kept']} of {row['seeds_run']})" if row["seeds_kept"] else
+                      f"every seed failed (0 of {row['seeds_run']})")
+        label = first["label"] + (" (the floor)" if first["status"] == "floor" else "")
+        state = first.get("state_bytes_per_layer")
+        lines.append(f"| {label} | {'—' if state is None else f'{state:,}'} | " + " | ".join(scores)
+                     + f" | {chosen} | {interior} | {result} | "
+                     + ("; ".join(_failed_run(r) for r in row["failed"]) or "none") + " |")
+    return "\n".join(lines)
+
+
 def load(paths=None):
     paths = paths or [os.path.join(DATA, name) for name in DEFAULT_FILES]
     return plot.load(paths)
 
 
+def load_protocol(paths=None):
+    return plot.load(paths or sorted(glob.glob(os.path.join(DATA, PROTOCOL_FILES))))
+
+
 def main(argv=None):
-    argv = sys.argv[1:] if argv is None else argv
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["--protocol"]:
+        records = load_protocol(argv[1:] or None)
+        for key in sorted({cell_key(r) for r in records}):
+            print(f"<!-- quality-protocol-table: {key} -->\n{render_protocol(records, key)}\n<!-- /quality-table -->\n")
+        return
     records = load(argv or None)
     for key in sorted({cell_key(r) for r in records}):
         print(f"<!-- quality-table: {key} -->\n{render(records, key)}\n<!-- /quality-table -->\n")

@@ -10,8 +10,10 @@ For every attention, learning rate and seed it trains a fresh model (models.py),
 task's fixed test set, prints one table row, and appends one record to <out>/results.json (a JSON list:
 every argument, the metrics, Keras backend, date, machine). At the end it prints the best learning rate
 of each attention (highest mean test accuracy over seeds; lowest bits per byte for lm -- chosen on the
-test set, as Zoology reports the best of its learning-rate sweep) and draws <out>/<task>.png from all
-the records in <out>/results.json (plot.py).
+test set, as Zoology reports the best of its learning-rate sweep: a quick look, not a published table)
+and draws <out>/<task>.png from all the records in <out>/results.json (plot.py). Published tables follow
+the protocol instead: protocol.py drives this harness, chooses each rate on the validation split and
+runs 3 seeds at it.
 
 Tasks (tasks.py): mqar (multi-query associative recall, Zoology), listops, tags, imdb (bidirectional
 classification, LRA classifier), lm (byte-level causal LM on IMDB text, bits per byte).
@@ -22,10 +24,14 @@ Training: Adam (no weight decay), learning rate warming up linearly over --warmu
 from 0 to --lr, then cosine decay to 0 (keras.optimizers.schedules.CosineDecay). One `train_on_batch` per
 step, compiled with XLA where every layer allows it (jit_compile="auto": YosoAttention with the native
 kernels does on JAX). mqar draws a fresh batch every step from a NumPy generator seeded by --seed; its
-test set (--test-size sequences) is drawn from a separate fixed seed. The classification and lm data are
-fixed (tasks.py); --seed changes weights, batch order and hashing.
+test set (--test-size sequences) is drawn from a separate fixed seed, and its validation set
+(--validation-size sequences, default as many) from a third, without any test sequence; no training
+batch holds a validation or test sequence (tasks.mqar_batch_excluding: a batch without one is drawn
+exactly as before). The classification and lm data are fixed (tasks.py; no validation split yet);
+--seed changes weights, batch order and hashing.
 
-Measurements: accuracy and loss on the test set (mqar: at the query positions only; lm: next-byte
+Measurements: accuracy and loss on the test set, and on the validation set where there is one
+("validation_accuracy", "validation_loss"; mqar: at the query positions only; lm: next-byte
 accuracy, loss in nats and bits per byte = loss / ln 2); seconds per step: the median wall time of the
 training steps after the first 3 and after the first step of each new input shape (those compile);
 peak RSS: the process's peak resident memory during the run (Linux: reset before each run by writing 5
@@ -71,16 +77,20 @@ CAUSAL_TASKS = ("mqar", "lm")
 # the lower one and YOSO's the higher one or the reverse; at 1e-3 alone YOSO stayed at chance on tags.
 CLASSIFICATION_LR = [3e-3, 1e-2]
 TASK_DEFAULTS = {
-    "mqar": dict(length=256, steps=1000, batch_size=64, train_size=None, test_size=1000, dropout=0.0, lr=[3e-3, 1e-2]),
-    "listops": dict(length=1000, steps=500, batch_size=32, train_size=10000, test_size=1000, dropout=0.1,
-                    lr=CLASSIFICATION_LR),
-    "tags": dict(length=512, steps=500, batch_size=32, train_size=4000, test_size=1000, dropout=0.1,
-                 lr=CLASSIFICATION_LR),
-    "imdb": dict(length=2048, steps=500, batch_size=32, train_size=25000, test_size=1000, dropout=0.1,
-                 lr=CLASSIFICATION_LR),
-    "lm": dict(length=1024, steps=500, batch_size=8, train_size=None, test_size=64, dropout=0.0, lr=[1e-3, 3e-3]),
+    "mqar": dict(length=256, steps=1000, batch_size=64, train_size=None, test_size=1000, validation_size=None,
+                 dropout=0.0, lr=[3e-3, 1e-2]),
+    "listops": dict(length=1000, steps=500, batch_size=32, train_size=10000, test_size=1000, validation_size=0,
+                    dropout=0.1, lr=CLASSIFICATION_LR),
+    "tags": dict(length=512, steps=500, batch_size=32, train_size=4000, test_size=1000, validation_size=0,
+                 dropout=0.1, lr=CLASSIFICATION_LR),
+    "imdb": dict(length=2048, steps=500, batch_size=32, train_size=25000, test_size=1000, validation_size=0,
+                 dropout=0.1, lr=CLASSIFICATION_LR),
+    "lm": dict(length=1024, steps=500, batch_size=8, train_size=None, test_size=64, validation_size=0, dropout=0.0,
+               lr=[1e-3, 3e-3]),
 }
 MQAR_TEST_SEED = 12345  # the mqar test set is the same for every training seed
+MQAR_VALIDATION_SEED = 67890  # so is its validation set (its own stream; never a test sequence)
+VALIDATION_TASKS = ("mqar",)  # the tasks with a validation split (--validation-size)
 UNTIMED_STEPS = 3
 
 
@@ -118,6 +128,10 @@ def build_parser():
                        help="training examples (listops 10000, tags 4000, imdb 25000; mqar/lm sample fresh)")
     model.add_argument("--test-size", type=int, default=None,
                        help="test examples: mqar 1000 sequences, listops/tags/imdb 1000, lm 64 windows")
+    model.add_argument("--validation-size", type=int, default=None,
+                       help="validation examples, each run scored on them too (mqar only: sequences from their "
+                            "own seed stream, never a test or training sequence; 0: none). Default: mqar "
+                            "--test-size, else 0")
     train = parser.add_argument_group("training")
     train.add_argument("--steps", type=int, default=None, help="Default: mqar 1000, lm and classification 500")
     train.add_argument("--batch-size", type=int, default=None, help="Default: mqar 64, classification 32, lm 8")
@@ -144,6 +158,13 @@ def parse_args(argv=None):
     for key, value in TASK_DEFAULTS[args.task].items():
         if getattr(args, key) is None:
             setattr(args, key, copy.copy(value))  # a list default is shared between tasks
+    if args.validation_size is None:
+        args.validation_size = args.test_size
+    if args.validation_size < 0:
+        parser.error(f"--validation-size must be >= 0, got {args.validation_size}")
+    if args.validation_size and args.task not in VALIDATION_TASKS:
+        parser.error(f"--validation-size: --task {args.task} has no validation split yet (only "
+                     f"{', '.join(VALIDATION_TASKS)}), got {args.validation_size}")
     args.ffn_dim = args.ffn_dim or 2 * args.width
     args.eval_batch_size = args.eval_batch_size or args.batch_size
     args.log_every = args.log_every or max(1, args.steps // 10)
@@ -264,6 +285,11 @@ def warmup_steps(args):
     return min(args.steps - 1, max(1, round(args.warmup_fraction * args.steps))) if args.steps > 1 else 0
 
 
+def has_validation(args):
+    """Whether runs of `args` are scored on a validation split too (VALIDATION_TASKS, --validation-size > 0)."""
+    return args.task in VALIDATION_TASKS and bool(args.validation_size)
+
+
 def cell_fields(args, lr, seed):
     """The fields of a record that define its experiment but for the attention: runs with the same ones
     are judged against the same model with no attention."""
@@ -295,7 +321,8 @@ def compile_model(model, args, lr):
 
 
 def task_setup(args, name, kwargs, seed):
-    """(model, batch(step) -> (x, y), evaluate() -> dict, data description) of --task."""
+    """(model, batch(step) -> (x, y), evaluate(split) -> dict, data description) of --task; split is "test",
+    or "validation" where the task has a validation split (VALIDATION_TASKS, args.validation_size > 0)."""
     import numpy as np
 
     import models
@@ -304,18 +331,26 @@ def task_setup(args, name, kwargs, seed):
     if args.task == "mqar":
         model = models.build_causal_model(args, name, kwargs, args.vocab, args.length, args.pairs)
         rng = np.random.default_rng(seed)
-        tokens, positions, targets = tasks.mqar_batch(np.random.default_rng(MQAR_TEST_SEED), args.test_size,
-                                                      args.length, args.pairs, args.vocab)
+        shape = (args.length, args.pairs, args.vocab)
+        test = tasks.mqar_batch(np.random.default_rng(MQAR_TEST_SEED), args.test_size, *shape)
+        held_out = tasks.sequence_set(test[0])
+        validation = None
+        if args.validation_size:
+            validation = tasks.mqar_batch_excluding(np.random.default_rng(MQAR_VALIDATION_SEED), args.validation_size,
+                                                    *shape, excluded=held_out)
+            held_out |= tasks.sequence_set(validation[0])
 
         def batch(step):
-            t, p, y = tasks.mqar_batch(rng, args.batch_size, args.length, args.pairs, args.vocab)
+            t, p, y = tasks.mqar_batch_excluding(rng, args.batch_size, *shape, excluded=held_out)
             return [t, p], y
 
-        def evaluate():
+        def evaluate(split):
+            tokens, positions, targets = test if split == "test" else validation
             return model.evaluate([tokens, positions], targets, batch_size=args.eval_batch_size, verbose=0,
                                   return_dict=True)
 
-        return model, batch, evaluate, f"MQAR, vocab {args.vocab}, fresh batches, {args.test_size} test sequences"
+        return model, batch, evaluate, (f"MQAR, vocab {args.vocab}, fresh batches (never a held-out sequence), "
+                                        f"{args.validation_size or 0} validation and {args.test_size} test sequences")
     if args.task == "lm":
         train, test = tasks.imdb_bytes("train"), tasks.imdb_bytes("test")
         model = models.build_causal_model(args, name, kwargs, 256, args.length, None)
@@ -325,7 +360,7 @@ def task_setup(args, name, kwargs, seed):
         def batch(step):
             return tasks.lm_batch(rng, train, args.batch_size, args.length)
 
-        def evaluate():
+        def evaluate(split):
             logs = model.evaluate(test_x, test_y, batch_size=args.eval_batch_size, verbose=0, return_dict=True)
             return {**logs, "bits_per_byte": logs["loss"] / math.log(2)}
 
@@ -338,7 +373,7 @@ def task_setup(args, name, kwargs, seed):
     train = Batches(data.train_ids, data.train_labels, args.batch_size, args.length, seed=seed, num_steps=args.steps)
     test = Batches(data.test_ids, data.test_labels, args.eval_batch_size, args.length)
 
-    def evaluate():
+    def evaluate(split):
         return model.evaluate(test, verbose=0, return_dict=True)
 
     return model, train.__getitem__, evaluate, (f"{data.description}: {len(data.train_ids)} train / "
@@ -383,7 +418,8 @@ def run_one(args, name, kwargs, lr, seed, label, command):
             interval = []
     train_seconds = time.perf_counter() - start
     begin = time.perf_counter()
-    metrics = evaluate()
+    metrics = evaluate("test")
+    validation = evaluate("validation") if has_validation(args) else None
     eval_seconds = time.perf_counter() - begin
     key_dim = args.width // args.heads
     backend = keras.backend.backend()
@@ -407,6 +443,9 @@ def run_one(args, name, kwargs, lr, seed, label, command):
     }
     if "bits_per_byte" in metrics:
         record["bits_per_byte"] = float(metrics["bits_per_byte"])
+    record["validation_size"] = args.validation_size if validation is not None else None
+    record["validation_accuracy"] = None if validation is None else float(validation["accuracy"])
+    record["validation_loss"] = None if validation is None else float(validation["loss"])
     return record
 
 
@@ -430,25 +469,33 @@ def floor_margin(floor):
     return max(FLOOR_MARGIN, 2.0 * math.sqrt(p * (1.0 - p) / scored_predictions(floor)))
 
 
-def judge(record, floor):
+def judge(record, floor, split="test", floor_is="same task, steps, rate and seed"):
     """(status, failure): ("diverged", why) when a loss was not finite; ("learned_nothing", why) when the
-    run's test score (accuracy; lm: bits per byte) does not beat the model with no attention, `floor`, by
-    floor_margin; ("ok", None) otherwise; ("unjudged", None) without a floor."""
+    run's score on `split` ("test", or "validation": its validation accuracy) -- accuracy; lm: bits per
+    byte -- does not beat the model with no attention, `floor` (a record; `floor_is` says which one, for the
+    message), on the same split by floor_margin; ("ok", None) otherwise; ("unjudged", None) without a floor."""
+    if split not in ("test", "validation"):
+        raise ValueError(f"judge: split must be 'test' or 'validation', got {split!r}")
     if record.get("diverged") or not math.isfinite(record["loss"]):
         step = (record.get("diverged") or {}).get("step", record["steps_done"])
         return "diverged", (f"the loss was not finite at step {step} of {record['steps']}: the run was stopped "
                             f"there (test loss {record['loss']})")
     if floor is None:
         return "unjudged", None
-    margin = floor_margin(floor)
     if record["task"] == "lm":
+        margin = floor_margin(floor)
         if record["bits_per_byte"] > floor["bits_per_byte"] - margin:
             return "learned_nothing", (f"test bits per byte {record['bits_per_byte']:.4f} is not below the model "
                                        f"with no attention ({floor['bits_per_byte']:.4f}) by {margin:g}")
-    elif record["accuracy"] < floor["accuracy"] + margin:
-        return "learned_nothing", (f"test accuracy {record['accuracy']:.4f} does not beat the model with no "
-                                   f"attention ({floor['accuracy']:.4f}, same task, steps, rate and seed) by "
-                                   f"{margin:.4f}")
+        return "ok", None
+    field = "accuracy" if split == "test" else "validation_accuracy"
+    if split == "validation":
+        margin = floor_margin({**floor, "accuracy": floor[field], "test_size": floor["validation_size"]})
+    else:
+        margin = floor_margin(floor)
+    if record[field] < floor[field] + margin:
+        return "learned_nothing", (f"{split} accuracy {record[field]:.4f} does not beat the model with no "
+                                   f"attention ({floor[field]:.4f}, {floor_is}) by {margin:.4f}")
     return "ok", None
 
 

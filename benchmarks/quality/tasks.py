@@ -65,6 +65,36 @@ def mqar_batch(rng, batch_size, length, pairs, vocab):
     return tokens.astype(np.int32), positions.astype(np.int32), targets.astype(np.int32)
 
 
+def sequence_set(tokens):
+    """The rows of tokens [N, T] as a set of bytes (to test a sequence for membership: `mqar_batch_excluding`)."""
+    tokens = np.ascontiguousarray(tokens, np.int32)
+    return {row.tobytes() for row in tokens}
+
+
+def mqar_batch_excluding(rng, batch_size, length, pairs, vocab, excluded):
+    """`mqar_batch`, with every sequence whose tokens are in `excluded` (a `sequence_set`, e.g. the test
+    sequences) replaced by a new draw from `rng`, so that the batch is disjoint from them.
+
+    Without such a sequence the batch and the state of `rng` after it are exactly `mqar_batch`'s. A replaced
+    sequence is drawn as a batch of one; after 100 draws that all hit `excluded` it raises RuntimeError (the
+    cell is too small to hold the held-out sets apart from the training data).
+
+    Returns:
+        tokens [B, T], positions [B, P], targets [B, P], int32, as `mqar_batch`.
+    """
+    tokens, positions, targets = mqar_batch(rng, batch_size, length, pairs, vocab)
+    for row in range(batch_size):
+        for _ in range(100):
+            if tokens[row].tobytes() not in excluded:
+                break
+            tokens[row], positions[row], targets[row] = (a[0] for a in mqar_batch(rng, 1, length, pairs, vocab))
+        else:
+            raise RuntimeError(f"mqar: 100 draws in a row were held-out sequences (length={length}, pairs={pairs}, "
+                               f"vocab={vocab}, {len(excluded)} excluded): the cell is too small to keep the "
+                               f"training, validation and test sequences apart")
+    return tokens, positions, targets
+
+
 # ----------------------------------------------------------------------------- classification
 
 @dataclasses.dataclass

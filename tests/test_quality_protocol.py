@@ -1,0 +1,177 @@
+"""The protocol of benchmarks/quality/protocol.py (issue 43, item 2) with a fake trainer: the grid is
+extended until its best rate on the validation split is interior (bounded), the test split never
+chooses, failed runs are never chosen nor averaged, and seeds 1 and 2 run at the chosen rate. Then
+one real tiny protocol end to end (MQAR, JAX only: a few seconds a run)."""
+
+import importlib
+import json
+import math
+import os
+import sys
+
+import numpy as np
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path[:0] = [os.path.join(REPO, "benchmarks", "quality"), os.path.join(REPO, "examples")]
+
+protocol = importlib.import_module("protocol")
+tasks = importlib.import_module("tasks")
+
+pytestmark = pytest.mark.all_cases
+
+
+class FakeTrainer:
+    """train(lr, seed, phase) -> a record whose validation and test accuracies are functions of the rate
+    (`validation(lr)`, `test(lr)`, plus `seed_offset * seed`); rates in `diverge` diverge."""
+
+    def __init__(self, validation, test=None, diverge=(), learned_nothing=(), seed_offset=0.0):
+        self.validation, self.test = validation, test or validation
+        self.diverge, self.learned_nothing, self.seed_offset = set(diverge), set(learned_nothing), seed_offset
+        self.calls = []
+
+    def __call__(self, lr, seed, phase):
+        self.calls.append((lr, seed, phase))
+        status = "diverged" if lr in self.diverge else "learned_nothing" if lr in self.learned_nothing else "ok"
+        return {"lr": lr, "seed": seed, "status": status, "protocol": {"phase": phase, "max_extensions": 2},
+                "validation_accuracy": math.nan if status == "diverged" else self.validation(lr),
+                "accuracy": math.nan if status == "diverged" else self.test(lr) + self.seed_offset * seed}
+
+
+def _peak_at(best):
+    return lambda lr: 1.0 - abs(math.log10(lr) - math.log10(best))
+
+
+def test_an_interior_best_runs_no_extension_and_three_seeds_at_it():
+    train = FakeTrainer(_peak_at(1e-2), seed_offset=0.01)
+    records = protocol.run_protocol(train, [3e-3, 1e-2, 3e-2])
+    assert train.calls == [(3e-3, 0, "grid"), (1e-2, 0, "grid"), (3e-2, 0, "grid"), (1e-2, 1, "seeds"),
+                           (1e-2, 2, "seeds")]
+    row = protocol.summarize(records)
+    assert row["chosen_lr"] == 1e-2 and row["interior"] and row["extensions"] == 0
+    assert row["seeds_kept"] == row["seeds_run"] == 3
+    assert row["test_mean"] == pytest.approx(1.01) and (row["test_min"], row["test_max"]) == (1.0, 1.02)
+
+
+def test_the_grid_is_extended_at_the_edge_until_the_best_is_interior():
+    train = FakeTrainer(_peak_at(0.1))
+    records = protocol.run_protocol(train, [3e-3, 1e-2, 3e-2], extend_factor=3.0, max_extensions=3)
+    assert [c for c in train.calls if c[2] == "extension"] == [(0.09, 0, "extension"), (0.27, 0, "extension")]
+    row = protocol.summarize(records)
+    assert row["chosen_lr"] == 0.09 and row["interior"] and row["extensions"] == 2
+    assert [c[:2] for c in train.calls if c[2] == "seeds"] == [(0.09, 1), (0.09, 2)]
+    low = FakeTrainer(_peak_at(1e-4))
+    protocol.run_protocol(low, [3e-3, 1e-2, 3e-2], max_extensions=1)
+    assert [c for c in low.calls if c[2] == "extension"] == [(1e-3, 0, "extension")]
+
+
+def test_the_extensions_are_bounded_and_a_best_still_at_the_edge_is_recorded_as_such():
+    train = FakeTrainer(lambda lr: lr)  # always better higher
+    records = protocol.run_protocol(train, [1e-3, 1e-2, 1e-1], extend_factor=10.0, max_extensions=2)
+    row = protocol.summarize(records)
+    assert row["chosen_lr"] == 10.0 and not row["interior"] and row["edge"] == 1 and row["extensions"] == 2
+    assert len(train.calls) == 3 + 2 + 2
+
+
+def test_the_rate_is_chosen_on_validation_never_on_test():
+    # validation prefers 1e-2; the test split would prefer 3e-2 by far
+    train = FakeTrainer(_peak_at(1e-2), test=lambda lr: 1.0 if lr == 3e-2 else 0.5)
+    row = protocol.summarize(protocol.run_protocol(train, [3e-3, 1e-2, 3e-2]))
+    assert row["chosen_lr"] == 1e-2 and row["test_mean"] == 0.5
+    assert row["validation"] == {3e-3: pytest.approx(1 - math.log10(10 / 3)), 1e-2: 1.0,
+                                 3e-2: pytest.approx(1 - math.log10(3))}
+
+
+def test_failed_runs_are_never_chosen_nor_averaged_and_are_named():
+    # the best validation rate diverges: the next best is chosen, the diverged rate still counts as tried
+    train = FakeTrainer(_peak_at(3e-2), diverge={3e-2}, learned_nothing={3e-3})
+    records = protocol.run_protocol(train, [3e-3, 1e-2, 3e-2])
+    row = protocol.summarize(records)
+    assert row["chosen_lr"] == 1e-2 and row["interior"]
+    assert row["validation"][3e-2] is None and row["validation"][3e-3] is None
+    assert [(r["lr"], r["status"]) for r in row["failed"]] == [(3e-3, "learned_nothing"), (3e-2, "diverged")]
+    assert row["seeds_kept"] == 3 and not math.isnan(row["test_mean"])
+    # a seed that fails at the chosen rate is named and left out of the mean
+    seed_fails = FakeTrainer(_peak_at(1e-2), seed_offset=0.1)
+    records = protocol.run_protocol(seed_fails, [3e-3, 1e-2, 3e-2])
+    records[-1]["status"] = "diverged"
+    records[-1]["accuracy"] = math.nan
+    row = protocol.summarize(records)
+    assert (row["seeds_kept"], row["seeds_run"]) == (2, 3) and row["test_mean"] == pytest.approx(1.05)
+    assert [(r["lr"], r["seed"]) for r in row["failed"]] == [(1e-2, 2)]
+
+
+def test_when_every_rate_fails_no_seed_runs_and_nothing_is_averaged():
+    train = FakeTrainer(_peak_at(1e-2), diverge={3e-3, 1e-2, 3e-2})
+    row = protocol.summarize(protocol.run_protocol(train, [3e-3, 1e-2, 3e-2]))
+    assert len(train.calls) == 3 and row["chosen_lr"] is None and row["test_mean"] is None
+    assert len(row["failed"]) == 3
+
+
+def test_a_grid_of_fewer_than_three_rates_is_refused():
+    with pytest.raises(ValueError, match="at least 3 distinct positive rates, got"):
+        protocol.run_protocol(FakeTrainer(_peak_at(1e-2)), [1e-3, 1e-2, 1e-2])
+    with pytest.raises(ValueError, match="extend_factor must be > 1, got 1.0"):
+        protocol.run_protocol(FakeTrainer(_peak_at(1e-2)), [1e-3, 1e-2, 1e-1], extend_factor=1.0)
+
+
+def test_the_harness_judges_a_protocol_run_on_validation_against_the_floor():
+    run = importlib.import_module("run")
+    base = {"task": "mqar", "steps": 250, "steps_done": 250, "loss": 1.0, "diverged": None, "pairs": 4,
+            "test_size": 1000, "validation_size": 1000}
+    floor = {**base, "accuracy": 0.9, "validation_accuracy": 0.05}
+    # the test split would call it "learned nothing" against this floor; validation judges it
+    assert run.judge({**base, "accuracy": 0.5, "validation_accuracy": 0.5}, floor, split="validation") == ("ok", None)
+    status, why = run.judge({**base, "accuracy": 0.99, "validation_accuracy": 0.055}, floor, split="validation",
+                            floor_is="its best seed-0 validation accuracy, lr 0.03")
+    assert status == "learned_nothing" and why.startswith("validation accuracy 0.0550 does not beat")
+    assert "its best seed-0 validation accuracy, lr 0.03" in why
+    with pytest.raises(ValueError, match="split must be 'test' or 'validation', got 'train'"):
+        run.judge({**base, "accuracy": 0.5}, floor, split="train")
+
+
+def test_mqar_validation_and_training_sequences_are_never_test_sequences():
+    shape = (12, 2, 8)  # so small that random sequences collide often
+    test = tasks.mqar_batch(np.random.default_rng(1), 200, *shape)
+    held_out = tasks.sequence_set(test[0])
+    validation = tasks.mqar_batch_excluding(np.random.default_rng(2), 200, *shape, excluded=held_out)
+    assert not tasks.sequence_set(validation[0]) & held_out
+    held_out |= tasks.sequence_set(validation[0])
+    tokens, positions, targets = tasks.mqar_batch_excluding(np.random.default_rng(3), 500, *shape, excluded=held_out)
+    assert not tasks.sequence_set(tokens) & held_out
+    assert (np.take_along_axis(tokens, positions, 1) < 4).all() and (targets >= 4).all()  # still MQAR rows
+    # without a collision the batch is mqar_batch's, draw for draw
+    plain = tasks.mqar_batch(np.random.default_rng(4), 8, 64, 4, 256)
+    kept = tasks.mqar_batch_excluding(np.random.default_rng(4), 8, 64, 4, 256, excluded=set())
+    assert all((a == b).all() for a, b in zip(plain, kept))
+
+
+def test_a_real_tiny_protocol_records_validation_and_test_and_resumes(tmp_path):
+    """The driver end to end on the model with no attention (the floor every protocol runs first): 3 rates,
+    then seeds 1 and 2 at the best on validation; each record holds both scores; a second invocation
+    reuses every record."""
+    from conftest import BACKEND
+
+    if BACKEND != "jax":
+        pytest.skip("one backend is enough for the end-to-end run")
+    out = tmp_path / "protocol.json"
+    argv = ["--task", "mqar", "--attention", "none", "--length", "12", "--pairs", "2", "--vocab", "16",
+            "--width", "8", "--layers", "1", "--heads", "1", "--steps", "4", "--batch-size", "8", "--test-size", "16",
+            "--validation-size", "16", "--lr", "1e-3", "3e-3", "1e-2", "--max-extensions", "0", "--no-jit",
+            "--machine-note", "CI", "--out", str(out)]
+    rows = protocol.main(argv)
+    records = json.loads(out.read_text())
+    assert len(records) == 5 and {r["attention"] for r in records} == {"none"}
+    assert sorted(r["seed"] for r in records if r["lr"] == rows["none"]["chosen_lr"]) == [0, 1, 2]
+    assert [r["protocol"]["phase"] for r in records] == ["grid"] * 3 + ["seeds"] * 2
+    assert all(0 <= r["validation_accuracy"] <= 1 and 0 <= r["accuracy"] <= 1 for r in records)
+    assert all(r["validation_size"] == 16 and r["status"] == "floor" for r in records)
+    assert all(r["protocol"]["machine_note"] == "CI" and not r["protocol"]["machine_quiet"] for r in records)
+    assert _essentials(rows["none"]) == _essentials(protocol.summarize(records))
+    again = protocol.main(argv)  # every run is in the file: nothing trains again
+    assert len(json.loads(out.read_text())) == 5 and _essentials(again["none"]) == _essentials(rows["none"])
+
+
+def _essentials(row):
+    return (row["chosen_lr"], row["interior"], row["test_mean"], row["seeds_kept"], row["seeds_run"],
+            [(r["lr"], r["seed"], r["status"]) for r in row["failed"]])
