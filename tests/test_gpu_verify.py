@@ -256,13 +256,38 @@ def test_correctness_grid_checks_the_triton_kernels_within_their_limits_and_both
     assert max(c["hash_code_len"] for c in bound) <= 12  # the Triton sort's limit
     assert max(max(c["width"], c["weight_width"]) for c in bound) <= 128  # eq. 4's tiles hold whole rows
     assert {c["dtype"] for c in bound} == set(verify.DTYPES)
-    tf32 = [c for c in bound if c.get("precision") == "tf32"]
+    tf32 = [c for c in bound if c.get("precision") == "tf32" and not c.get("causal")]
     assert len(tf32) == len(verify.TF32_CASES) and {c["dtype"] for c in tf32} == {"float32"}
     assert any(max(c["nq"], c["nk"]) == verify.LONG_LENGTH for c in tf32)
+    causal = [c for c in bound if c.get("causal")]  # the Triton causal eq. 4 kernel
+    assert len(causal) == len(verify.CAUSAL_LOWER_BOUND_CASES) and all(c["nq"] == c["nk"] for c in causal)
+    assert {c["causal"] for c in causal} == {1, -1} and {c["dtype"] for c in causal} == set(verify.DTYPES)
+    assert any(c.get("deterministic") for c in causal) and any(c.get("precision") == "tf32" for c in causal)
     lsh = [c for c in cases if c["primitive"] == "lsh_cumulation"]
     fallback = [c for c in lsh if c["hash_code_len"] > 12]
     assert len(fallback) == len(verify.CUDA_FALLBACK_CASES)  # past the Triton sort: its CUDA kernel runs them
     assert {c["dtype"] for c in fallback} == set(verify.DTYPES)
+
+
+def test_causal_gradient_cases_split_eq_4_at_the_diagonal():
+    """The references of the causal lower_bound_gradients cases: causal 1 and -1 sum the pairs j <= i and j >= i,
+    so together they are causal 0's sum plus the pairs i = j once more."""
+    case = verify._cumulation_case("lower_bound_gradients", 20, 20, "random", "zipf", "float32", 0, batch=2,
+                                   num_hashes=4, hash_code_len=2, width=5, weight_width=6)
+    x, attributes = verify.case_inputs(case, np.random.default_rng(5), None)
+    sums = {}
+    for direction in (1, -1, 0):
+        directed = verify._causal_case(dict(case), direction) if direction else case
+        assert verify.case_inputs(directed, np.random.default_rng(5), None)[1]["causal"] == direction
+        sums[direction] = verify.reference_outputs(numpy_reference, "lower_bound_gradients", x,
+                                                   dict(attributes, causal=direction))
+    kept = (x["query_mask"] != 0) & (x["key_mask"] != 0)  # [B, N]: the pairs (i, i)
+    meets = (x["query_codes"] == x["key_codes"]).mean(axis=1) * kept  # 1/m sum_h [qc_i == kc_i]
+    s = meets * np.einsum("bnd,bnd->bn", np.nan_to_num(x["output_gradient"]), np.nan_to_num(x["value"]))
+    diagonal = (s[..., None] * np.nan_to_num(x["key"]), s[..., None] * np.nan_to_num(x["query"]))
+    assert np.abs(diagonal[0]).max() > 0
+    for g in range(2):
+        np.testing.assert_allclose(sums[1][g] + sums[-1][g], sums[0][g] + diagonal[g], atol=1e-10)
 
 
 @pytest.mark.parametrize("name", verify.CUMULATIONS)

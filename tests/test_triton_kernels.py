@@ -172,6 +172,27 @@ def _check_causal(tau, length, width, masks, codes_kind, dtype, direction):
         _assert_close(out, expected, dtype)
 
 
+def _check_causal_lower_bound(tau, length, dim, width, masks, codes_kind, dtype, causal):
+    causal_lower_bound, = _import_kernels("causal_lower_bound")
+    rng = np.random.default_rng(length + 1000 * tau + dim + 7 * causal)
+    batch, buckets = 2, 1 << tau
+    qc, kc = _codes(rng, batch, length, tau, codes_kind), _codes(rng, batch, length, tau, codes_kind)
+    qm, km = _mask(rng, batch, length, masks), _mask(rng, batch, length, masks)
+    q, k = _rows(rng, qm, dim, dtype), _rows(rng, km, dim, dtype)
+    v, dy = _rows(rng, km, width, dtype), _rows(rng, qm, width, dtype)
+    rqc, rkc = _reference_codes(qc, tau, "query"), _reference_codes(kc, tau, "key")
+    # The reference's dQ, dK carry eq. 4's tau / 2; the primitive leaves it to its caller.
+    expected = [g * 2.0 / tau for g in ref.yoso_lower_bound_gradients(
+        *(np.nan_to_num(_numpy(x)) for x in (q, k, v)), rqc, rkc, tau, np.nan_to_num(_numpy(dy)), qm, km,
+        causal=causal)[:2]]
+    for deterministic in (False, True):
+        dq, dk = causal_lower_bound.causal_lower_bound_gradients(
+            _t(qm), _t(qc), q, _t(km), _t(kc), k, v, dy, buckets, causal, "ieee", deterministic,
+            _nan((batch, length, dim), dtype), _nan((batch, length, dim), dtype))
+        _assert_close(dq, expected[0], dtype)
+        _assert_close(dk, expected[1], dtype)
+
+
 def _check_empty_buckets():
     bucket_sort, bucket_sums = _import_kernels("bucket_sort", "bucket_sums")
     rng = np.random.default_rng(7)
@@ -319,7 +340,7 @@ def _check_plan(name, primitive, tau, nq, nk, dim, width, masks, codes_kind, dty
     dq, dk = _nan((batch, nq, dim), dtype), _nan((batch, nk, dim), dtype)
     _run_plan(plan, [_t(qm), _t(qc), q, _t(km), _t(kc), k, v, dy], [dq, dk])
     expected = ref.yoso_lower_bound_gradients(*(np.nan_to_num(_numpy(x)) for x in (q, k, v)), rqc, rkc, tau,
-                                              np.nan_to_num(_numpy(dy)), qm, km)[:2]
+                                              np.nan_to_num(_numpy(dy)), qm, km, causal=_plan_direction(modes))[:2]
     _assert_close(dq, expected[0] * 2.0 / tau, dtype)
     _assert_close(dk, expected[1] * 2.0 / tau, dtype)
 
@@ -379,6 +400,17 @@ CAUSAL_CASES = {_case_id("causal", *case): (_check_causal, case) for case in [
     (6, 200, 64, "zero", "uniform", torch.bfloat16, -1),
     (1, 300, 16, "random", "uniform", torch.float16, 1),
 ]}
+# The causal eq. 4 gradients: (tau, N, d, D, masks, codes, dtype, causal); Zipf codes put hundreds of rows in a
+# bucket (several chunks and tiles; two K1 segments of 1,024 rows at N 1,100), 3% of the codes out of range.
+CAUSAL_LOWER_BOUND_CASES = {_case_id("causal_lower_bound", *case): (_check_causal_lower_bound, case) for case in [
+    (3, 300, 16, 33, "random", "zipf", torch.float32, 1),
+    (3, 300, 33, 16, "random", "zipf", torch.float32, -1),
+    (1, 7, 1, 1, "none", "uniform", torch.float32, 1),
+    (6, 200, 16, 16, "zero", "uniform", torch.bfloat16, -1),
+    (2, 300, 16, 16, "random", "zipf", torch.bfloat16, 1),
+    (1, 300, 16, 16, "random", "uniform", torch.float16, -1),
+    (2, 1100, 16, 16, "none", "zipf", torch.float16, 1),
+]}
 # The decoding step: (tau, T, D, masks, dtype, in place).
 DECODING_CASES = {_case_id("decoding", *case): (_check_decoding, case) for case in [
     (3, 1, 16, "none", torch.float32, True),
@@ -409,10 +441,13 @@ PLAN_CASES = {_case_id("plan", *case): (_check_plan, case) for case in [
     ("lower_bound_gradients", 3, 300, 300, 16, 16, "random", "zipf", torch.bfloat16, 90),
     ("lower_bound_gradients/deterministic", 3, 300, 200, 16, 33, "random", "zipf", torch.float32, 80),
     ("lower_bound_gradients/deterministic", 3, 100, 300, 16, 16, "random", "zipf", torch.bfloat16, 90),
+    ("lower_bound_gradients/causal", 3, 300, 300, 16, 33, "random", "zipf", torch.float32, 80),
+    ("lower_bound_gradients/anticausal/deterministic", 2, 200, 200, 16, 16, "random", "uniform", torch.bfloat16, 90),
     ("lower_bound_gradients", 1, 1, 7, 33, 1, "none", "uniform", torch.float32, 90),
     ("lower_bound_gradients", 3, 7, 300, 1, 16, "zero", "zipf", torch.float16, 80),
 ]}
-CASES = {**SORT_CASES, **CUMULATION_CASES, **CAUSAL_CASES, **DECODING_CASES, **LOWER_BOUND_CASES, **PLAN_CASES}
+CASES = {**SORT_CASES, **CUMULATION_CASES, **CAUSAL_CASES, **CAUSAL_LOWER_BOUND_CASES, **DECODING_CASES,
+         **LOWER_BOUND_CASES, **PLAN_CASES}
 
 
 def run_cases(names):
@@ -444,7 +479,7 @@ def _check_case(name):
         for case, (_, (primitive, tau, nq, nk, dim, width, _, _, dtype, arch)) in PLAN_CASES.items():
             primitive, *modes = primitive.split("/")
             inputs, attributes = plan_inputs(primitive, tau, nq, nk, dim, width, dtype)
-            if primitive == "lsh_cumulation":
+            if primitive != "lsh_cumulation_step":
                 attributes[1] = _plan_direction(modes)
             plans[case] = native_library.device_launch_plan(primitive, inputs, attributes, arch, exact_fp32=True,
                                                             deterministic="deterministic" in modes)
@@ -477,6 +512,11 @@ def test_causal_cumulation_walks_each_bucket_in_position_order(case):
     _check_case(case)
 
 
+@pytest.mark.parametrize("case", CAUSAL_LOWER_BOUND_CASES)
+def test_causal_lower_bound_gradients_take_each_pair_once_in_position_order(case):
+    _check_case(case)
+
+
 @pytest.mark.parametrize("case", DECODING_CASES)
 def test_decoding_step_matches_position_ordered_bucket_tables(case):
     _check_case(case)
@@ -498,10 +538,11 @@ def test_launch_plans_refuse_what_the_kernels_cannot_take():
     inputs, _ = plan_inputs("lower_bound_gradients", 3, 7, 7, 16, 16, torch.float32)
     with pytest.raises(ValueError, match="1 to 12 bits"):
         native_library.device_launch_plan("lower_bound_gradients", inputs, [1 << 13, 0], 80)
-    with pytest.raises(ValueError, match="causal = 1"):
-        native_library.device_launch_plan("lower_bound_gradients", inputs, [8, 1], 80)
     with pytest.raises(ValueError, match="arch must be 80 or 90"):
         native_library.device_launch_plan("lower_bound_gradients", inputs, [8, 0], 75)
+    wide_causal, _ = plan_inputs("lower_bound_gradients", 3, 7, 7, 16, 129, torch.float32)
+    with pytest.raises(ValueError, match="at most 128"):
+        native_library.device_launch_plan("lower_bound_gradients", wide_causal, [8, 1], 80)
     d100, _ = plan_inputs("lower_bound_gradients", 3, 7, 7, 100, 16, torch.float32)
     with pytest.raises(ValueError, match="deterministic mode .* exact float32 .* up to 64 wide"):
         native_library.device_launch_plan("lower_bound_gradients", d100, [8, 0], 90, deterministic=True)
@@ -527,6 +568,27 @@ def test_deterministic_plans_launch_each_hash_alone_without_atomic_variants():
     default = native_library.device_launch_plan("lower_bound_gradients", inputs, attributes, 90)
     assert [launch["args"][-3][1] for launch in default["launches"] if launch["variant"].startswith("lower_")] == \
         [-1, -1]
+
+
+@pytest.mark.parametrize("causal", [1, -1])
+def test_causal_gradient_plans_pass_over_the_keys_in_the_causal_direction_and_over_the_queries_against_it(causal):
+    from keras_yoso.ops.providers import native_library
+
+    inputs, _ = plan_inputs("lower_bound_gradients", 3, 64, 64, 100, 64, torch.float16)
+    directions = {1: "causal", -1: "anticausal"}
+    for deterministic in (False, True):
+        plan = native_library.device_launch_plan("lower_bound_gradients", inputs, [8, causal], 80,
+                                                 deterministic=deterministic)
+        passes = [launch for launch in plan["launches"] if launch["variant"].startswith("causal_lower_bound_")]
+        mode = "_det" if deterministic else ""
+        dq_pass = f"causal_lower_bound_kernel_fp16_d128_{directions[causal]}{mode}"
+        dk_pass = f"causal_lower_bound_kernel_fp16_d128_{directions[-causal]}{mode}"
+        hashes = range(NUM_HASHES) if deterministic else [-1]
+        assert [(launch["variant"], launch["args"][-3][1]) for launch in passes] == [
+            (name, h) for h in hashes for name in (dq_pass, dk_pass)]
+        # dQ accumulates dY . V K^T, dK accumulates V . dY Q^T: output_gradient (7), value (6), key (5) / query (2)
+        assert [[a[1] for a in launch["args"][:3]] for launch in passes[:2]] == [[7, 6, 5], [6, 7, 2]]
+        assert all(launch["grid"] == [2 if deterministic else 2 * NUM_HASHES, 2, 2] for launch in passes)
 
 
 def test_launch_plans_take_tf32_products_only_when_asked():
@@ -588,7 +650,7 @@ def test_sass_checks_flag_fenced_atomics_missing_tensor_cores_and_spills():
 # One variant of each kernel family, bf16 rows of width 64 (the standard shape, GPU-DESIGN.md).
 AOT_VARIANTS = (r"^(segment_(histograms|cursors|scatter)_kernel_tau8|bucket_tables_kernel_bf16_a16|"
                 r"gather_tables_kernel_bf16_a16|finalize_rows_kernel_bf16|lower_bound_(pairs|tables)_kernel_bf16_d64_a16(_det)?|"
-                r"decode_outputs_kernel_bf16_a16)$")
+                r"decode_outputs_kernel_bf16_a16|causal_lower_bound_kernel_bf16_d64_causal(_det)?)$")
 
 
 def test_aot_build_writes_checked_cubins_and_a_launch_manifest(tmp_path):
@@ -601,7 +663,7 @@ def test_aot_build_writes_checked_cubins_and_a_launch_manifest(tmp_path):
     assert run.returncode == 0, run.stdout + run.stderr
     manifest = json.loads((out / "manifest.json").read_text())
     entries = {(e["variant"], e["arch"]): e for e in manifest["kernels"]}
-    assert len(entries) == 22
+    assert len(entries) == 26
     for entry in entries.values():
         assert (out / entry["file"]).read_bytes()[:4] == b"\x7fELF"
         assert entry["parameters"][-2:] == manifest["hidden_parameters"]

@@ -46,6 +46,7 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 import bucket_sort  # noqa: E402
 import bucket_sums  # noqa: E402
 import causal  # noqa: E402
+import causal_lower_bound  # noqa: E402
 import decoding  # noqa: E402
 import embed  # noqa: E402
 import lower_bound  # noqa: E402
@@ -85,6 +86,9 @@ _PARAMETERS = {
     "finalize_rows_kernel": "acc_ptr:*fp32 mask_ptr:*fp32 out_ptr:*{dtype} num_elements:i32 width:i32 scale:fp32",
     "causal_scan_kernel": "value_ptr:*{dtype} q_offsets_ptr:*i32 q_perm_ptr:*i32 k_offsets_ptr:*i32 k_perm_ptr:*i32 "
                           "acc_ptr:*fp32 num_hashes:i32 length:i32 width:i32 num_buckets:i32 hash_index:i32",
+    "causal_lower_bound_kernel": "x_ptr:*{dtype} a_ptr:*{dtype} b_ptr:*{dtype} x_offsets_ptr:*i32 x_perm_ptr:*i32 "
+                                 "c_offsets_ptr:*i32 c_perm_ptr:*i32 acc_ptr:*fp32 num_hashes:i32 length:i32 "
+                                 "value_dim:i32 dim:i32 num_buckets:i32 hash_index:i32",
     "decode_outputs_kernel": "tables_ptr:*fp32 query_codes_ptr:*i32 query_mask_ptr:*fp32 key_codes_ptr:*i32 "
                              "key_mask_ptr:*fp32 value_ptr:*{dtype} out_ptr:*{dtype} num_hashes:i32 length:i32 "
                              "width:i32 num_buckets:i32 inv_num_hashes:fp32",
@@ -102,13 +106,15 @@ _GRIDS = {
     "finalize_rows_kernel": "(cdiv(num_elements, BLOCK), 1, 1)",
     "causal_scan_kernel": "(B * num_hashes, cdiv(num_buckets, BUCKETS), cdiv(width, BLOCK_D)); deterministic: "
                           "(B, ...) per hash",
+    "causal_lower_bound_kernel": "(B * num_hashes, cdiv(num_buckets, BUCKETS), cdiv(dim, BLOCK_OUT)); deterministic: "
+                                 "(B, ...) per hash",
     "decode_outputs_kernel": "(B, cdiv(length, BLOCK_T), cdiv(width, BLOCK_D))",
     "decode_update_kernel": "(B * num_hashes, cdiv(width, BLOCK_D), 1)",
 }
 # What acq_rel atomics compile to (ATOMG between MEMBAR.ALL.GPU and CCTL.IVALL); wgmma's own fences are
 # CTA-scope (MEMBAR.ALL.CTA) and allowed.
 _FENCED_ATOMICS = r"\bATOMG\b|\bMEMBAR\.[A-Z.]*(?:GPU|SYS)\b|\bCCTL\b"
-_EQ4_KERNELS = ("lower_bound_pairs_kernel", "lower_bound_tables_kernel")
+_EQ4_KERNELS = ("lower_bound_pairs_kernel", "lower_bound_tables_kernel", "causal_lower_bound_kernel")
 # Kernels that add into fp32 accumulators: relaxed reductions, or none at all in their deterministic variants.
 _ACCUMULATING_KERNELS = _EQ4_KERNELS + ("causal_scan_kernel",)
 
@@ -153,6 +159,17 @@ def variants(arch):
                                 dict(DIRECTION=direction, DETERMINISTIC=deterministic, BUCKETS=causal.BUCKETS,
                                      BLOCK_Q=causal.BLOCK_Q, BLOCK_K=causal.BLOCK_K[dtype], BLOCK_D=causal.BLOCK_D),
                                 causal.NUM_WARPS, divisible))
+        for precision in ("tf32", "ieee") if dtype == "fp32" else ("tf32",):
+            for width in causal_lower_bound.WIDTHS:
+                settings = causal_lower_bound.tiles(dtype == "fp32", precision, width)
+                warps = settings.pop("num_warps")
+                for direction in causal_lower_bound.DIRECTIONS:
+                    for deterministic in (False, True):
+                        out.append((f"causal_lower_bound_kernel_{dtype}{'_ieee' if precision == 'ieee' else ''}"
+                                    f"_d{width}_{'causal' if direction == 1 else 'anticausal'}"
+                                    f"{'_det' if deterministic else ''}", causal_lower_bound.causal_lower_bound_kernel,
+                                    dtype, dict(DIRECTION=direction, PRECISION=precision, DETERMINISTIC=deterministic,
+                                                BUCKETS=causal_lower_bound.BUCKETS, **settings), warps, ()))
         for precision, deterministic in [(p, d) for p in (("tf32", "ieee") if dtype == "fp32" else ("tf32",))
                                          for d in (False, True)]:
             for width, aligned in [(w, True) for w in WIDTHS] + [(w, False) for w in UNALIGNED_WIDTHS]:
@@ -297,7 +314,7 @@ def resource_table(manifest):
     """The manifest as a Markdown table: one row per variant, the tiles and per arch warps, registers, stack
     bytes, STL/LDL count and shared bytes (custom_ops/triton/README.md shows it)."""
     tiles = ("NUM_BINS", "SEGMENT", "BLOCK_N", "BLOCK_C", "BLOCK_R", "BLOCK_Q", "BLOCK_K", "BLOCK_T", "BLOCK_S",
-             "BLOCK_D", "BLOCK", "BUCKETS")
+             "BLOCK_D", "BLOCK_VDIM", "BLOCK_OUT", "BLOCK", "BUCKETS")
     rows = {}
     for e in manifest["kernels"]:
         shown = ", ".join(f"{k}={v}" for k, v in e["constexprs"].items() if k in tiles)

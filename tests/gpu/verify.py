@@ -57,7 +57,9 @@ written before the next stage starts:
                                  case of each on its own (the step's in place, its tables restored);
                                  and lower_bound_gradients in its deterministic mode
                                  (KERAS_YOSO_GPU_DETERMINISTIC=1, DETERMINISTIC_CASES); lsh_cumulation
-                                 with causal = +-1 (the Triton causal scan, CAUSAL_CASES).
+                                 with causal = +-1 (the Triton causal scan, CAUSAL_CASES) and
+                                 lower_bound_gradients with causal = +-1 (the Triton causal eq. 4
+                                 kernel, CAUSAL_LOWER_BOUND_CASES).
   timings      timings.json      first the Triton path through the library (torch.ops.keras_yoso, i.e.
                                  ky_run_device): lsh_cumulation, lower_bound_gradients (float32 also
                                  with TF32 products) and YOSO forward+backward built from them (hash
@@ -191,7 +193,7 @@ ZIPF_EXPONENT = 1.1
 CASE_EPSILON = 1e-2
 
 # The Triton kernels (custom_ops/cc/kernels/triton_primitives.h): they run these primitives (the cumulations at causal
-# 0, tau <= 12, widths <= 128 for eq. 4; the decoding step at any tau) where the library embeds their cubins
+# 0 and +-1, tau <= 12, widths <= 128 for eq. 4; the decoding step at any tau) where the library embeds their cubins
 # (ky_triton_cubins) and the GPU runs a family of them (`triton_arch`); lsh_cumulation takes its CUDA kernel
 # elsewhere, the TRITON_ONLY ones have no other.
 TRITON_PRIMITIVES = ("lsh_cumulation", "lower_bound_gradients", "lsh_cumulation_step")
@@ -218,6 +220,13 @@ DETERMINISTIC_CASES = ((1000, 1000, 64, 64, 8, "zipf", "float32"), (7, 1000, 100
 # dtype, deterministic mode).
 CAUSAL_CASES = ((1000, 1, 8, "zipf", "float32", False), (1000, -1, 6, "uniform", "bfloat16", False),
                 (7, 1, 1, "uniform", "float16", False), (1000, 1, 12, "zipf", "bfloat16", True))
+# lower_bound_gradients cases with causal = +-1 (the Triton causal eq. 4 kernel; no CUDA kernel): (N, direction, d, D,
+# tau, codes, dtype, precision (None: the library's default), deterministic mode).
+CAUSAL_LOWER_BOUND_CASES = ((1000, 1, 64, 64, 8, "zipf", "float32", None, False),
+                            (1000, -1, 100, 64, 6, "uniform", "bfloat16", None, False),
+                            (7, -1, 64, 1, 1, "uniform", "float16", None, False),
+                            (1000, 1, 64, 64, 8, "zipf", "float32", "tf32", False),
+                            (1000, -1, 64, 100, 12, "zipf", "bfloat16", None, True))
 # lsh_cumulation cases past the Triton kernels' 12-bit sort, which its CUDA kernel runs: (Nq, Nk, dtype).
 CUDA_FALLBACK_CODE_LEN = 14
 CUDA_FALLBACK_CASES = ((1000, 1000, "float32"), (7, 1000, "bfloat16"), (1000, 7, "float16"))
@@ -449,7 +458,7 @@ def triton_coverage(cubins, capability):
         return False, (f"the library embeds {cubins} Triton cubins, but this sm_{capability} GPU runs none (8.x and "
                        "9.0 only): the Triton kernels were not checked")
     return True, (f"the library embeds {cubins} Triton cubins; this sm_{capability} GPU runs the sm_{arch} ones: "
-                  "lsh_cumulation and lower_bound_gradients (causal 0, tau <= 12) and the decoding step "
+                  "lsh_cumulation and lower_bound_gradients (causal 0 and +-1, tau <= 12) and the decoding step "
                   "lsh_cumulation_step ran them")
 
 
@@ -557,17 +566,26 @@ def _cases_of(name):
                          for nq, nk, dim, width, tau, codes, dtype in DETERMINISTIC_CASES]
         long += [c for c in tf32 + deterministic if c["nq"] == LONG_LENGTH]
         cases += [c for c in tf32 + deterministic if c["nq"] != LONG_LENGTH]
+        for n, direction, dim, width, tau, codes, dtype, precision, deterministic in CAUSAL_LOWER_BOUND_CASES:
+            cases.append(_causal_case(_cumulation_case(
+                name, n, n, "random", codes, dtype, 0, batch=2, num_hashes=4, hash_code_len=tau, width=width,
+                weight_width=dim, precision=precision, deterministic=deterministic), direction))
     if name == "lsh_cumulation":
         cases += [_cumulation_case(name, nq, nk, "random", "zipf", dtype, 0, batch=2, num_hashes=4,
                                    hash_code_len=CUDA_FALLBACK_CODE_LEN, width=64)
                   for nq, nk, dtype in CUDA_FALLBACK_CASES]
         for n, direction, tau, codes, dtype, deterministic in CAUSAL_CASES:  # the Triton causal scan only
-            case = _cumulation_case(name, n, n, "random", codes, dtype, 0, batch=2, num_hashes=4, hash_code_len=tau,
-                                    width=64, deterministic=deterministic)
-            case["causal"] = direction
-            case["id"] += f"-causal{direction}"
-            cases.append(case)
+            cases.append(_causal_case(_cumulation_case(name, n, n, "random", codes, dtype, 0, batch=2, num_hashes=4,
+                                                       hash_code_len=tau, width=64, deterministic=deterministic),
+                                      direction))
     return long, cases
+
+
+def _causal_case(case, direction):
+    """`case` with its causal attribute `direction` (1 or -1), named so."""
+    case["causal"] = direction
+    case["id"] += f"-causal{direction}"
+    return case
 
 
 def _round_robin(groups):
@@ -669,7 +687,7 @@ def case_inputs(case, rng, hadamard_blocks):
         inputs["key"] = _poison(_unit_rows(rng, (batch, nk, weight_width)), km)
         inputs["value"] = _poison(rng.standard_normal((batch, nk, width)), km)
         inputs["output_gradient"] = _poison(rng.standard_normal((batch, nq, width)), qm)
-        return inputs, {"num_buckets": num_buckets, "causal": 0}
+        return inputs, {"num_buckets": num_buckets, "causal": case.get("causal", 0)}
     # Unit query and key rows; weights scaled so <query_weight, key_weight> ~ N(0, 1) (float16 sums stay finite).
     scale = weight_width ** -0.25
     inputs["query"] = _poison(_unit_rows(rng, (batch, nq, width)), qm)
@@ -702,7 +720,7 @@ def reference_outputs(reference, name, x, attributes):
         rows = {n: np.nan_to_num(x[n]) for n in ("query", "key", "value", "output_gradient")}
         gradients = reference.yoso_lower_bound_gradients(
             rows["query"], rows["key"], rows["value"], x["query_codes"], x["key_codes"], tau, rows["output_gradient"],
-            x["query_mask"], x["key_mask"])
+            x["query_mask"], x["key_mask"], causal=attributes.get("causal", 0))
         return [g * 2.0 / tau for g in gradients[:2]]
     m, tau = attributes["num_hashes"], attributes["hash_code_len"]
     if name == "gaussian_hash_codes":
@@ -1566,7 +1584,7 @@ def _launch_case(torch, native, spec, hadamard_blocks, case, seed, facts):
             return None
         return all(_bitwise_equal(torch, x, y) for x, y in zip(outputs[a], outputs[b]))
 
-    # the causal scan adds the hashes with atomics, like eq. 4: reproducible in the deterministic mode only
+    # the causal kernels add the hashes with atomics, like eq. 4: reproducible in the deterministic mode only
     atomics = bool(case.get("causal"))
     reproducible = deterministic or (path == "triton" and ((primitive.name in TRITON_REPRODUCIBLE and not atomics)
                                                            or deterministic_mode))

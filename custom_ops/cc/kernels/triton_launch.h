@@ -13,10 +13,11 @@
 //   (kTritonCubins, triton_cubins*.cc) are loaded once per CUDA context.
 //
 // Plans exist for lsh_cumulation_step (the decoding step: an outputs kernel, then an update of the
-// tables in position order), and for causal = 0 of lsh_cumulation (eq. 2: K1 on the keys (three kernels: segment
-// histograms, cursors, scatter), K2 bucket tables, K3 gather;
-// no atomics, bitwise reproducible) and lower_bound_gradients (eq. 4 without tau/2, with 1/m: K1 on
-// both sides, K6 pair and table forms chosen per bucket into fp32 accumulators, K7 finalize).
+// tables in position order), lsh_cumulation (eq. 2; causal = 0: K1 on the keys (three kernels: segment
+// histograms, cursors, scatter), K2 bucket tables, K3 gather, no atomics, bitwise reproducible;
+// causal = +-1: K1 on both sides, the causal scan, K7) and lower_bound_gradients (eq. 4 without tau/2,
+// with 1/m: K1 on both sides; causal = 0: K6 pair and table forms chosen per bucket, causal = +-1: the
+// causal kernel's dQ and dK passes; into fp32 accumulators, K7 finalize).
 #ifndef KERAS_YOSO_KERNELS_TRITON_LAUNCH_H_
 #define KERAS_YOSO_KERNELS_TRITON_LAUNCH_H_
 
@@ -297,22 +298,37 @@ inline std::string Eq4WidthTag(int64_t dim, int64_t value_dim) {
   return "d" + std::to_string(tile < 64 ? 64 : tile);
 }
 
-// The plan of lower_bound_gradients (causal = 0) for cubins of `arch`: inputs (query_mask,
-// query_codes, query, key_mask, key_codes, key, value, output_gradient), outputs query_gradient
-// [B, Nq, d] and key_gradient [B, Nk, d] (d.vector_dim = d, d.value_dim = D), each (1/m) times the
-// sums of eq. 4 without tau/2. In the deterministic mode, per hash: the dQ pairs, the dK pairs (the
-// same kernel with the sides exchanged) and the tables, 3 m launches.
-inline std::string PlanLowerBoundGradients(const CumulationDims& d, ScalarType dtype, int arch,
+// The variant width of the causal eq. 4 kernel (custom_ops/triton/causal_lower_bound.py, tile_width): the
+// power of two >= max(d, D), at least 64; 0 above 128.
+inline int64_t CausalEq4Width(int64_t dim, int64_t value_dim) {
+  int64_t tile = 64;
+  while (tile < dim || tile < value_dim) tile *= 2;
+  return tile > 128 ? 0 : tile;
+}
+
+// The plan of lower_bound_gradients for cubins of `arch`: inputs (query_mask, query_codes, query, key_mask,
+// key_codes, key, value, output_gradient), outputs query_gradient [B, Nq, d] and key_gradient [B, Nk, d]
+// (d.vector_dim = d, d.value_dim = D), each (1/m) times the sums of eq. 4 without tau/2. K1 on both sides,
+// then causal = 0: K6, the pair and table forms chosen per bucket (in the deterministic mode, per hash: the
+// dQ pairs, the dK pairs (the same kernel with the sides exchanged) and the tables, 3 m launches);
+// causal = 1 / -1 (Nq = Nk): the causal kernel's dQ pass over the keys in the direction causal and its dK
+// pass over the queries in the direction -causal (per hash in the deterministic mode, 2 m launches). K7.
+inline std::string PlanLowerBoundGradients(const CumulationDims& d, ScalarType dtype, int arch, int64_t causal,
                                            const TritonOptions& options, TritonPlan* plan) {
   using namespace triton_plan;  // NOLINT: the plan's vocabulary
   *plan = TritonPlan{};
   const int64_t dim = d.vector_dim, width = d.value_dim;
   const int64_t longest = d.num_queries > d.num_keys ? d.num_queries : d.num_keys;
   std::string error = CheckSizes(d, dim > width ? dim : width, d.batch * longest * dim);
-  const std::string widths = Eq4WidthTag(dim, width);
+  const std::string widths = causal == 0 ? Eq4WidthTag(dim, width)
+                             : CausalEq4Width(dim, width) ? "d" + std::to_string(CausalEq4Width(dim, width)) : "";
   if (error.empty() && widths.empty()) {
     error = "the Triton eq. 4 kernels hold whole rows: d and D must be at most 128, got d = " +
             std::to_string(dim) + ", D = " + std::to_string(width);
+  }
+  if (error.empty() && causal != 0 && d.num_queries != d.num_keys) {
+    error = "the causal Triton eq. 4 kernel takes as many keys as queries, got " + std::to_string(d.num_queries) +
+            " and " + std::to_string(d.num_keys);
   }
   if (!error.empty()) return error;
   const int tau = HashCodeLen(d.num_buckets);
@@ -323,12 +339,30 @@ inline std::string PlanLowerBoundGradients(const CumulationDims& d, ScalarType d
   const int64_t dq_acc = b.Region(d.batch * d.num_queries * dim * 4, true);
   const int64_t dk_acc = b.Region(d.batch * d.num_keys * dim * 4, true);
   const bool pairs_exist = d.num_queries > 0 && d.num_keys > 0 && dim > 0 && width > 0;
+  const std::string dtype_tag =
+      std::string(DtypeName(dtype)) + (dtype == ScalarType::kFloat32 && options.exact_fp32 ? "_ieee" : "");
+  const std::string mode = options.deterministic ? "_det" : "";
   if (pairs_exist) {
     SortLaunch(&b, d, tau, 1, 0, d.num_queries, q_offsets, q_perm);
     SortLaunch(&b, d, tau, 4, 3, d.num_keys, k_offsets, k_perm);
-    const std::string dtype_tag =
-        std::string(DtypeName(dtype)) + (dtype == ScalarType::kFloat32 && options.exact_fp32 ? "_ieee" : "");
-    const std::string variant = dtype_tag + "_" + widths + (options.deterministic ? "_det" : "");
+  }
+  if (pairs_exist && causal != 0) {
+    const std::string kernel = "causal_lower_bound_kernel_" + dtype_tag + "_" + widths;
+    const std::string dq_pass = kernel + (causal > 0 ? "_causal" : "_anticausal") + mode;
+    const std::string dk_pass = kernel + (causal > 0 ? "_anticausal" : "_causal") + mode;
+    const int64_t groups = CeilDiv(nb, b.Tile(dq_pass, "BUCKETS"));
+    const int64_t columns = CeilDiv(dim, b.Tile(dq_pass, "BLOCK_OUT"));
+    // dQ_i = dY_i . sum V_j K_j^T over the keys j in causal order; dK_j = V_j . sum dY_i Q_i^T over the queries.
+    ForEachHashLaunch(d, options.deterministic, [&](int64_t rows, int64_t h) {
+      b.Launch(dq_pass, rows, groups, columns,
+               {In(7), In(6), In(5), Ws(q_offsets), Ws(q_perm), Ws(k_offsets), Ws(k_perm), Ws(dq_acc),
+                I32(d.num_hashes), I32(d.num_queries), I32(width), I32(dim), I32(nb), I32(h)});
+      b.Launch(dk_pass, rows, groups, columns,
+               {In(6), In(7), In(2), Ws(k_offsets), Ws(k_perm), Ws(q_offsets), Ws(q_perm), Ws(dk_acc),
+                I32(d.num_hashes), I32(d.num_keys), I32(width), I32(dim), I32(nb), I32(h)});
+    });
+  } else if (pairs_exist) {
+    const std::string variant = dtype_tag + "_" + widths + mode;
     if (options.deterministic && FindTritonVariant("lower_bound_tables_kernel_" + variant, arch) == nullptr) {
       return "the deterministic mode of the Triton eq. 4 kernels with exact float32 products takes rows up to 64 "
              "wide (d = " + std::to_string(dim) + ", D = " + std::to_string(width) +

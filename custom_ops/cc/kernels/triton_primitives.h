@@ -47,11 +47,6 @@ inline TritonOptions TritonOptionsNow() {
   return options;
 }
 
-inline std::string CheckTritonCausal(const char* primitive, int64_t causal) {
-  if (causal == 0) return "";
-  return std::string(primitive) + " has no Triton kernel for causal = " + std::to_string(causal);
-}
-
 // TritonPlanOf<P>::Plan(d, dtype, attributes, arch, options, plan): "" and the plan, or why the Triton
 // kernels cannot take the call.
 template <typename P>
@@ -82,8 +77,7 @@ struct TritonPlanOf<LowerBoundGradients> {
   static constexpr bool kExists = true;
   static std::string Plan(const CumulationDims& d, ScalarType dtype, const AttributeValue* a, int arch,
                           const TritonOptions& options, TritonPlan* plan) {
-    const std::string error = CheckTritonCausal(LowerBoundGradients::kName, a[1].int_value);
-    return error.empty() ? PlanLowerBoundGradients(d, dtype, arch, options, plan) : error;
+    return PlanLowerBoundGradients(d, dtype, arch, a[1].int_value, options, plan);
   }
 };
 
