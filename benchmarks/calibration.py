@@ -60,6 +60,12 @@ def parse_args(argv):
     parser.add_argument("--hash-code-lens", type=int, nargs="+", default=None,
                         help="calibrate's candidate taus. Default: keras_yoso.calibration.DEFAULT_HASH_CODE_LENS")
     parser.add_argument("--batch-size", type=int, default=4, help="calibrate's batch size. Default: %(default)s")
+    parser.add_argument("--expectation-lengths", type=int, nargs="*", default=[512],
+                        help="lengths at which YOSO-E (use_expectation=True, O(T^2)) is also converted and calibrated "
+                             "(candidates 2..16) and sampled models at the --sweep taus are measured end to end. "
+                             "Default: %(default)s")
+    parser.add_argument("--sweep", type=int, nargs="*", default=[4, 6, 10, 12],
+                        help="taus of the uncalibrated sampled models measured end to end. Default: %(default)s")
     parser.add_argument("--no-ceiling", dest="ceiling", action="store_false",
                         help="skip the NumPy analysis of what no tau or scale can reach")
     parser.add_argument("--seed", type=int, default=0, help="texts and hash functions. Default: %(default)s")
@@ -75,6 +81,7 @@ def parse_args(argv):
         parser.error("--pretrained is required (or --dry-run, or --render)")
     if args.dry_run:
         args.lengths, args.texts, args.cal_texts, args.num_hashes = [16, 32], 2, 2, 4
+        args.expectation_lengths, args.sweep = [16], [4]
     return args
 
 
@@ -218,7 +225,6 @@ def ceiling(reference, held_ids, cal_ids):
         scale = _fit_scale(mixed(0), kernel)
         rows["yoso_e_tau_per_head"].append(_layer_error(mixed(1), kernel, bias, scale))
         chosen["yoso_e_tau_per_head"].append(head_taus)
-        del outputs
         per_beta = np.stack([_head_error(exp_sum(cal, [b] * len(kernel)))[0] for b in CEILING_BETAS])
         betas = [CEILING_BETAS[j] for j in np.argmin(per_beta, axis=0)]
         chosen["beta_per_head"].append(betas)
@@ -255,6 +261,14 @@ def measure(args):
                                           batch_size=args.batch_size)
         calibrate_seconds = time.perf_counter() - began
         models = {"converted": converted, "calibrated": calibrated}
+        if length in args.expectation_lengths:
+            exact = keras_yoso.replace_attention(backbone, "yoso", max_length=max_length, seed=args.seed,
+                                                 use_expectation=True, hash_code_len=args.hash_code_len)
+            print(f"length {length}: calibrating YOSO-E", flush=True)
+            models["YOSO-E converted"] = exact
+            models["YOSO-E calibrated"] = keras_yoso.calibrate(exact, backbone, _inputs(cal[length]),
+                                                               hash_code_lens=range(2, 17),
+                                                               batch_size=args.batch_size)
         for name, ids in (("held-out", held[length]), ("calibration", cal[length])):
             errors = layer_errors(reference, models, ids)
             cos = cosines(reference, models, ids) if name == "held-out" else {m: None for m in models}
@@ -265,10 +279,19 @@ def measure(args):
                              "end_to_end_cosine": None if cos[model] is None else float(np.mean(cos[model])),
                              "end_to_end_cosine_per_text": cos[model]})
             print(f"  length {length}, {name}: measured, {time.perf_counter() - start:.0f} s", flush=True)
-        for i in range(len(backbone.transformer_layers)):
-            kwargs = calibrated.get_layer(f"transformer_layer_{i}").attention_kwargs
-            layers.append({"length": length, "layer": i, "hash_code_len": kwargs["hash_code_len"],
-                           "output_scale": kwargs["output_scale"]})
+        if length in args.expectation_lengths:
+            sweep = {f"converted, tau {tau}": keras_yoso.replace_attention(
+                backbone, "yoso", max_length=max_length, seed=args.seed, num_hashes=args.num_hashes,
+                hash_code_len=tau) for tau in args.sweep}
+            cos = cosines(reference, sweep, held[length])
+            rows += [{"length": length, "model": model, "text": "held-out", "layer_error": None,
+                      "end_to_end_cosine": float(np.mean(cos[model])), "end_to_end_cosine_per_text": cos[model]}
+                     for model in sweep]
+        for model in ("calibrated", "YOSO-E calibrated"):
+            for i in range(len(backbone.transformer_layers) if model in models else 0):
+                kwargs = models[model].get_layer(f"transformer_layer_{i}").attention_kwargs
+                layers.append({"length": length, "model": model, "layer": i, "hash_code_len": kwargs["hash_code_len"],
+                               "output_scale": kwargs["output_scale"]})
         record.setdefault("calibrate_seconds", {})[str(length)] = calibrate_seconds
     if args.ceiling:
         shortest = min(args.lengths)
@@ -305,18 +328,19 @@ def render(records):
              "| ---: | --- | --- | " + " | ".join("---:" for _ in range(layers)) + " | ---: | ---: |"]
     for length in lengths:
         for text in ("held-out", "calibration"):
-            for model in ("converted", "calibrated"):
-                row = next(r for r in record["rows"]
-                           if r["length"] == length and r["model"] == model and r["text"] == text)
+            for row in (r for r in record["rows"] if r["length"] == length and r["text"] == text):
                 cosine = "-" if row["end_to_end_cosine"] is None else f"{row['end_to_end_cosine']:.3f}"
-                lines.append(f"| {length:,} | {model} | {text} | "
-                             + " | ".join(f"{e:.3f}" for e in row["layer_error"])
-                             + f" | {np.mean(row['layer_error']):.3f} | {cosine} |")
+                errors = row["layer_error"] or [None] * layers
+                lines.append(f"| {length:,} | {row['model']} | {text} | "
+                             + " | ".join("-" if e is None else f"{e:.3f}" for e in errors)
+                             + f" | {'-' if row['layer_error'] is None else format(np.mean(errors), '.3f')} | "
+                             f"{cosine} |")
     settings = record["settings"]
-    lines += ["", f"| tokens | {cols} |", "| ---: | " + " | ".join("---" for _ in range(layers)) + " |"]
-    for length in lengths:
-        chosen = sorted((r for r in record["layers"] if r["length"] == length), key=lambda r: r["layer"])
-        lines.append(f"| {length:,} | " + " | ".join(
+    lines += ["", f"| tokens | model | {cols} |", "| ---: | --- | " + " | ".join("---" for _ in range(layers)) + " |"]
+    for length, model in sorted({(r["length"], r.get("model", "calibrated")) for r in record["layers"]}):
+        chosen = sorted((r for r in record["layers"]
+                         if r["length"] == length and r.get("model", "calibrated") == model), key=lambda r: r["layer"])
+        lines.append(f"| {length:,} | {model} | " + " | ".join(
             f"tau {r['hash_code_len']}, scale {min(r['output_scale']):.2f}-{max(r['output_scale']):.2f}"
             for r in chosen) + " |")
     lines.append("")
