@@ -298,12 +298,13 @@ inline std::string Eq4WidthTag(int64_t dim, int64_t value_dim) {
   return "d" + std::to_string(tile < 64 ? 64 : tile);
 }
 
-// The variant width of the causal eq. 4 kernel (custom_ops/triton/causal_lower_bound.py, tile_width): the
-// power of two >= max(d, D), at least 64; 0 above 128.
-inline int64_t CausalEq4Width(int64_t dim, int64_t value_dim) {
+// The variant suffix of the causal eq. 4 kernel for rows of widths d and D (custom_ops/triton/
+// causal_lower_bound.py, tile_width): "d64" or "d128", the power of two >= max(d, D), at least 64; ""
+// above 128.
+inline std::string CausalEq4WidthTag(int64_t dim, int64_t value_dim) {
   int64_t tile = 64;
   while (tile < dim || tile < value_dim) tile *= 2;
-  return tile > 128 ? 0 : tile;
+  return tile > 128 ? "" : "d" + std::to_string(tile);
 }
 
 // The plan of lower_bound_gradients for cubins of `arch`: inputs (query_mask, query_codes, query, key_mask,
@@ -320,8 +321,7 @@ inline std::string PlanLowerBoundGradients(const CumulationDims& d, ScalarType d
   const int64_t dim = d.vector_dim, width = d.value_dim;
   const int64_t longest = d.num_queries > d.num_keys ? d.num_queries : d.num_keys;
   std::string error = CheckSizes(d, dim > width ? dim : width, d.batch * longest * dim);
-  const std::string widths = causal == 0 ? Eq4WidthTag(dim, width)
-                             : CausalEq4Width(dim, width) ? "d" + std::to_string(CausalEq4Width(dim, width)) : "";
+  const std::string widths = causal == 0 ? Eq4WidthTag(dim, width) : CausalEq4WidthTag(dim, width);
   if (error.empty() && widths.empty()) {
     error = "the Triton eq. 4 kernels hold whole rows: d and D must be at most 128, got d = " +
             std::to_string(dim) + ", D = " + std::to_string(width);
