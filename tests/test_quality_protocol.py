@@ -1,7 +1,7 @@
 """The protocol of benchmarks/quality/protocol.py (issue 43, item 2) with a fake trainer: the grid is
 extended until its best rate on the validation split is interior (bounded), the test split never
 chooses, failed runs are never chosen nor averaged, and seeds 1 and 2 run at the chosen rate. Then
-one real tiny protocol end to end (MQAR, JAX only: a few seconds a run)."""
+one real tiny protocol end to end (MQAR, 5 eager runs of 4 steps of a width-8 model)."""
 
 import importlib
 import json
@@ -150,10 +150,6 @@ def test_a_real_tiny_protocol_records_validation_and_test_and_resumes(tmp_path):
     """The driver end to end on the model with no attention (the floor every protocol runs first): 3 rates,
     then seeds 1 and 2 at the best on validation; each record holds both scores; a second invocation
     reuses every record."""
-    from conftest import BACKEND
-
-    if BACKEND != "jax":
-        pytest.skip("one backend is enough for the end-to-end run")
     out = tmp_path / "protocol.json"
     argv = ["--task", "mqar", "--attention", "none", "--length", "12", "--pairs", "2", "--vocab", "16",
             "--width", "8", "--layers", "1", "--heads", "1", "--steps", "4", "--batch-size", "8", "--test-size", "16",

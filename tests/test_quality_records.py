@@ -1,6 +1,8 @@
 """Every published quality number follows from the records (issue 43, item 1): the tables of
 docs/quality.md are what benchmarks/quality/report.py renders from docs/data, and the README's
-results table quotes the same records."""
+results table quotes the same records. The protocol's tables (issue 43, item 2) are what it renders
+from docs/data/quality_protocol_*.json, every cell of those records is published, and their records
+hold what the protocol promises (validation chooses, 3 seeds at the chosen rate, failed runs named)."""
 
 import importlib.util
 import os
@@ -11,6 +13,7 @@ import pytest
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 pytestmark = pytest.mark.all_cases  # every table on every backend (cheap)
 _BLOCK = re.compile(r"<!-- quality-table: (.+?) -->\n(.*?)\n<!-- /quality-table -->", re.S)
+_PROTOCOL_BLOCK = re.compile(r"<!-- quality-protocol-table: (.+?) -->\n(.*?)\n<!-- /quality-table -->", re.S)
 
 
 def _report():
@@ -29,6 +32,8 @@ def _read(*path):
 report = _report()
 RECORDS = report.load()
 TABLES = _BLOCK.findall(_read("docs", "quality.md"))
+PROTOCOL_RECORDS = report.load_protocol()
+PROTOCOL_TABLES = _PROTOCOL_BLOCK.findall(_read("docs", "quality.md"))
 
 
 def test_the_quality_page_publishes_its_tables_as_rendered_blocks():
@@ -70,3 +75,30 @@ def test_a_run_that_diverged_or_learned_nothing_is_never_an_accuracy():
     assert all(report.failure(r) == "learned nothing" for r in cell if r["label"] == "gated_deltanet")
     table = report.render(RECORDS, "mqar 64 4 400")
     assert re.search(r"\| performer \|.*\| 0\.003: failed \|", table)
+
+
+def test_every_protocol_cell_is_published_as_a_rendered_block():
+    assert PROTOCOL_RECORDS, "no docs/data/quality_protocol_*.json"
+    assert sorted(key for key, _ in PROTOCOL_TABLES) == sorted({report.cell_key(r) for r in PROTOCOL_RECORDS})
+
+
+@pytest.mark.parametrize("key, published", PROTOCOL_TABLES, ids=[key for key, _ in PROTOCOL_TABLES])
+def test_each_published_protocol_table_is_what_the_records_give(key, published):
+    assert published == report.render_protocol(PROTOCOL_RECORDS, key), \
+        f"re-render with python benchmarks/quality/report.py --protocol ({key})"
+
+
+def test_the_protocol_records_chose_on_validation_and_ran_three_seeds_at_the_choice():
+    configs = {}
+    for record in PROTOCOL_RECORDS:
+        configs.setdefault(report.plot.config_key(record), []).append(record)
+    for runs in configs.values():
+        assert all(r["validation_accuracy"] is not None and r["validation_size"] > 0 for r in runs)
+        assert all(r["status"] in ("floor", "ok", "diverged", "learned_nothing") for r in runs)
+        assert all((r["failure"] is None) == (r["status"] in ("floor", "ok")) for r in runs)
+        row = report.protocol.summarize(runs)
+        grid = [r for r in runs if r["protocol"]["phase"] == "grid"]
+        assert len({r["lr"] for r in grid}) >= report.protocol.GRID_MIN and all(r["seed"] == 0 for r in grid)
+        if row["chosen_lr"] is not None:
+            assert sorted(r["seed"] for r in runs if r["lr"] == row["chosen_lr"]) == list(report.protocol.SEEDS)
+            assert row["interior"] or row["extensions"] == runs[0]["protocol"]["max_extensions"]

@@ -179,7 +179,9 @@ def render_protocol(records, key):
             result = (f"{row['test_mean']:.3f} [{row['test_min']:.3f}, {row['test_max']:.3f}] "
                       f"({row['seeds_kept']} of {row['seeds_run']})" if row["seeds_kept"] else
                       f"every seed failed (0 of {row['seeds_run']})")
-        label = first["label"] + (" (the floor)" if first["status"] == "floor" else "")
+        settings = first.get("settings") or "-"
+        label = first["label"] + (f" ({settings})" if settings != "-" else "") \
+            + (" (the floor)" if first["status"] == "floor" else "")
         state = first.get("state_bytes_per_layer")
         lines.append(f"| {label} | {'—' if state is None else f'{state:,}'} | " + " | ".join(scores)
                      + f" | {chosen} | {interior} | {result} | "
