@@ -101,6 +101,14 @@ def test_failed_runs_are_never_chosen_nor_averaged_and_are_named():
     assert [(r["lr"], r["seed"]) for r in row["failed"]] == [(1e-2, 2)]
 
 
+def test_a_protocol_stopped_before_its_end_is_marked_incomplete():
+    records = protocol.run_protocol(FakeTrainer(_peak_at(0.1)), [3e-3, 1e-2, 3e-2], max_extensions=2)
+    assert protocol.summarize(records)["complete"]
+    assert not protocol.summarize(records[:2])["complete"]  # stopped in the grid
+    assert not protocol.summarize(records[:3])["complete"]  # best at the edge, extensions left
+    assert not protocol.summarize(records[:-1])["complete"]  # 2 of 3 seeds at the chosen rate
+
+
 def test_when_every_rate_fails_no_seed_runs_and_nothing_is_averaged():
     train = FakeTrainer(_peak_at(1e-2), diverge={3e-3, 1e-2, 3e-2})
     row = protocol.summarize(protocol.run_protocol(train, [3e-3, 1e-2, 3e-2]))

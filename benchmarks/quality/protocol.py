@@ -102,17 +102,21 @@ def run_protocol(train, grid, extend_factor=EXTEND_FACTOR, max_extensions=MAX_EX
 def summarize(records):
     """One attention's protocol row from its records (one configuration; any order): chosen rate, whether
     it is interior, validation accuracy per rate (seed 0; None for a failed run), test accuracy mean, min
-    and max over the seeds at the chosen rate that did not fail, the seeds kept and run there, and the
-    failed runs."""
+    and max over the seeds at the chosen rate that did not fail, the seeds kept and run there, the
+    failed runs, and whether the protocol ran to its end ("complete": False when it was stopped before,
+    e.g. at a deadline: then the row is what ran, not the protocol's result)."""
     seed0 = [r for r in records if r["seed"] == SEEDS[0]]
     chosen, edge = choose(seed0)
     at_chosen = [r for r in records if r["lr"] == chosen]
     kept = [r["accuracy"] for r in at_chosen if not failed(r)]
     protocol = records[0].get("protocol", {})
     extensions = sum(1 for r in seed0 if r.get("protocol", {}).get("phase") == "extension")
+    grid_done = len({r["lr"] for r in seed0 if r.get("protocol", {}).get("phase", "grid") == "grid"}) >= GRID_MIN
+    extended = chosen is None or edge == 0 or extensions == protocol.get("max_extensions", extensions)
+    complete = grid_done and extended and (chosen is None or len(at_chosen) == len(SEEDS))
     return {
         "chosen_lr": chosen, "interior": chosen is not None and edge == 0, "edge": edge, "extensions": extensions,
-        "max_extensions": protocol.get("max_extensions"),
+        "max_extensions": protocol.get("max_extensions"), "complete": complete,
         "validation": {r["lr"]: (None if failed(r) else r["validation_accuracy"]) for r in seed0},
         "test_mean": statistics.mean(kept) if kept else None, "test_min": min(kept) if kept else None,
         "test_max": max(kept) if kept else None, "seeds_kept": len(kept), "seeds_run": len(at_chosen),

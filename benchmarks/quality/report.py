@@ -182,6 +182,8 @@ def render_protocol(records, key):
         settings = first.get("settings") or "-"
         label = first["label"] + (f" ({settings})" if settings != "-" else "") \
             + (" (the floor)" if first["status"] == "floor" else "")
+        if not row["complete"]:
+            interior, result = "—", f"protocol stopped before its end: {result}"
         state = first.get("state_bytes_per_layer")
         lines.append(f"| {label} | {'—' if state is None else f'{state:,}'} | " + " | ".join(scores)
                      + f" | {chosen} | {interior} | {result} | "
