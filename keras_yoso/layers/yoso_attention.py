@@ -436,7 +436,8 @@ class YosoAttention(MultiHeadAttentionBase):
         """`heads` `[B, T, num_heads, value_dim]` times the output scale of each head (unchanged without one)."""
         if self._output_scale is None:
             return heads
-        return heads * ops.convert_to_tensor(np.asarray(self._output_scale, np.float32)[None, None, :, None])
+        scale = np.asarray(self._output_scale, np.float32)[None, None, :, None]
+        return heads * ops.convert_to_tensor(scale, dtype=heads.dtype)  # mixed precision keeps its dtype
 
     # ------------------------------------------------------------------ incremental decoding
 
