@@ -161,49 +161,42 @@ def _matching_markers_task(rng, count, length):
     return tokens, labels
 
 
-def _fit_matching_markers(length, max_steps, target, batch_size=16, steps_per_check=100, seed=0):
-    """Trains until held-out accuracy reaches `target` or `max_steps` pass; returns the best accuracy.
+def _fit_matching_markers(length, steps, seed, batch_size=16, learning_rate=2e-3):
+    """Trains a 2-block YOSO encoder at the layer's default settings (num_hashes, hash_code_len) for
+    `steps` steps of `batch_size`, the learning rate warming up linearly over the first 10% of the
+    steps and then decaying to 0 (cosine); returns its accuracy on 256 held-out sequences, evaluated
+    once, at the end.
 
-    Checked every `steps_per_check` steps: this small model at lr 1e-3 learns the task within
-    100-200 steps on most seeds, but its held-out accuracy can swing afterwards (0.48 after
-    300 steps on one seed that had reached 1.0 at 200), so one final evaluation depends on
-    luck more than on whether attention works.
+    The decay is what makes one final evaluation a fair score: at a constant 1e-3 the held-out
+    accuracy of this model swung after learning (0.48 at step 300 on a seed that had reached 1.0 at
+    step 200).
     """
     keras.utils.set_random_seed(seed)
     rng = np.random.default_rng(seed)
-    train_tokens, train_labels = _matching_markers_task(rng, max_steps * batch_size, length)
+    train_tokens, train_labels = _matching_markers_task(rng, steps * batch_size, length)
     test_tokens, test_labels = _matching_markers_task(rng, 256, length)
     tokens = keras.Input((length,), dtype="int32")
     x = keras.layers.Embedding(4, 32, mask_zero=True)(tokens)
     for _ in range(2):
-        x = TransformerEncoderBlock(2, 64, attention="yoso", attention_kwargs=dict(num_hashes=32, hash_code_len=4),
-                                    dropout=0.0)(x)
+        x = TransformerEncoderBlock(2, 64, attention="yoso", dropout=0.0)(x)
     x = keras.layers.GlobalAveragePooling1D()(x)  # masked mean
     model = keras.Model(tokens, keras.layers.Dense(1, activation="sigmoid")(x))
-    model.compile(keras.optimizers.Adam(1e-3, clipnorm=1.0), "binary_crossentropy", metrics=["accuracy"])
-    best = 0.0
-    for start in range(0, max_steps * batch_size, steps_per_check * batch_size):
-        chunk = slice(start, start + steps_per_check * batch_size)
-        model.fit(train_tokens[chunk], train_labels[chunk], batch_size=batch_size, epochs=1, verbose=0)
-        best = max(best, model.evaluate(test_tokens, test_labels, verbose=0)[1])
-        if best >= target:
-            break
-    return best
+    warmup = steps // 10
+    schedule = keras.optimizers.schedules.CosineDecay(0.0, steps - warmup, warmup_target=learning_rate,
+                                                      warmup_steps=warmup)
+    model.compile(keras.optimizers.Adam(schedule, clipnorm=1.0), "binary_crossentropy", metrics=["accuracy"])
+    model.fit(train_tokens, train_labels, batch_size=batch_size, epochs=1, verbose=0)
+    return model.evaluate(test_tokens, test_labels, verbose=0)[1]
 
 
 @requires_tensorflow  # the learning itself; the composite's gradients are checked on every backend
-def test_yoso_encoder_learns_a_long_range_matching_task():
-    # Two of three seeds must learn it. Which seeds do is decided by rounding: with the fused eq. 4
-    # backward (2026-11-26; its gradients equal the two weighted cumulations' to 1e-7, relative)
-    # seed 0 stays at a plateau of 0.75 for 500 steps while seeds 1-3 reach 1.0, and before it
-    # seed 0 reached 1.0. A model whose attention does not work learns on none.
-    learned = []
-    for seed in range(3):
-        learned.append(_fit_matching_markers(length=512, max_steps=500, target=0.9, seed=seed))
-        if sum(best >= 0.9 for best in learned) == 2:
-            break
-    assert sum(best >= 0.9 for best in learned) >= 2, learned
-
+def test_yoso_encoder_at_the_default_settings_learns_a_long_range_matching_task_on_every_seed():
+    # Every seed, scored once at the end (issue 43, item 8). Measured 2026-11-28 on TensorFlow: at 800 steps
+    # seeds 0-5 all reached 1.0; at 500 steps seed 4 stayed at 0.76 (and at 500 steps of 1e-3, seed 0 at
+    # 0.51), so the budget is 800. The old recipe (tau = 4, a constant rate) needed the best of 5
+    # checkpoints and let one seed of three fail. A model whose attention does not work stays near 0.5.
+    accuracies = [_fit_matching_markers(length=512, steps=800, seed=seed) for seed in range(3)]
+    assert min(accuracies) >= 0.9, accuracies
 
 
 @pytest.mark.parametrize("arguments, inputs, match", [
