@@ -28,10 +28,8 @@ record; one process.
 """
 
 import argparse
-import datetime
 import json
 import os
-import platform
 import sys
 import time
 
@@ -369,19 +367,10 @@ def main(argv=None):
         with open(args.render, encoding="utf-8") as f:
             print(render(json.load(f)))
         return
-    import keras
 
     load_before = os.getloadavg()
     record = measure(args)
-    record.update({
-        "model": "tiny random BERT (dry run)" if args.dry_run else os.path.basename(os.path.normpath(args.pretrained)),
-        "command": " ".join([os.path.basename(sys.executable), *sys.argv]) if argv is None else " ".join(argv),
-        "backend": keras.backend.backend(),
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "machine": {"uname": " ".join(platform.uname()), "cpus": os.cpu_count(),
-                    "load_average_before_after": [list(load_before), list(os.getloadavg())],
-                    "quiet": False, "note": "not quiet: 4 agents shared the machine's 2 cores"},
-        "lengths": args.lengths, "seed": args.seed})
+    record.update(ce.run_fields(args, argv, load_before, "not quiet: 4 agents shared the machine's 2 cores"))
     print(render([record]))
     os.makedirs(args.out_dir, exist_ok=True)
     with open(os.path.join(args.out_dir, "calibration.json"), "w", encoding="utf-8") as f:

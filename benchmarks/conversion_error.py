@@ -396,6 +396,23 @@ def plot(record, path):
     plt.close(figure)
 
 
+def run_fields(args, argv, load_before, machine_note):
+    """What a record says of its run: the model, the command, the backend, the date, the machine (with
+    the load average before and after, and `machine_note` on how quiet it was), the lengths and seed.
+    benchmarks/calibration.py's records say the same."""
+    import keras
+
+    return {
+        "model": "tiny random BERT (dry run)" if args.dry_run else os.path.basename(os.path.normpath(args.pretrained)),
+        "command": " ".join([os.path.basename(sys.executable), *sys.argv]) if argv is None else " ".join(argv),
+        "backend": keras.backend.backend(),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "machine": {"uname": " ".join(platform.uname()), "cpus": os.cpu_count(),
+                    "load_average_before_after": [list(load_before), list(os.getloadavg())],
+                    "quiet": False, "note": machine_note},
+        "lengths": args.lengths, "seed": args.seed}
+
+
 def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
     if args.render:
@@ -405,19 +422,10 @@ def main(argv=None):
         if args.figure:
             plot(record, args.figure)
         return
-    import keras
 
     load_before = os.getloadavg()
     record = measure(args)
-    record.update({
-        "model": "tiny random BERT (dry run)" if args.dry_run else os.path.basename(os.path.normpath(args.pretrained)),
-        "command": " ".join([os.path.basename(sys.executable), *sys.argv]) if argv is None else " ".join(argv),
-        "backend": keras.backend.backend(),
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "machine": {"uname": " ".join(platform.uname()), "cpus": os.cpu_count(),
-                    "load_average_before_after": [list(load_before), list(os.getloadavg())],
-                    "quiet": False, "note": "not quiet: other jobs ran on this machine at the same time"},
-        "lengths": args.lengths, "seed": args.seed})
+    record.update(run_fields(args, argv, load_before, "not quiet: other jobs ran on this machine at the same time"))
     print(render(record))
     print("checks (max relative error, the first text of each length):",
           json.dumps(record["checks"], indent=1))
