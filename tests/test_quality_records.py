@@ -60,6 +60,11 @@ def test_the_readme_results_table_quotes_the_records():
     yoso, _, _ = _chosen("mqar 256 16 1000", "yoso, tau 6 (default)")
     softmax, _, _ = _chosen("mqar 256 16 1000", "softmax")
     assert re.search(rf"accuracy over 3 seeds \| \*\*{yoso:.3f}\*\* \| {softmax:.3f} \|", readme)
+    cell = [r for r in PROTOCOL_RECORDS if report.cell_key(r) == "mqar 64 8 250"]
+    rows = {label: report.protocol.summarize([r for r in cell if r["label"] == label]) for label in ("yoso", "softmax")}
+    assert all(row["complete"] and row["interior"] and row["seeds_kept"] == 3 for row in rows.values())
+    yoso, softmax = ((f"{row['test_mean']:.3f}", f"[{row['test_min']:.3f}, {row['test_max']:.3f}]") for row in rows.values())
+    assert f"test accuracy, mean [min, max] | {' '.join(yoso)} | **{softmax[0]}** {softmax[1]} |" in readme
     _, yoso_kept, yoso_runs = _chosen("tags 512 300", "yoso")
     _, softmax_kept, softmax_runs = _chosen("tags 512 300", "softmax")
     assert f"| {yoso_kept} of {yoso_runs} | **{softmax_kept} of {softmax_runs}** |" in readme
