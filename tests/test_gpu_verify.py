@@ -465,7 +465,7 @@ class _CudaOnCpu:
     """torch as verify.py's GPU stages use it, with "cuda" on the CPU: factories given device="cuda" make CPU
     tensors, torch.cuda is a set of no-ops on a GPU of compute capability 9.0 (Tensor.cuda is patched apart)."""
 
-    FACTORIES = ("full", "empty", "randn", "randint", "ones", "zeros")
+    FACTORIES = ("full", "empty", "randn", "randint", "ones", "zeros", "as_tensor")
 
     def __init__(self, torch):
         self._torch = torch
@@ -567,3 +567,16 @@ def test_rehearsed_step_timings_give_a_row_per_way_length_and_dtype(cuda_on_cpu,
     assert all(r["repeats"] >= 10 and r["ms"] > 0 for r in rows) and rec.checks["failed"] == 0
     in_place = [c for c in native.calls if c["outputs"][1] == c["inputs"][5]]
     assert len(in_place) == len(native.calls) > 0  # the torch op's calls run through torch.ops, not ky_run_device
+
+
+def test_rehearsed_timing_launches_time_the_causal_kernels_where_the_triton_kernels_run(cuda_on_cpu, monkeypatch):
+    torch, _ = cuda_on_cpu
+    monkeypatch.setattr(verify, "TIMING_SHAPE", {"batch_heads": 2, "dim": 8, "num_hashes": 4, "hash_code_len": 3})
+    built = ["lsh_cumulation", "lower_bound_gradients"]
+    library, _ = verify._timing_launches(torch, 16, "float32", built, causal=True)
+    assert {"lsh_cumulation causal", "lower_bound_gradients causal", "library causal yoso fwd+bwd"} <= set(library)
+    for launch in library.values():  # torch.ops.keras_yoso on CPU tensors: each launch's arguments are valid
+        launch()
+    without, _ = verify._timing_launches(torch, 16, "float32", built, causal=False)
+    assert not [name for name in without if "causal" in name]
+    assert {"lsh_cumulation causal", "lower_bound_gradients causal"} <= set(verify.TIMED_KERNELS)

@@ -265,7 +265,7 @@ LONG_OTHER_TIMING_MIN_S = 40
 # Columns of the summary's per-kernel timing table, in order (those timed).
 TIMED_KERNELS = ("gaussian_hash_codes", "hadamard_hash_codes", "hadamard_interleaved_hash_codes", "lsh_cumulation",
                  "lower_bound_gradients", "lower_bound_gradients TF32", "weighted_lsh_cumulation",
-                 "collision_cumulation")
+                 "collision_cumulation", "lsh_cumulation causal", "lower_bound_gradients causal")
 # The design's estimate of one attention call's forward+backward (ms, tau 8; GPU-DESIGN.md §3) and
 # its gate: forward+backward at 16K bf16 at most this fraction of SDPA flash's (§5).
 ESTIMATED_FWD_BWD_MS = {(16384, "bfloat16"): (5.3, 8.9), (16384, "float32"): (6.8, 13.1),
@@ -1077,11 +1077,12 @@ def _timing_tables(result):
     lines = ["", "Timings (ms, CUDA events, median; B*H = {batch_heads}, d = D = {dim}, m = {num_hashes}, "
              "tau = {hash_code_len}; library: torch.ops.keras_yoso, i.e. ky_run_device; yoso: keras_yoso.ops."
              "yoso_cumulation):".format(**TIMING_SHAPE), "",
-             "| n | dtype | " + " | ".join(kernels) + " | library yoso fwd+bwd | yoso fwd | yoso fwd+bwd |",
-             "|---|---|" + "---:|" * (len(kernels) + 3)]
+             "| n | dtype | " + " | ".join(kernels) + " | library yoso fwd+bwd | library causal yoso fwd+bwd "
+             "| yoso fwd | yoso fwd+bwd |",
+             "|---|---|" + "---:|" * (len(kernels) + 4)]
     for n, dtype in configurations:
-        totals = [ms("library yoso fwd+bwd", n, dtype)] + [ms(f"yoso_cumulation {what}", n, dtype)
-                                                          for what in ("forward", "forward+backward")]
+        totals = [ms("library yoso fwd+bwd", n, dtype), ms("library causal yoso fwd+bwd", n, dtype)] + [
+            ms(f"yoso_cumulation {what}", n, dtype) for what in ("forward", "forward+backward")]
         lines.append(f"| {n} | {dtype} | " + " | ".join([ms(k, n, dtype) for k in kernels] + totals) + " |")
     lines += ["", "Attention (two hashes + YOSO) against SDPA flash (bf16):", "",
               "| n | dtype | attention fwd | attention fwd+bwd | library attention fwd+bwd | est. fwd+bwd (design §3) "
@@ -1882,12 +1883,14 @@ def _torch_unit_rows(torch, shape, dtype):
     return (x / x.norm(dim=-1, keepdim=True)).to(dtype)
 
 
-def _timing_launches(torch, n, dtype_name, built):
+def _timing_launches(torch, n, dtype_name, built, causal=False):
     """(library, others): the launches the timings stage measures at length n in dtype, {row name: function}.
     library, the Triton path through the library (torch.ops.keras_yoso, i.e. ky_run_device), first: lsh_cumulation,
     lower_bound_gradients (float32 also with TF32 products) and YOSO forward+backward built from them, with the
-    codes given and with the two hashes first. others: the other GPU primitives, and yoso_cumulation and one
-    attention call through keras_yoso.ops (custom_op). `built`: the primitives the library has a GPU kernel for."""
+    codes given and with the two hashes first; with `causal` (the Triton kernels run on this GPU) also their
+    causal forms (the causal scan, the causal eq. 4 kernel) and the causal YOSO forward+backward built from them.
+    others: the other GPU primitives, and yoso_cumulation and one attention call through keras_yoso.ops
+    (custom_op). `built`: the primitives the library has a GPU kernel for."""
     import keras
     from keras_yoso import _validation
     from keras_yoso import ops as yoso_ops
@@ -1916,6 +1919,13 @@ def _timing_launches(torch, n, dtype_name, built):
         dq.mul_(half_tau)  # eq. 4's tau / 2, as keras_yoso.ops.yoso_cumulation applies it
         dk.mul_(half_tau)
 
+    def library_causal_forward_backward():
+        kernels.lsh_cumulation(mask, qc, mask, kc, v, buckets, 1)  # Y_i over keys j <= i
+        kernels.lsh_cumulation(mask, kc, mask, qc, dy, buckets, -1)  # dV_j over queries i >= j
+        dq, dk = kernels.lower_bound_gradients(mask, qc, q, mask, kc, k, v, dy, buckets, 1)
+        dq.mul_(half_tau)
+        dk.mul_(half_tau)
+
     def tf32(fn):
         def run():
             with _tf32_products(True):
@@ -1933,6 +1943,11 @@ def _timing_launches(torch, n, dtype_name, built):
         if "lsh_cumulation" in built:
             library["library yoso fwd+bwd"] = lambda: library_forward_backward(False)
             library["library attention fwd+bwd"] = lambda: library_forward_backward(True)
+    if causal and {"lsh_cumulation", "lower_bound_gradients"} <= set(built):
+        library["lsh_cumulation causal"] = lambda: kernels.lsh_cumulation(mask, qc, mask, kc, v, buckets, 1)
+        library["lower_bound_gradients causal"] = lambda: kernels.lower_bound_gradients(mask, qc, q, mask, kc, k, v,
+                                                                                        dy, buckets, 1)
+        library["library causal yoso fwd+bwd"] = library_causal_forward_backward
     launches = {
         "gaussian_hash_codes": lambda: kernels.gaussian_hash_codes(q, params["gaussian"], m, tau),
         "hadamard_hash_codes": lambda: kernels.hadamard_hash_codes(q, params["hadamard"], m, tau),
@@ -2024,7 +2039,8 @@ def stage_timings(rec):
     """Times (CUDA events, median of >= 10 after warm-up), B*H = 32, d = D = 64, m = 32, tau = 8, float32 and
     bfloat16, in two passes over n = 16,384 and (while >= LONG_TIMING_MIN_S are left) 65,536. First the Triton
     path through the library (`_timing_launches`' library rows: lsh_cumulation, lower_bound_gradients, YOSO
-    forward+backward built from them) and SDPA flash attention (bf16, [1, 32, n, 64]) forward and
+    forward+backward built from them, and where the Triton kernels run on this GPU their causal forms and the
+    causal YOSO forward+backward) and SDPA flash attention (bf16, [1, 32, n, 64]) forward and
     forward+backward at each n; then the decoding step (`_time_decoding_step`: T = 1 and 256, in place through
     ky_run_device and through torch.ops.keras_yoso); then, while >= LONG_OTHER_TIMING_MIN_S are left for 65,536,
     the other rows: the other GPU primitives through torch.ops.keras_yoso (hashes of the queries; the weighted
@@ -2047,7 +2063,7 @@ def stage_timings(rec):
                 continue
             for dtype in TIMING_DTYPES:
                 try:
-                    launches = _timing_launches(torch, n, dtype, built)[position]
+                    launches = _timing_launches(torch, n, dtype, built, causal=r["triton_checked"])[position]
                     for what, fn in launches.items():
                         rows.append({"what": what, "n": n, "dtype": dtype,
                                      **_measure(rec, torch, fn, f"{what} n={n} {dtype}")})
