@@ -205,8 +205,9 @@ def test_gpu_report_renders_the_recorded_gpu_run():
 def test_quality_gpu_scale_dry_run_checks_every_stage_and_trains_the_first_at_a_tiny_size(tmp_path):
     """benchmarks/quality/gpu_scale.py (issue 43, item 7), prepared for a GPU machine: every stage's command
     line passes run.py's checks, and the first stage trains end to end at a tiny size on this backend, its
-    records written before the summary. About 30 s of CPU time."""
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", MPLBACKEND="Agg")
+    records written before the summary, on this test run's backend (the script's own default, JAX, may not be
+    installed). About 30 s of CPU time."""
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", MPLBACKEND="Agg", KERAS_BACKEND=BACKEND)
     proc = subprocess.run([sys.executable, os.path.join("benchmarks", "quality", "gpu_scale.py"), "--dry-run",
                            "--out", str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=300, env=env)
     _assert_wrote(proc, tmp_path, "environment.json", "summary.json", "mqar_512_64_width64.json")
