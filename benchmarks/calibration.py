@@ -376,12 +376,7 @@ def main(argv=None):
     with open(os.path.join(args.out_dir, "calibration.json"), "w", encoding="utf-8") as f:
         json.dump(record, f, indent=1)
     if args.record:
-        records = []
-        if os.path.exists(args.record):
-            with open(args.record, encoding="utf-8") as f:
-                records = json.load(f)
-        with open(args.record, "w", encoding="utf-8") as f:
-            json.dump(records + [record], f, indent=1)
+        ce.append_record(args.record, record)
     print(f"wrote {args.out_dir}/calibration.json" + (f", appended to {args.record}" if args.record else ""))
 
 

@@ -396,6 +396,17 @@ def plot(record, path):
     plt.close(figure)
 
 
+def append_record(path, record):
+    """Appends `record` to the JSON list in `path` (created when missing). benchmarks/calibration.py's records
+    are appended the same way."""
+    records = []
+    if os.path.exists(path):
+        with open(path, encoding="utf-8") as f:
+            records = json.load(f)
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(records + [record], f, indent=1)
+
+
 def run_fields(args, argv, load_before, machine_note):
     """What a record says of its run: the model, the command, the backend, the date, the machine (with
     the load average before and after, and `machine_note` on how quiet it was), the lengths and seed.
@@ -434,12 +445,7 @@ def main(argv=None):
         json.dump(record, f, indent=1)
     plot(record, os.path.join(args.out_dir, "conversion_error.png"))
     if args.record:
-        records = []
-        if os.path.exists(args.record):
-            with open(args.record, encoding="utf-8") as f:
-                records = json.load(f)
-        with open(args.record, "w", encoding="utf-8") as f:
-            json.dump(records + [record], f, indent=1)
+        append_record(args.record, record)
     print(f"wrote {args.out_dir}/conversion_error.json and .png"
           + (f", appended to {args.record}" if args.record else ""))
 
