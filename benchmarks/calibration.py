@@ -1,5 +1,6 @@
-"""Calibration with no training (issue 42, item 2): each converted layer's error against the softmax layer, and
-the end-to-end embedding cosine, before and after `keras_yoso.calibrate`, on text the calibration never saw.
+"""Calibration with no training (issue 42, item 2) and attention transfer (item 3): each converted layer's error
+against the softmax layer, and the end-to-end embedding cosine, before and after `keras_yoso.calibrate` and
+`keras_yoso.transfer_attention` (--transfer-steps), on text the calibration and the transfer never saw.
 
     KERAS_BACKEND=jax python benchmarks/calibration.py --pretrained /tmp/all-MiniLM-L6-v2 \\
         --data-dir ../shared/data/imdb --record docs/data/calibration_2026-11-28.json
@@ -10,7 +11,7 @@ The model is converted as examples/convert_pretrained.py converts it (m = 32, ta
 extended to the length when it exceeds 512) and calibrated with `keras_yoso.calibrate` on IMDB *train*
 reviews (--cal-texts per length); the errors are measured on IMDB *test* reviews, the texts of
 benchmarks/conversion_error.py's record (same seed, same selection), so the calibration text and the
-reported text are disjoint. Per layer: the relative error |y - y_softmax| / |y_softmax| of the layer's
+reported text are disjoint; transfer_attention trains on the calibration texts too. Per layer: the relative error |y - y_softmax| / |y_softmax| of the layer's
 attention output (after the output projection) given the softmax model's hidden state entering the layer
 (conversion_error.py's measure), on the held-out texts and on the calibration texts; end to end: the cosine
 of the mean-pooled embeddings of the converted model and the softmax reference on the held-out texts.
@@ -64,6 +65,14 @@ def parse_args(argv):
                              "Default: %(default)s")
     parser.add_argument("--sweep", type=int, nargs="*", default=[4, 6, 10, 12],
                         help="taus of the uncalibrated sampled models measured end to end. Default: %(default)s")
+    parser.add_argument("--transfer-steps", type=int, default=0,
+                        help="also run keras_yoso.transfer_attention for this many steps per layer (0: not at all): "
+                             "the converted model with its own sampled student, and at the --expectation-lengths "
+                             "with a YOSO-E student and the YOSO-E model. Default: %(default)s")
+    parser.add_argument("--transfer-rate", type=float, default=2e-2,
+                        help="transfer_attention's learning rate. Default: %(default)s")
+    parser.add_argument("--machine-note", default="not stated",
+                        help="what else ran on the machine, for the record (e.g. 'quiet'). Default: %(default)s")
     parser.add_argument("--no-ceiling", dest="ceiling", action="store_false",
                         help="skip the NumPy analysis of what no tau or scale can reach")
     parser.add_argument("--seed", type=int, default=0, help="texts and hash functions. Default: %(default)s")
@@ -80,6 +89,7 @@ def parse_args(argv):
     if args.dry_run:
         args.lengths, args.texts, args.cal_texts, args.num_hashes = [16, 32], 2, 2, 4
         args.expectation_lengths, args.sweep = [16], [4]
+        args.transfer_steps = min(args.transfer_steps, 4)
     return args
 
 
@@ -247,7 +257,8 @@ def measure(args):
     rows, layers, start = [], [], time.perf_counter()
     record = {"settings": {"num_hashes": args.num_hashes, "hash_code_len": args.hash_code_len,
                            "candidate_hash_code_lens": taus, "seed": args.seed, "batch_size": args.batch_size,
-                           "calibration_texts": args.cal_texts, "held_out_texts": args.texts}}
+                           "calibration_texts": args.cal_texts, "held_out_texts": args.texts,
+                           "transfer_steps": args.transfer_steps, "transfer_rate": args.transfer_rate}}
     for length in args.lengths:
         max_length = length if length > backbone.max_sequence_length else None
         reference = ce.softmax_reference(backbone, length)
@@ -267,6 +278,19 @@ def measure(args):
             models["YOSO-E calibrated"] = keras_yoso.calibrate(exact, backbone, _inputs(cal[length]),
                                                                hash_code_lens=range(2, 17),
                                                                batch_size=args.batch_size)
+        if args.transfer_steps:
+            transfers = [("transferred", converted, None)]
+            if length in args.expectation_lengths:
+                transfers += [("transferred, YOSO-E student", converted, "expectation"),
+                              ("YOSO-E transferred", exact, None)]
+            for name, model, student in transfers:
+                began = time.perf_counter()
+                print(f"length {length}: {name}", flush=True)
+                models[name] = keras_yoso.transfer_attention(
+                    model, backbone, _inputs(cal[length]), steps=args.transfer_steps,
+                    learning_rate=args.transfer_rate, batch_size=args.batch_size, student=student)
+                record.setdefault("transfer_seconds", {}).setdefault(str(length), {})[name] = (
+                    time.perf_counter() - began)
         for name, ids in (("held-out", held[length]), ("calibration", cal[length])):
             errors = layer_errors(reference, models, ids)
             cos = cosines(reference, models, ids) if name == "held-out" else {m: None for m in models}
@@ -285,7 +309,8 @@ def measure(args):
             rows += [{"length": length, "model": model, "text": "held-out", "layer_error": None,
                       "end_to_end_cosine": float(np.mean(cos[model])), "end_to_end_cosine_per_text": cos[model]}
                      for model in sweep]
-        for model in ("calibrated", "YOSO-E calibrated"):
+        for model in ("calibrated", "YOSO-E calibrated", "transferred", "transferred, YOSO-E student",
+                      "YOSO-E transferred"):
             for i in range(len(backbone.transformer_layers) if model in models else 0):
                 kwargs = models[model].get_layer(f"transformer_layer_{i}").attention_kwargs
                 layers.append({"length": length, "model": model, "layer": i, "hash_code_len": kwargs["hash_code_len"],
@@ -342,10 +367,12 @@ def render(records):
             f"tau {r['hash_code_len']}, scale {min(r['output_scale']):.2f}-{max(r['output_scale']):.2f}"
             for r in chosen) + " |")
     lines.append("")
+    transfer = (f"; transfer_attention: {settings['transfer_steps']} steps per layer at peak rate "
+                f"{settings['transfer_rate']:g}, on the calibration texts" if settings.get("transfer_steps") else "")
     lines.append(f"Converted: m = {settings['num_hashes']}, tau = {settings['hash_code_len']} in every layer, seed "
                  f"{settings['seed']}; calibrate's candidates tau = {settings['candidate_hash_code_lens']}, "
                  f"{settings['calibration_texts']} calibration texts and {settings['held_out_texts']} held-out "
-                 "texts per length.")
+                 f"texts per length{transfer}.")
     if "ceiling" in record:
         ceiling_record = record["ceiling"]
         lines += ["", f"| at {ceiling_record['length']:,} tokens, held-out texts | {cols} | mean |",
@@ -370,7 +397,7 @@ def main(argv=None):
 
     load_before = os.getloadavg()
     record = measure(args)
-    record.update(ce.run_fields(args, argv, load_before, "not quiet: 4 agents shared the machine's 2 cores"))
+    record.update(ce.run_fields(args, argv, load_before, args.machine_note))
     print(render([record]))
     os.makedirs(args.out_dir, exist_ok=True)
     with open(os.path.join(args.out_dir, "calibration.json"), "w", encoding="utf-8") as f:

@@ -6,8 +6,9 @@ cannot be loaded. On JAX and PyTorch the ops run the same native library's CPU k
 torch.library) where it is built, else the composite; TensorFlow need not be installed.
 `keras_yoso.distribution.SequenceParallel` splits long sequences over devices (JAX).
 `keras_yoso.replace_attention` gives an existing model (Functional, Sequential, keras-hub) keras_yoso
-attention with its trained weights, and `keras_yoso.calibrate` fits its YOSO layers' tau and per-head
-output scale to the softmax layers they replaced, with no training.
+attention with its trained weights; `keras_yoso.calibrate` fits its YOSO layers' tau and per-head
+output scale to the softmax layers they replaced, with no training, and `keras_yoso.transfer_attention`
+trains a small per-head map of their queries and keys to reproduce those layers.
 """
 
 import keras
@@ -18,6 +19,7 @@ from keras_yoso import layers
 from keras_yoso import models
 from keras_yoso import ops
 from keras_yoso.calibration import calibrate
+from keras_yoso.transfer import transfer_attention
 from keras_yoso.conversion import replace_attention
 from keras_yoso.layers import LinearRelativeAttention
 from keras_yoso.layers import TransformerEncoderBlock
@@ -45,4 +47,4 @@ def export_portable(model, filepath, **kwargs):
 __all__ = ["LinearRelativeAttention", "TransformerEncoderBlock", "YosoAttention", "calibrate", "check_token_ids",
            "distribution",
            "export_portable", "layers", "models", "ops",
-           "replace_attention", "show_config"]
+           "replace_attention", "show_config", "transfer_attention"]

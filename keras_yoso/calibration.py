@@ -61,58 +61,59 @@ def _attention_units(model, where):
     return units
 
 
-def _checked_pairs(model, reference):
+def _checked_pairs(model, reference, function="calibrate"):
     """[(unit layer of `model`, kind, its YosoAttention, the reference's attention)], or ValueError saying
-    why `model` is not a YOSO conversion of `reference` that calibrate can rewrite."""
+    why `model` is not a YOSO conversion of `reference` that `function` (calibrate, transfer_attention) can
+    rewrite."""
     _check_rewritable(model, f"model {model.name!r}")
     converted, original = _attention_units(model, "model"), _attention_units(reference, "original")
     if not converted:
-        raise ValueError(f"calibrate found no attention layer in model {model.name!r}: pass the model that "
+        raise ValueError(f"{function} found no attention layer in model {model.name!r}: pass the model that "
                          "keras_yoso.replace_attention(original, 'yoso', ...) returned.")
     if len(converted) != len(original):
-        raise ValueError(f"calibrate pairs the attention layers of `model` and `original` in order, and they differ "
+        raise ValueError(f"{function} pairs the attention layers of `model` and `original` in order, and they differ "
                          f"in number: {len(converted)} in model {model.name!r}, {len(original)} in original "
                          f"{reference.name!r}. Pass the model replace_attention made from `original`.")
     pairs = []
     for (layer, kind, inner), (old, _, old_inner) in zip(converted, original):
         if layer.name != old.name:
-            raise ValueError(f"calibrate pairs the attention layers of `model` and `original` in order: layer "
+            raise ValueError(f"{function} pairs the attention layers of `model` and `original` in order: layer "
                              f"{layer.name!r} of model {model.name!r} meets {old.name!r} of original "
                              f"{reference.name!r}. Pass the model replace_attention made from `original`.")
         if len(inner) != 1 or len(old_inner) != 1:
-            raise ValueError(f"calibrate fits one YOSO attention per layer, and layer {layer.name!r} "
+            raise ValueError(f"{function} fits one YOSO attention per layer, and layer {layer.name!r} "
                              f"({type(layer).__name__}) holds {len(inner)}: a decoder's self- and cross-attention "
                              "share one attention_kwargs, so they cannot take two calibrations.")
         attention = inner[0]
         if not isinstance(attention, YosoAttention):
-            raise ValueError(f"calibrate fits YosoAttention layers; layer {layer.name!r} of model {model.name!r} "
+            raise ValueError(f"{function} fits YosoAttention layers; layer {layer.name!r} of model {model.name!r} "
                              f"is {type(attention).__name__}. Convert with replace_attention(original, 'yoso').")
         if attention.num_heads != old_inner[0].num_heads:
-            raise ValueError(f"calibrate: layer {layer.name!r} has {attention.num_heads} heads and its original "
+            raise ValueError(f"{function}: layer {layer.name!r} has {attention.num_heads} heads and its original "
                              f"{old_inner[0].num_heads}. Pass the model replace_attention made from `original`.")
         config = attention.get_config()
         if config["use_gate"] or config["attention_axes"] not in (None, (1,), [1]):
-            raise ValueError(f"calibrate fits the output scale of layers with the default attention_axes and no "
+            raise ValueError(f"{function} fits the output scale of layers with the default attention_axes and no "
                              f"gate; layer {layer.name!r} has use_gate={config['use_gate']}, attention_axes="
                              f"{config['attention_axes']!r}.")
         pairs.append((layer, kind, attention, old_inner[0]))
     return pairs
 
 
-def _batches(inputs, batch_size):
+def _batches(inputs, batch_size, function="calibrate"):
     """The calibration inputs cut into batches of `batch_size` along axis 0 (the same structure, NumPy)."""
     leaves = keras.tree.flatten(inputs)
     if not leaves:
-        raise ValueError("calibrate expects `inputs`: an array, or a dict or list of arrays, what the model takes, "
+        raise ValueError(f"{function} expects `inputs`: an array, or a dict or list of arrays, what the model takes, "
                          "with the examples along axis 0. Received an empty structure.")
     try:
         arrays = [np.asarray(keras.ops.convert_to_numpy(leaf)) for leaf in leaves]
     except Exception as error:  # noqa: BLE001  (any backend's conversion error, named below)
-        raise ValueError(f"calibrate expects `inputs` of arrays (what the model takes). Received leaves of types "
+        raise ValueError(f"{function} expects `inputs` of arrays (what the model takes). Received leaves of types "
                          f"{sorted({type(leaf).__name__ for leaf in leaves})}: {error}") from error
     counts = {a.shape[0] if a.ndim else None for a in arrays}
     if len(counts) != 1 or None in counts or 0 in counts:
-        raise ValueError(f"calibrate expects `inputs` whose arrays all have the same number (>= 1) of examples along "
+        raise ValueError(f"{function} expects `inputs` whose arrays all have the same number (>= 1) of examples along "
                          f"axis 0. Received shapes {[a.shape for a in arrays]}.")
     count = counts.pop()
     structure = keras.tree.map_structure(lambda _: None, inputs)
@@ -168,12 +169,13 @@ def _candidate(attention, hash_code_len):
 
 def _copy_weights(source, target):
     """Each weight of `target` takes `source`'s of the same path and shape (the hash functions of another tau
-    keep the target's, drawn from the same seed)."""
+    keep the target's, drawn from the same seed). A copy of the values, never the source's buffer: JAX's
+    `fit` donates the buffers of the model it trains, which would delete the source's."""
     weights = {_relative_path(v, source): v for v in source.weights}
     for variable in target.weights:
         match = weights.get(_relative_path(variable, target))
         if match is not None and tuple(match.shape) == tuple(variable.shape):
-            variable.assign(match.value)
+            variable.assign(np.array(_numpy(match.value)))
 
 
 def _statistics(layer, calls):
@@ -291,10 +293,7 @@ def calibrate(model, original, inputs, hash_code_lens=DEFAULT_HASH_CODE_LENS, ba
     hash_code_lens = [_validation.hash_code_len(tau, cumulation=True, layer=True) for tau in hash_code_lens]
     batch_size = _validation.integer(batch_size, "batch_size", 1, layer=True)
     verbose = _validation.boolean(verbose, "verbose", layer=True)
-    reference = original
-    length, original_length = _learned_length(model), _learned_length(original)
-    if length is not None and original_length is not None and length > original_length:
-        reference = replace_attention(original, "softmax", max_length=length)
+    reference = _reference_for(model, original)
     pairs = _checked_pairs(model, reference)
     batches, count = _batches(inputs, batch_size)
     start = time.perf_counter()
@@ -310,8 +309,18 @@ def calibrate(model, original, inputs, hash_code_lens=DEFAULT_HASH_CODE_LENS, ba
     return _rebuilt(model, settings)
 
 
-def _rebuilt(model, settings):
-    """`model` cloned with each calibrated layer's new settings ({id(layer): (kind, settings)}), weights copied."""
+def _reference_for(model, original):
+    """The softmax model to record: `original`, its learned positions extended as `model`'s were
+    (`replace_attention(original, "softmax", max_length=...)`) when `model` has more."""
+    length, original_length = _learned_length(model), _learned_length(original)
+    if length is not None and original_length is not None and length > original_length:
+        return replace_attention(original, "softmax", max_length=length)
+    return original
+
+
+def _rebuilt(model, settings, assign=None):
+    """`model` cloned with each calibrated layer's new settings ({id(layer): (kind, settings)}), weights copied;
+    then `assign(old layer, new layer)`, when given, changes the new layers' weights."""
     pairs = []
 
     def clone(layer):
@@ -331,4 +340,6 @@ def _rebuilt(model, settings):
     new_model = keras.models.clone_model(model, clone_function=clone, recursive=True)
     for old, new in pairs:
         _copy_weights(old, new)
+        if assign is not None:
+            assign(old, new)
     return new_model

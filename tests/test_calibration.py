@@ -173,21 +173,25 @@ def test_calibrates_a_keras_hub_bert_with_extended_positions():
     assert model(inputs)["sequence_output"].shape == (3, 32, 16)
 
 
-def test_benchmark_dry_run_calibrates_and_docs_quote_the_record(tmp_path):
-    """benchmarks/calibration.py on a tiny random BERT; and docs/results.md holds what --render gives from the
-    committed record."""
+def test_benchmark_dry_run_calibrates_and_transfers_and_docs_quote_the_records(tmp_path):
+    """benchmarks/calibration.py on a tiny random BERT, with transfer_attention; and docs/results.md holds what
+    --render gives from each committed record."""
     proc = subprocess.run([sys.executable, os.path.join("benchmarks", "calibration.py"), "--dry-run", "--out-dir",
-                           str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "PYTHONPATH": REPO})
+                           str(tmp_path), "--transfer-steps", "2", "--no-ceiling"], cwd=REPO, capture_output=True,
+                          text=True, timeout=300, env={**os.environ, "PYTHONPATH": REPO})
     assert proc.returncode == 0, proc.stderr[-3000:]
     record = json.loads((tmp_path / "calibration.json").read_text())
     for length in (16, 32):
         rows = {(r["model"], r["text"]): r for r in record["rows"] if r["length"] == length}
         assert np.all(np.asarray(rows["calibrated", "calibration"]["layer_error"])
                       <= np.asarray(rows["converted", "calibration"]["layer_error"]) + 1e-5)
-    rendered = subprocess.run([sys.executable, os.path.join("benchmarks", "calibration.py"), "--render",
-                               os.path.join("docs", "data", "calibration_2026-11-28.json")], cwd=REPO,
-                              capture_output=True, text=True, timeout=60)
-    assert rendered.returncode == 0, rendered.stderr[-3000:]
+        assert np.all(np.isfinite(rows["transferred", "held-out"]["layer_error"]))
+    assert ("YOSO-E transferred", "held-out") in {(r["model"], r["text"]) for r in record["rows"]}
     with open(os.path.join(REPO, "docs", "results.md"), encoding="utf-8") as f:
-        assert rendered.stdout.strip() in f.read()
+        results = f.read()
+    for name in ("calibration_2026-11-28.json", "calibration_2026-11-29.json"):
+        rendered = subprocess.run([sys.executable, os.path.join("benchmarks", "calibration.py"), "--render",
+                                   os.path.join("docs", "data", name)], cwd=REPO,
+                                  capture_output=True, text=True, timeout=60)
+        assert rendered.returncode == 0, rendered.stderr[-3000:]
+        assert rendered.stdout.strip() in results, name

@@ -1,0 +1,109 @@
+"""keras_yoso.transfer_attention (issue 42, item 3): the trained map folds into the projections exactly, the
+transferred layers err less than the converted ones on the transfer inputs and never more than their start, the
+result lives in the config and weights (a `.keras` file keeps it), the converted model is left unchanged, and bad
+arguments raise. Tiny models (two attention layers of 2 heads of 4)."""
+
+import keras
+import numpy as np
+import pytest
+from test_calibration import _inputs
+from test_calibration import _layer_errors
+from test_calibration import _original
+
+import keras_yoso
+from keras_yoso.calibration import _copy_weights
+from keras_yoso.transfer import _Student
+
+
+@pytest.fixture(scope="module")
+def transferred():
+    original, states = _original()
+    converted = keras_yoso.replace_attention(original, "yoso", num_hashes=8, hash_code_len=4, seed=1)
+    inputs = _inputs(8, seed=1)
+    model = keras_yoso.transfer_attention(converted, original, inputs, steps=40, learning_rate=2e-2, verbose=False)
+    return original, states, converted, model, inputs
+
+
+def test_the_trained_map_and_scale_fold_into_a_plain_yoso_layer_exactly():
+    """A student with random maps, offsets and scales gives the output of a YosoAttention whose query and key
+    projections are the folded ones and whose output_scale is the student's scale (YOSO-E: no sampling)."""
+    x = _inputs(2, seed=5)
+    layer = keras_yoso.YosoAttention(2, 4, use_expectation=True, seed=3)
+    layer(x, x)
+    student = _Student.from_config(layer.get_config())
+    student(x, x)
+    _copy_weights(layer, student)
+    rng = np.random.default_rng(0)
+    for variable in (student.query_map, student.key_map, student.query_offset, student.key_offset,
+                     student.head_scale):
+        variable.assign(rng.normal(size=variable.shape).astype("float32"))
+    weights, scale = student.folded()
+    plain = keras_yoso.YosoAttention.from_config({**layer.get_config(), "output_scale": scale})
+    plain(x, x)
+    plain.set_weights(layer.get_weights())
+    for name, dense in (("query", plain.query_dense), ("key", plain.key_dense)):
+        dense.kernel.assign(weights[f"{name}/kernel"])
+        dense.bias.assign(weights[f"{name}/bias"])
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(plain(x, x)), keras.ops.convert_to_numpy(student(x, x)),
+                               rtol=1e-4, atol=1e-5)
+
+
+def test_transferred_layers_err_less_than_the_converted_ones_on_the_transfer_inputs(transferred):
+    original, states, converted, model, inputs = transferred
+    before = _layer_errors(original, states, converted, inputs)
+    after = _layer_errors(original, states, model, inputs)
+    assert np.all(after < 0.9 * before), (before, after)
+    for i in range(2):
+        layer, start = model.get_layer(f"attention_{i}"), converted.get_layer(f"attention_{i}")
+        assert len(layer.output_scale) == 2 and start.output_scale is None  # the converted model is unchanged
+        assert layer.hash_code_len == start.hash_code_len and layer.num_hashes == start.num_hashes
+        assert not np.allclose(keras.ops.convert_to_numpy(layer.query_dense.kernel),
+                               keras.ops.convert_to_numpy(start.query_dense.kernel))
+        np.testing.assert_array_equal(keras.ops.convert_to_numpy(layer.value_dense.kernel),
+                                      keras.ops.convert_to_numpy(start.value_dense.kernel))
+
+
+def test_a_transfer_that_does_not_help_keeps_the_start():
+    """At an absurd learning rate the trained map is worse than none: each layer keeps its start, the
+    least-squares scale with the converted projections (so its error is calibrate's at the layer's tau)."""
+    original, states = _original()
+    converted = keras_yoso.replace_attention(original, "yoso", use_expectation=True, hash_code_len=4, seed=1)
+    inputs = _inputs(4, seed=1)
+    model = keras_yoso.transfer_attention(converted, original, inputs, steps=3, learning_rate=50.0, verbose=False)
+    calibrated = keras_yoso.calibrate(converted, original, inputs, hash_code_lens=[4], verbose=False)
+    np.testing.assert_allclose(_layer_errors(original, states, model, inputs),
+                               _layer_errors(original, states, calibrated, inputs), rtol=1e-4)
+
+
+def test_the_transfer_is_kept_through_a_keras_file(transferred, tmp_path):
+    _, _, _, model, inputs = transferred
+    path = str(tmp_path / "transferred.keras")
+    model.save(path)
+    loaded = keras.saving.load_model(path)
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(loaded(inputs)), keras.ops.convert_to_numpy(model(inputs)),
+                               rtol=0, atol=1e-6)
+
+
+def test_bad_transfer_arguments_raise_naming_them(transferred):
+    original, _, converted, _, inputs = transferred
+    call = lambda **kw: keras_yoso.transfer_attention(**{"model": converted, "original": original,  # noqa: E731
+                                                          "inputs": inputs, "verbose": False, **kw})
+    with pytest.raises(ValueError, match="converted keras.Model as `model`"):
+        call(model="not a model")
+    with pytest.raises(ValueError, match="softmax keras.Model .* as `original`"):
+        call(original=None)
+    with pytest.raises(ValueError, match="steps"):
+        call(steps=0)
+    with pytest.raises(ValueError, match="learning_rate"):
+        call(learning_rate=-1.0)
+    with pytest.raises(ValueError, match="batch_size"):
+        call(batch_size=0)
+    with pytest.raises(ValueError, match=r"`student` in \(None, 'expectation'\).*'exact'"):
+        call(student="exact")
+    with pytest.raises(ValueError, match="transfer_attention fits YosoAttention layers.*MultiHeadAttention"):
+        call(model=original)
+    with pytest.raises(ValueError, match="transfer_attention expects `inputs` whose arrays"):
+        call(inputs=[inputs, inputs[:2]])
+    causal = keras_yoso.replace_attention(original, "yoso", causal=True, seed=1)
+    with pytest.raises(ValueError, match="no causal form.*causal=True"):
+        call(model=causal)
