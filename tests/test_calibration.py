@@ -125,25 +125,23 @@ def test_an_output_scale_of_the_wrong_length_raises_when_the_layer_is_built():
         keras_yoso.YosoAttention(2, 4, output_scale=[1.0, 2.0, 3.0])(x, x)
 
 
-def test_bad_calibrate_arguments_raise_naming_them(calibrated):
-    original, _, converted, _, inputs = calibrated
-    call = lambda **kw: keras_yoso.calibrate(**{"model": converted, "original": original,  # noqa: E731
-                                                 "inputs": inputs, "verbose": False, **kw})
+@pytest.mark.parametrize("function", ["calibrate", "transfer_attention"])
+def test_bad_arguments_of_calibrate_and_transfer_attention_raise_naming_them(function):
+    """What both functions take (tests/test_transfer.py checks transfer_attention's own arguments)."""
+    original, _ = _original()
+    converted = keras_yoso.replace_attention(original, "yoso", num_hashes=4, seed=1)
+    inputs = _inputs(4, seed=1)
+    call = lambda **kw: getattr(keras_yoso, function)(**{"model": converted, "original": original,  # noqa: E731
+                                                          "inputs": inputs, "verbose": False, **kw})
     with pytest.raises(ValueError, match="converted keras.Model as `model`"):
         call(model="not a model")
     with pytest.raises(ValueError, match="softmax keras.Model .* as `original`"):
         call(original=None)
-    with pytest.raises(ValueError, match="hash_code_lens.*empty"):
-        call(hash_code_lens=[])
-    with pytest.raises(ValueError, match=r"hash_code_len.*\[1, 20\]"):
-        call(hash_code_lens=[0, 4])
-    with pytest.raises(ValueError, match="hash_code_lens"):
-        call(hash_code_lens="4")
     with pytest.raises(ValueError, match="batch_size"):
         call(batch_size=0)
-    with pytest.raises(ValueError, match="same number .* of examples along axis 0"):
+    with pytest.raises(ValueError, match=f"{function} expects `inputs` whose arrays all have the same number"):
         call(inputs=[inputs, inputs[:2]])
-    with pytest.raises(ValueError, match="fits YosoAttention layers.*MultiHeadAttention"):
+    with pytest.raises(ValueError, match=f"{function} fits YosoAttention layers.*MultiHeadAttention"):
         call(model=original)
     with pytest.raises(ValueError, match="fits YosoAttention layers.*LinearRelativeAttention"):
         call(model=keras_yoso.replace_attention(original, "linear_relative"))
@@ -151,6 +149,14 @@ def test_bad_calibrate_arguments_raise_naming_them(calibrated):
     smaller = keras.Model(other.input, other.get_layer("norm_0").output)
     with pytest.raises(ValueError, match="differ in number: 2 in model .* 1 in original"):
         call(original=smaller)
+
+
+def test_bad_hash_code_lens_raise_naming_them(calibrated):
+    original, _, converted, _, inputs = calibrated
+    for lens, match in (([], "hash_code_lens.*empty"), ([0, 4], r"hash_code_len.*\[1, 20\]"),
+                        ("4", "hash_code_lens")):
+        with pytest.raises(ValueError, match=match):
+            keras_yoso.calibrate(converted, original, inputs, hash_code_lens=lens, verbose=False)
 
 
 def test_calibrates_a_keras_hub_bert_with_extended_positions():

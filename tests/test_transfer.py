@@ -84,26 +84,19 @@ def test_the_transfer_is_kept_through_a_keras_file(transferred, tmp_path):
                                rtol=0, atol=1e-6)
 
 
-def test_bad_transfer_arguments_raise_naming_them(transferred):
+@pytest.mark.parametrize("arguments, match", [
+    ({"steps": 0}, "steps"), ({"learning_rate": -1.0}, "learning_rate"),
+    ({"student": "exact"}, r"`student` in \(None, 'expectation'\).*'exact'"),
+])
+def test_bad_transfer_arguments_raise_naming_them(transferred, arguments, match):
+    """transfer_attention's own arguments (tests/test_calibration.py checks those it shares with calibrate)."""
     original, _, converted, _, inputs = transferred
-    call = lambda **kw: keras_yoso.transfer_attention(**{"model": converted, "original": original,  # noqa: E731
-                                                          "inputs": inputs, "verbose": False, **kw})
-    with pytest.raises(ValueError, match="converted keras.Model as `model`"):
-        call(model="not a model")
-    with pytest.raises(ValueError, match="softmax keras.Model .* as `original`"):
-        call(original=None)
-    with pytest.raises(ValueError, match="steps"):
-        call(steps=0)
-    with pytest.raises(ValueError, match="learning_rate"):
-        call(learning_rate=-1.0)
-    with pytest.raises(ValueError, match="batch_size"):
-        call(batch_size=0)
-    with pytest.raises(ValueError, match=r"`student` in \(None, 'expectation'\).*'exact'"):
-        call(student="exact")
-    with pytest.raises(ValueError, match="transfer_attention fits YosoAttention layers.*MultiHeadAttention"):
-        call(model=original)
-    with pytest.raises(ValueError, match="transfer_attention expects `inputs` whose arrays"):
-        call(inputs=[inputs, inputs[:2]])
+    with pytest.raises(ValueError, match=match):
+        keras_yoso.transfer_attention(converted, original, inputs, verbose=False, **arguments)
+
+
+def test_a_causal_conversion_is_refused_naming_the_layer(transferred):
+    original, _, _, _, inputs = transferred
     causal = keras_yoso.replace_attention(original, "yoso", causal=True, seed=1)
-    with pytest.raises(ValueError, match="no causal form.*causal=True"):
-        call(model=causal)
+    with pytest.raises(ValueError, match="no causal form.*'attention_0' is causal"):
+        keras_yoso.transfer_attention(causal, original, inputs, verbose=False)
