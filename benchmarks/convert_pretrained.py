@@ -3,7 +3,7 @@
     python benchmarks/convert_pretrained.py --pretrained /tmp/all-MiniLM-L6-v2 --data-dir ../shared/data/imdb \\
         --learning-rates 5e-5 2e-4 --seeds 0 1 2 --out runs/convert/imdb -- --train-examples 480 --test-examples 300
 
-Runs examples/convert_pretrained.py once per --mode (yoso, softmax, scratch), learning rate and seed, each
+Runs examples/convert_pretrained.py once per --mode (yoso, transferred, softmax, scratch), learning rate and seed, each
 in its own process with the same data, steps and batch size (the arguments after `--` go to every run),
 then prints a table of test accuracy (each seed, mean, and the training seconds) and writes
 <out>/convert_pretrained.png and <out>/results.json. A run whose metrics.json exists is not run again,
@@ -21,7 +21,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 EXAMPLE = os.path.join(HERE, "..", "examples", "convert_pretrained.py")
-MODES = ("yoso", "softmax", "scratch")
+MODES = ("yoso", "transferred", "softmax", "scratch")
 
 
 def run_dir(out, mode, learning_rate, seed):
@@ -76,8 +76,8 @@ def plot(records, learning_rates, path, title, ceiling=None):
                 axis.bar(x, sum(values) / len(values), width=0.22, color=f"C{offset}", alpha=0.5,
                          label=f"lr {learning_rate:g}" if position == 0 else None)
                 axis.plot([x] * len(values), values, "k.", markersize=8)
-    axis.set_xticks(range(len(MODES)), ["pretrained, YOSO\n(converted)", "pretrained, softmax\n(truncated to 512)",
-                                        "YOSO from scratch"])
+    axis.set_xticks(range(len(MODES)), ["pretrained, YOSO\n(converted)", "pretrained, YOSO\n(transferred)",
+                                        "pretrained, softmax\n(truncated to 512)", "YOSO from scratch"])
     axis.set_ylabel("test accuracy (%): bars mean, dots seeds")
     axis.axhline(50, color="gray", linestyle=":", linewidth=1)
     if ceiling is not None:

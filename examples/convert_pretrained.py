@@ -20,8 +20,11 @@ tokenizer.json or vocab.txt. Nothing is downloaded at run time. The script
    task, metrics.json's args also hold truncation_ceiling: the best accuracy a model that reads only the
    checkpoint's positions (softmax) can reach on the test documents (long_range_data.truncation_ceiling).
 
---mode picks the model; the training, data and budget are the same for all three:
-    yoso     the pretrained model with YOSO attention at --max-length (default)
+--mode picks the model; the training, data and budget are the same for all four:
+    yoso         the pretrained model with YOSO attention at --max-length (default)
+    transferred  the yoso model after `keras_yoso.transfer_attention` (each layer's queries and keys mapped
+                 to reproduce the pretrained softmax layer) on the text of --transfer-texts training
+                 documents, --transfer-steps steps per layer, before fine-tuning
     softmax  the same pretrained model as it is (softmax attention), inputs truncated to its 512 positions
     scratch  the YOSO model of `yoso` with random weights (no pretraining)
 docs/results.md compares them ("Pretrained BERT converted to YOSO"; benchmarks/convert_pretrained.py
@@ -44,7 +47,7 @@ import keras  # noqa: E402,I100
 import long_range_data  # noqa: E402
 from imdb_data import IMDB_CLASS_NAMES, load_imdb  # noqa: E402
 
-MODES = ("yoso", "softmax", "scratch")
+MODES = ("yoso", "transferred", "softmax", "scratch")
 
 
 class PretrainedTokenizer:
@@ -86,6 +89,24 @@ def load_backbone(args):
     max_length = args.max_length if args.max_length > backbone.max_sequence_length else None
     return keras_yoso.replace_attention(backbone, "yoso", max_length=max_length, num_hashes=args.num_hashes,
                                         hash_code_len=args.hash_code_len, seed=args.seed)
+
+
+def transfer(converted, args, texts):
+    """--mode transferred: `keras_yoso.transfer_attention` of the converted backbone against the checkpoint's
+    softmax layers, on `texts` (unlabelled) cut to --max-length tokens and padded to the longest."""
+    import keras_hub
+
+    import keras_yoso
+
+    original = keras_hub.models.BertBackbone.from_preset(args.pretrained)
+    rows = PretrainedTokenizer(args.pretrained, args.max_length).encode(texts)
+    ids = np.full((len(rows), max(len(row) for row in rows)), PAD_ID, np.int32)
+    for i, row in enumerate(rows):
+        ids[i, :len(row)] = row
+    inputs = {"token_ids": ids, "segment_ids": np.zeros_like(ids), "padding_mask": ids != PAD_ID}
+    print(f"transferring the attention on {len(ids)} training documents of up to {ids.shape[1]} tokens", flush=True)
+    return keras_yoso.transfer_attention(converted, original, inputs, steps=args.transfer_steps,
+                                         batch_size=min(4, args.batch_size))
 
 
 def build_classifier(backbone, num_classes, dropout):
@@ -174,6 +195,10 @@ def parse_args(argv):
     parser.add_argument("--train-examples", type=int, default=512,
                         help="training documents (then --validation-fraction of them held out). Default: %(default)s")
     parser.add_argument("--test-examples", type=int, default=256, help="Default: %(default)s")
+    parser.add_argument("--transfer-texts", type=int, default=8,
+                        help="--mode transferred: training documents whose text the transfer reads. Default: %(default)s")
+    parser.add_argument("--transfer-steps", type=int, default=100,
+                        help="--mode transferred: transfer_attention's steps per layer. Default: %(default)s")
     parser.add_argument("--fidelity", type=int, default=None, metavar="N",
                         help="instead of training: print how close the converted models' embeddings are to the "
                              "pretrained softmax model's on N texts (before fine-tuning), then exit")
@@ -181,7 +206,7 @@ def parse_args(argv):
     args = parser.parse_args(argv)
     check_training_arguments(parser, args)
     check_positive_arguments(parser, args, ("max_length", "num_hashes", "hash_code_len", "train_examples",
-                                            "test_examples", "fidelity"))
+                                            "test_examples", "fidelity", "transfer_texts", "transfer_steps"))
     if not os.path.exists(os.path.join(args.pretrained, "config.json")):
         parser.error(f"--pretrained {args.pretrained} holds no config.json (a Hugging Face checkpoint folder)")
     return args
@@ -206,6 +231,8 @@ def main(argv=None):
     if args.mode == "softmax":
         args.max_length = softmax_length
     train, validation = hold_out(train, args.validation_fraction, args.seed)
+    if args.mode == "transferred":  # on training text only: the validation and test documents stay unseen
+        backbone = transfer(backbone, args, train.texts[:args.transfer_texts])
     args.attention = f"{args.mode} (pretrained {os.path.basename(os.path.normpath(args.pretrained))})"
     args.output_dir = args.output_dir or os.path.join("runs", f"convert-{task}-{args.mode}-{keras.backend.backend()}")
     tokenizer = PretrainedTokenizer(args.pretrained, args.max_length)

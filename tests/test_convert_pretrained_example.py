@@ -69,7 +69,8 @@ def checkpoint(tmp_path_factory):
 
 
 TINY_RUN = ["--train-examples", "24", "--test-examples", "8", "--batch-size", "8", "--num-hashes", "4",
-            "--hash-code-len", "4", "--learning-rate", "1e-3", "--eval-every", "3"]
+            "--hash-code-len", "4", "--learning-rate", "1e-3", "--eval-every", "3", "--transfer-texts", "4",
+            "--transfer-steps", "2"]
 
 
 def test_converted_checkpoint_keeps_its_weights_and_copies_positions_to_the_new_length(checkpoint):
@@ -114,7 +115,8 @@ def test_each_mode_fine_tunes_on_the_builtin_task_and_writes_its_outputs(checkpo
             batch = np.array([[2] + [7] * 126 + [3]], "int32")
             np.testing.assert_allclose(to_numpy(loaded.predict(batch, verbose=0)),
                                        to_numpy(result.classifier.predict(batch, verbose=0)), atol=1e-6)
-    assert lengths == {"yoso": 128, "softmax": POSITIONS, "scratch": 128}  # softmax keeps the checkpoint's 64
+    # softmax keeps the checkpoint's 64
+    assert lengths == {"yoso": 128, "transferred": 128, "softmax": POSITIONS, "scratch": 128}
 
 
 def test_pretrained_tokenizer_gives_cls_words_sep_truncated(checkpoint):
