@@ -10,18 +10,37 @@ then prints a table of test accuracy (each seed, mean, and the training seconds)
 so an interrupted sweep continues where it stopped. Without --data-dir: the built-in long-range task, and
 under the table and in the figure the most that softmax's window (the checkpoint's positions) allows on
 each seed's test documents (the runs' truncation_ceiling).
+
+With --protocol, each mode follows the quality protocol (benchmarks/quality/protocol.py, issue 43):
+
+    python benchmarks/convert_pretrained.py --protocol --pretrained /tmp/all-MiniLM-L6-v2 \
+        --data-dir ../shared/data/imdb --learning-rates 2e-5 5e-5 2e-4 --out runs/convert/protocol \
+        -- --train-examples 2000 --test-examples 1000 --steps 400
+
+seed 0 at every --learning-rates (at least 3); the rate of the best VALIDATION accuracy (the example's
+--validation-fraction of the training documents; the test split is never read for a decision), one rate
+beyond it by --extend-factor while it is at the edge (at most --max-extensions times); then seeds 1 and 2
+at the chosen rate. A run whose validation loss is not finite diverged; one whose validation accuracy does
+not beat answering the majority class by FLOOR_MARGIN learned nothing: both are failed runs, never chosen
+and never averaged. The table gives each mode's validation accuracy per rate, the chosen rate, whether it
+is interior, and test accuracy mean [min, max] over the seeds kept; <out>/protocol.json holds the records.
 """
 
 import argparse
 import json
+import math
 import os
 import subprocess
 import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "quality"))
+import protocol  # noqa: E402  (benchmarks/quality/protocol.py: the rate choice, extension and summary)
+
 EXAMPLE = os.path.join(HERE, "..", "examples", "convert_pretrained.py")
 MODES = ("yoso", "transferred", "softmax", "scratch")
+FLOOR_MARGIN = 0.02  # validation accuracy a run must add to the majority class's not to have learned nothing
 
 
 def run_dir(out, mode, learning_rate, seed):
@@ -90,6 +109,66 @@ def plot(records, learning_rates, path, title, ceiling=None):
     plt.close(figure)
 
 
+def protocol_record(metrics, mode, learning_rate, seed, phase, args):
+    """One run's record for protocol.run_protocol and protocol.summarize: its rate, seed, status ("ok",
+    "diverged", "learned_nothing") and why, validation and test accuracy."""
+    losses = [metrics["test_loss"], *metrics["history"]["val_loss"]]
+    floor = metrics["validation_majority_accuracy"] + FLOOR_MARGIN
+    status, failure = "ok", None
+    if not all(math.isfinite(v) for v in losses):
+        status, failure = "diverged", "a validation or test loss is not finite"
+    elif metrics["validation_accuracy"] <= floor:
+        status, failure = "learned_nothing", (f"validation accuracy {metrics['validation_accuracy']:.4f} does not beat "
+                                              f"the majority class ({metrics['validation_majority_accuracy']:.4f}) "
+                                              f"by {FLOOR_MARGIN}")
+    return {"mode": mode, "lr": learning_rate, "seed": seed, "status": status, "failure": failure,
+            "validation_accuracy": metrics["validation_accuracy"], "accuracy": metrics["test_accuracy"],
+            "train_seconds": metrics["train_seconds"], "steps": metrics["steps"],
+            "num_train_examples": metrics["num_train_examples"], "num_test_examples": metrics["num_test_examples"],
+            "keras_backend": metrics["keras_backend"],
+            "protocol": {"phase": phase, "grid": sorted(args.learning_rates), "extend_factor": args.extend_factor,
+                         "max_extensions": args.max_extensions, "floor_margin": FLOOR_MARGIN}}
+
+
+def protocol_table(records_by_mode):
+    """The markdown table of each mode's protocol summary (protocol.summarize)."""
+    rates = sorted({r["lr"] for records in records_by_mode.values() for r in records if r["seed"] == 0})
+    lines = ["| mode | " + " | ".join(f"validation, lr {lr:g}" for lr in rates)
+             + " | chosen lr | interior | test accuracy mean [min, max] (seeds kept of run) | failed runs |",
+             "| --- | " + " | ".join("---:" for _ in rates) + " | ---: | --- | ---: | --- |"]
+    for mode, records in records_by_mode.items():
+        row = protocol.summarize(records)
+        cells = []
+        for lr in rates:
+            value = row["validation"].get(lr, "absent")
+            cells.append("—" if value == "absent" else ("failed" if value is None else f"{value:.3f}"))
+        test = ("—" if row["test_mean"] is None else
+                f"{row['test_mean']:.3f} [{row['test_min']:.3f}, {row['test_max']:.3f}] "
+                f"({row['seeds_kept']} of {row['seeds_run']})")
+        failed = ", ".join(f"lr {r['lr']:g} seed {r['seed']} {r['status']}" for r in row["failed"]) or "none"
+        chosen = "—" if row["chosen_lr"] is None else f"{row['chosen_lr']:g}"
+        lines.append(f"| {mode} | " + " | ".join(cells) + f" | {chosen} | {'yes' if row['interior'] else 'no'} | "
+                     f"{test} | {failed} |")
+    return "\n".join(lines)
+
+
+def run_protocols(args):
+    """--protocol: protocol.run_protocol per mode; prints the table and writes <out>/protocol.json."""
+    if len(set(args.learning_rates)) < protocol.GRID_MIN:
+        raise SystemExit(f"--protocol needs at least {protocol.GRID_MIN} distinct --learning-rates, got "
+                         f"{args.learning_rates}")
+    records_by_mode = {}
+    for mode in args.modes:
+        def train(learning_rate, seed, phase, mode=mode):
+            return protocol_record(run_one(args, mode, learning_rate, seed), mode, learning_rate, seed, phase, args)
+
+        records_by_mode[mode] = protocol.run_protocol(train, args.learning_rates, args.extend_factor,
+                                                      args.max_extensions)
+        with open(os.path.join(args.out, "protocol.json"), "w", encoding="utf-8") as f:
+            json.dump([r for records in records_by_mode.values() for r in records], f, indent=2)
+    print(protocol_table(records_by_mode))
+
+
 def fidelity(args):
     """examples/convert_pretrained.py --fidelity: the converted models before any fine-tuning."""
     command = [sys.executable, EXAMPLE, "--pretrained", args.pretrained, "--fidelity", str(args.fidelity)]
@@ -108,6 +187,12 @@ def main(argv=None):
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
     parser.add_argument("--out", help="folder of the runs, results.json and the figure")
+    parser.add_argument("--protocol", action="store_true",
+                        help="each mode under the quality protocol (see above) instead of every rate and seed")
+    parser.add_argument("--extend-factor", type=float, default=protocol.EXTEND_FACTOR,
+                        help="--protocol: the ratio of an extension to the edge rate. Default: %(default)s")
+    parser.add_argument("--max-extensions", type=int, default=protocol.MAX_EXTENSIONS,
+                        help="--protocol: extensions at most. Default: %(default)s")
     parser.add_argument("--fidelity", type=int, default=None, metavar="N",
                         help="instead of training: the converted models' embeddings against softmax's on N texts")
     args = parser.parse_args(argv)
@@ -117,6 +202,8 @@ def main(argv=None):
         parser.error("--out is required (the folder of the runs)")
     args.example_args = example_args
     os.makedirs(args.out, exist_ok=True)
+    if args.protocol:
+        return run_protocols(args)
     records = {}
     for seed in args.seeds:
         for learning_rate in args.learning_rates:

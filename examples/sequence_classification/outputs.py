@@ -8,6 +8,7 @@ import sys
 import time
 
 import keras
+import numpy as np
 
 import keras_yoso
 
@@ -46,6 +47,8 @@ def finish_run(task, args, tokenizer, class_names, classifier, state, encoded, t
         "test_loss": float(test_loss),
         "validation_accuracy": state["history"]["val_accuracy"][-1],
         "validation_loss": state["history"]["val_loss"][-1],
+        # What answering the most common class scores on the validation split: the floor a run must beat.
+        "validation_majority_accuracy": float(np.bincount(validation.labels).max() / max(len(validation), 1)),
         "steps": args.steps,
         "train_examples_per_second": examples / max(state["train_seconds"], 1e-9),
         "test_examples_per_second": len(test) / max(test_seconds, 1e-9),
