@@ -5,6 +5,7 @@ against the softmax layer, and the end-to-end embedding cosine, before and after
     KERAS_BACKEND=jax python benchmarks/calibration.py --pretrained /tmp/all-MiniLM-L6-v2 \\
         --data-dir ../shared/data/imdb --record docs/data/calibration_2026-11-28.json
     python benchmarks/calibration.py --render docs/data/calibration_2026-11-28.json   # the tables of its records
+    python benchmarks/calibration.py --render docs/data/calibration_2026-11-29.json --summary   # README's table
     python benchmarks/calibration.py --dry-run --out-dir /tmp/cal   # a tiny random BERT, no download
 
 The model is converted as examples/convert_pretrained.py converts it (m = 32, tau = 8, seed 0; positions
@@ -83,6 +84,8 @@ def parse_args(argv):
     parser.add_argument("--render", metavar="RECORD", default=None,
                         help="print the tables of the records in RECORD (a JSON list; runs of different lengths "
                              "merge) and exit")
+    parser.add_argument("--summary", action="store_true",
+                        help="with --render: the README's conversion summary (converted, calibrated, transferred)")
     args = parser.parse_args(argv)
     if not (args.dry_run or args.render or args.pretrained):
         parser.error("--pretrained is required (or --dry-run, or --render)")
@@ -388,11 +391,30 @@ def render(records):
     return "\n".join(lines)
 
 
+SUMMARY_MODELS = ("converted", "calibrated", "transferred")
+
+
+def summary(records):
+    """The README's conversion summary from a list of records: per length, the held-out mean layer error and
+    embedding cosine of the converted, calibrated and transferred models."""
+    rows = {(r["length"], r["model"]): r for run in records for r in run["rows"] if r["text"] == "held-out"}
+    lengths = sorted({length for length, _ in rows})
+    cell = lambda length, value: " / ".join(value(rows[length, m]) for m in SUMMARY_MODELS)  # noqa: E731
+    return "\n".join([
+        "| " + " / ".join(SUMMARY_MODELS) + " | " + " | ".join(f"{n:,} tokens" for n in lengths) + " |",
+        "| --- | " + " | ".join("---:" for _ in lengths) + " |",
+        "| mean layer error against the softmax layer | " + " | ".join(
+            cell(n, lambda r: f"{np.mean(r['layer_error']):.3f}") for n in lengths) + " |",
+        "| sentence-embedding cosine to the original | " + " | ".join(
+            cell(n, lambda r: f"{r['end_to_end_cosine']:.3f}") for n in lengths) + " |"])
+
+
 def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
     if args.render:
         with open(args.render, encoding="utf-8") as f:
-            print(render(json.load(f)))
+            records = json.load(f)
+        print(summary(records) if args.summary else render(records))
         return
 
     load_before = os.getloadavg()

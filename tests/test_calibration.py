@@ -201,3 +201,14 @@ def test_benchmark_dry_run_calibrates_and_transfers_and_docs_quote_the_records(t
                                   capture_output=True, text=True, timeout=60)
         assert rendered.returncode == 0, rendered.stderr[-3000:]
         assert rendered.stdout.strip() in results, name
+
+
+def test_the_readme_conversion_summary_is_what_the_record_gives():
+    rendered = subprocess.run([sys.executable, os.path.join("benchmarks", "calibration.py"), "--render",
+                               os.path.join("docs", "data", "calibration_2026-11-29.json"), "--summary"], cwd=REPO,
+                              capture_output=True, text=True, timeout=60)
+    assert rendered.returncode == 0, rendered.stderr[-3000:]
+    with open(os.path.join(REPO, "README.md"), encoding="utf-8") as f:
+        readme = f.read()
+    block = readme.split("<!-- conversion-summary: docs/data/calibration_2026-11-29.json -->\n")[1]
+    assert block.split("<!-- /conversion-summary -->")[0].strip() == rendered.stdout.strip()
