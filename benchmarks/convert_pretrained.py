@@ -27,6 +27,7 @@ is interior, and test accuracy mean [min, max] over the seeds kept; <out>/protoc
 """
 
 import argparse
+import importlib.util
 import json
 import math
 import os
@@ -35,8 +36,17 @@ import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "quality"))
-import protocol  # noqa: E402  (benchmarks/quality/protocol.py: the rate choice, extension and summary)
+
+
+def _load_protocol():
+    """benchmarks/quality/protocol.py (the rate choice, extension and summary), loaded by path."""
+    spec = importlib.util.spec_from_file_location("quality_protocol", os.path.join(HERE, "quality", "protocol.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+protocol = _load_protocol()
 
 EXAMPLE = os.path.join(HERE, "..", "examples", "convert_pretrained.py")
 MODES = ("yoso", "transferred", "softmax", "scratch")
