@@ -43,6 +43,7 @@ from keras_yoso.calibration import _numpy
 from keras_yoso.calibration import _record_calls
 from keras_yoso.calibration import _rebuilt
 from keras_yoso.calibration import _reference_for
+from keras_yoso.calibration import _relative_error
 from keras_yoso.calibration import _statistics
 from keras_yoso.layers.yoso_attention import YosoAttention
 
@@ -158,8 +159,8 @@ class _Progress(keras.callbacks.Callback):
 
 
 def _train(attention, calls, steps, learning_rate, batch_size, verbose, label, expectation):
-    """Trains a student of `attention` on its recorded calls; returns (folded weights, output scale, relative
-    error of YOSO-E before and after, seconds)."""
+    """Trains a student of `attention` on its recorded calls; returns (folded weights, output scale, the
+    student's relative error on the calls before and after, seconds)."""
     start = time.perf_counter()
     arrays, fixed, target, mask = _training_data(calls)
     weight = mask.sum()
@@ -167,12 +168,15 @@ def _train(attention, calls, steps, learning_rate, batch_size, verbose, label, e
     student = _student(attention, calls, expectation)
     # The scale starts at its least-squares fit to the softmax outputs (calibrate's, computed at scale 1).
     student.head_scale.assign(np.ones(attention.num_heads, "float32"))
-    gram, cross, _, _ = _statistics(student, calls)
-    student.head_scale.assign(np.linalg.lstsq(gram, cross, rcond=None)[0].astype("float32"))
+    statistics = _statistics(student, calls)
+    start_scale = np.linalg.lstsq(statistics[0], statistics[1], rcond=None)[0]
+    student.head_scale.assign(start_scale.astype("float32"))
+    before = _relative_error(statistics, start_scale)  # the start's error, from the fit's own statistics
     model = _StudentModel(student, fixed, scale)
     count = target.shape[0]
     batch_size = min(batch_size, count)
-    epochs = max(1, math.ceil(steps / math.ceil(count / batch_size)))
+    steps_per_epoch = math.ceil(count / batch_size)
+    epochs = max(1, math.ceil(steps / steps_per_epoch))
 
     def error():
         out = np.concatenate([_numpy(model({n: a[i:i + batch_size] for n, a in arrays.items()})) * scale
@@ -180,9 +184,8 @@ def _train(attention, calls, steps, learning_rate, batch_size, verbose, label, e
         difference = ((out - target) ** 2).sum(axis=-1) * mask
         return float(np.sqrt(difference.sum() / ((target ** 2).sum(axis=-1) * mask).sum()))
 
-    before = error()
     start_values = [_numpy(v) for v in student.trainable_weights]
-    schedule = keras.optimizers.schedules.CosineDecay(learning_rate, epochs * math.ceil(count / batch_size))
+    schedule = keras.optimizers.schedules.CosineDecay(learning_rate, epochs * steps_per_epoch)
     model.compile(optimizer=keras.optimizers.Adam(schedule), loss="mse")
     if verbose:
         form = "YOSO-E" if expectation else f"sampled, m={attention.num_hashes}"
