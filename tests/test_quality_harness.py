@@ -145,6 +145,27 @@ def test_bidirectional_attention_shape_and_padding(name):
     np.testing.assert_allclose(y2[1], y[1], atol=1e-6)
 
 
+@pytest.mark.parametrize("name", ["linear", "linear_relative"])
+def test_a_wider_feature_size_widens_queries_keys_and_the_state_not_values_or_the_model(name):
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((2, 21, 16)).astype("float32")
+    built = attentions.build_attention(name, num_heads=2, key_dim=8, causal=True, length=21, seed=3, feature_dim=24)
+    layer = _caller(built, x.shape)
+    y = layer(x)
+    assert y.shape == x.shape and np.all(np.isfinite(y))
+    changed = x.copy()
+    changed[:, 9:] = rng.standard_normal(changed[:, 9:].shape) * 3.0
+    np.testing.assert_allclose(layer(changed)[:, :9], y[:, :9], atol=2e-5, rtol=1e-4)  # still causal
+    kernels = sorted(tuple(w.shape) for w in built.weights if len(w.shape) >= 2 and w.shape[0] == 16)
+    assert kernels == ([(16, 2, 8), (16, 2, 24), (16, 2, 24)] if name == "linear_relative"
+                       else [(16, 16), (16, 16), (16, 48), (16, 48)])  # value (and output), key, query
+    narrow = attentions.state_bytes(name, 2, 8, 21)
+    wide = attentions.state_bytes(name, 2, 8, 21, feature_dim=24)
+    assert wide == narrow + 4 * 2 * (24 - 8) * (8 + 1)  # 16 more feature rows of [value_dim + 1] per head
+    with pytest.raises(ValueError, match="feature_dim"):
+        attentions.build_attention("linear", num_heads=2, key_dim=8, causal=True, length=21, seed=3, feature_dim=0)
+
+
 def test_chunked_causal_linear_attention_matches_direct_formula():
     import keras
 
@@ -239,6 +260,8 @@ def test_state_bytes_formulas():
     assert attentions.state_bytes("yoso_c", 2, 32, 256, hash_code_len=8) == 4 * (2 * 32 * 256 * 32 + 3 * 2 * 32)
     assert attentions.state_bytes("softmax", 2, 32, 256) == 2 * 4 * 2 * 32 * 256
     assert attentions.state_bytes("linear", 2, 32, 256) == 4 * 2 * 32 * 33
+    assert attentions.state_bytes("linear", 2, 32, 256, feature_dim=128) == 4 * 2 * 128 * 33
+    assert attentions.state_bytes("linear_relative", 2, 32, 256, feature_dim=128) == 4 * 2 * 33 * (128 + 16 + 1)
     assert attentions.state_bytes("linear_relative_nohorizon", 2, 32, 256) == 4 * 2 * 32 * 33
     assert attentions.state_bytes("linear_relative", 2, 32, 256) == 4 * 2 * 33 * (32 + 16 + 1)
     assert attentions.state_bytes("performer", 2, 32, 256, num_features=64) == 4 * 2 * 64 * 33

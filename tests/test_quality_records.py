@@ -5,6 +5,7 @@ from docs/data/quality_protocol_*.json, every cell of those records is published
 hold what the protocol promises (validation chooses, 3 seeds at the chosen rate, failed runs named)."""
 
 import importlib.util
+import json
 import os
 import re
 
@@ -14,6 +15,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 pytestmark = pytest.mark.all_cases  # every table on every backend (cheap)
 _BLOCK = re.compile(r"<!-- quality-table: (.+?) -->\n(.*?)\n<!-- /quality-table -->", re.S)
 _PROTOCOL_BLOCK = re.compile(r"<!-- quality-protocol-table: (.+?) -->\n(.*?)\n<!-- /quality-table -->", re.S)
+_STATE_BLOCK = re.compile(r"<!-- quality-state-table: (.+?) -->\n(.*?)\n<!-- /quality-table -->", re.S)
+_SWEEP_BLOCK = re.compile(r"<!-- quality-sweep-table: (.+?) -->\n(.*?)\n<!-- /quality-table -->", re.S)
 
 
 def _report():
@@ -34,6 +37,9 @@ RECORDS = report.load()
 TABLES = _BLOCK.findall(_read("docs", "quality.md"))
 PROTOCOL_RECORDS = report.load_protocol()
 PROTOCOL_TABLES = _PROTOCOL_BLOCK.findall(_read("docs", "quality.md"))
+STATE_RECORDS = report.load_state()
+STATE_TABLES = _STATE_BLOCK.findall(_read("docs", "quality.md"))
+SWEEP_TABLES = _SWEEP_BLOCK.findall(_read("docs", "quality.md"))
 
 
 def test_the_quality_page_publishes_its_tables_as_rendered_blocks():
@@ -65,6 +71,11 @@ def test_the_readme_results_table_quotes_the_records():
     assert all(row["complete"] and row["interior"] and row["seeds_kept"] == 3 for row in rows.values())
     yoso, softmax = ((f"{row['test_mean']:.3f}", f"[{row['test_min']:.3f}, {row['test_max']:.3f}]") for row in rows.values())
     assert f"test accuracy, mean [min, max] | {' '.join(yoso)} | **{softmax[0]}** {softmax[1]} |" in readme
+    equal = {first["label"]: row for first, row in report.state_configurations(STATE_RECORDS, "mqar 64 8 250")
+             if first["state_bytes_per_layer"] == 32_768}
+    yoso, softmax = (f"{row['test_mean']:.3f} [{row['test_min']:.3f}, {row['test_max']:.3f}]"
+                     for row in (equal["yoso(num_hashes=8,hash_code_len=4)"], equal["softmax"]))
+    assert f"YOSO m = 8, τ = 4) | {yoso} | **{softmax.split()[0]}** {' '.join(softmax.split()[1:])} |" in readme
     _, yoso_kept, yoso_runs = _chosen("tags 512 300", "yoso")
     _, softmax_kept, softmax_runs = _chosen("tags 512 300", "softmax")
     assert f"| {yoso_kept} of {yoso_runs} | **{softmax_kept} of {softmax_runs}** |" in readme
@@ -93,18 +104,56 @@ def test_each_published_protocol_table_is_what_the_records_give(key, published):
         f"re-render with python benchmarks/quality/report.py --protocol ({key})"
 
 
-def test_the_protocol_records_chose_on_validation_and_ran_three_seeds_at_the_choice():
+def test_every_equal_state_cell_is_published_as_a_rendered_block():
+    assert STATE_RECORDS, "no docs/data/quality_state_*.json"
+    assert sorted(key for key, _ in STATE_TABLES) == sorted({report.cell_key(r) for r in STATE_RECORDS})
+    assert sorted(key for key, _ in SWEEP_TABLES) == sorted({report.cell_key(r) for r in STATE_RECORDS})
+
+
+@pytest.mark.parametrize("key, published", STATE_TABLES, ids=[key for key, _ in STATE_TABLES])
+def test_each_published_equal_state_table_is_what_the_records_give(key, published):
+    assert published == report.render_state(STATE_RECORDS, key), \
+        f"re-render with python benchmarks/quality/report.py --state ({key})"
+
+
+@pytest.mark.parametrize("key, published", SWEEP_TABLES, ids=[key for key, _ in SWEEP_TABLES])
+def test_each_published_defaults_sweep_is_what_the_records_give(key, published):
+    assert published == report.render_sweep(STATE_RECORDS, key), \
+        f"re-render with python benchmarks/quality/report.py --state ({key})"
+
+
+def _row(attention, state, mean, complete=True, floor=False):
+    first = {"attention": attention, "label": attention, "state_bytes_per_layer": state,
+             "status": "floor" if floor else "ok", "lr": 0.01, "seed": 0}
+    return first, {"test_mean": mean, "complete": complete}
+
+
+def test_the_frontier_keeps_what_no_configuration_beats_with_no_more_state():
+    rows = [_row("small", 1_000, 0.5), _row("same_state_better", 1_000, 0.6), _row("bigger_worse", 5_000, 0.55),
+            _row("bigger_better", 5_000, 0.9), _row("unfinished", 100, 0.99, complete=False),
+            _row("floor", 0, 0.01, floor=True), _row("tie_at_more_state", 9_000, 0.9)]
+    kept = {json.loads(key)[report.plot.CONFIG_KEYS.index("label")] for key in report.frontier(rows)}
+    assert kept == {"same_state_better", "bigger_better"}
+
+
+@pytest.mark.parametrize("source", ["protocol", "state"])
+def test_the_protocol_records_chose_on_validation_and_ran_three_seeds_at_the_choice(source):
     configs = {}
-    for record in PROTOCOL_RECORDS:
-        configs.setdefault(report.plot.config_key(record), []).append(record)
+    render = report.render_protocol if source == "protocol" else report.render_state
+    records = PROTOCOL_RECORDS if source == "protocol" else STATE_RECORDS
+    seen = set()
+    for record in records:
+        key = report.plot.config_key(record)
+        if (key, record["lr"], record["seed"]) not in seen:  # the equal-state tables count a rerun floor once
+            seen.add((key, record["lr"], record["seed"]))
+            configs.setdefault(key, []).append(record)
     for runs in configs.values():
         assert all(r["validation_accuracy"] is not None and r["validation_size"] > 0 for r in runs)
         assert all(r["status"] in ("floor", "ok", "diverged", "learned_nothing") for r in runs)
         assert all((r["failure"] is None) == (r["status"] in ("floor", "ok")) for r in runs)
         row = report.protocol.summarize(runs)
         if not row["complete"]:  # stopped at a deadline: the table says so
-            assert "protocol stopped before its end" in report.render_protocol(PROTOCOL_RECORDS,
-                                                                                report.cell_key(runs[0]))
+            assert "protocol stopped before its end" in render(records, report.cell_key(runs[0]))
             continue
         grid = [r for r in runs if r["protocol"]["phase"] == "grid"]
         assert len({r["lr"] for r in grid}) >= report.protocol.GRID_MIN and all(r["seed"] == 0 for r in grid)

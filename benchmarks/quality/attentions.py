@@ -138,22 +138,26 @@ register("yoso_e", {k: v for k, v in YOSO_DEFAULTS.items() if k not in ("num_has
          causal=False, description="YOSO-E: the expectation over hashes, O(T^2), bidirectional only")(_yoso)
 
 
-def _linear_relative_state(num_heads, key_dim, length, horizon=None, **_):
-    """kernel state [key_dim, value_dim + 1] per head, plus with a horizon k the last k rows [V, 1] and
-    the sum before them: (value_dim + 1) * (key_dim + k + 1) (LinearRelativeAttention.init_cache)."""
-    rows = key_dim + (horizon + 1 if horizon else 0)
+def _linear_relative_state(num_heads, key_dim, length, horizon=None, feature_dim=None, **_):
+    """kernel state [F, value_dim + 1] per head (F = feature_dim, the layer's key_dim; value_dim = key_dim
+    here), plus with a horizon k the last k rows [V, 1] and the sum before them: (value_dim + 1) * (F + k + 1)
+    (LinearRelativeAttention.init_cache)."""
+    rows = (feature_dim or key_dim) + (horizon + 1 if horizon else 0)
     return FLOAT_BYTES * num_heads * (key_dim + 1) * rows
 
 
-def _linear_relative(num_heads, key_dim, causal, length, seed, **kwargs):
-    inner = keras_yoso.LinearRelativeAttention(num_heads, key_dim, seed=seed, name="linear_relative", **kwargs)
+def _linear_relative(num_heads, key_dim, causal, length, seed, feature_dim=None, **kwargs):
+    """The library layer; with feature_dim its queries and keys get feature_dim features per head
+    (key_dim=feature_dim) and its values key_dim (value_dim=key_dim): a wider state at the same model."""
+    inner = keras_yoso.LinearRelativeAttention(num_heads, feature_dim or key_dim, value_dim=key_dim, seed=seed,
+                                               name="linear_relative", **kwargs)
     return LibraryAttention(inner, causal)
 
 
-register("linear_relative", {"horizon": 16}, state_bytes=_linear_relative_state,
+register("linear_relative", {"horizon": 16, "feature_dim": None}, state_bytes=_linear_relative_state,
          description="Scaleformer (Favier & Dal'Maz Silva 2022): elu+1 linear attention + clipped relative "
                      "positions, keras_yoso.LinearRelativeAttention")(_linear_relative)
-register("linear_relative_nohorizon", {"horizon": None}, state_bytes=_linear_relative_state,
+register("linear_relative_nohorizon", {"horizon": None, "feature_dim": None}, state_bytes=_linear_relative_state,
          description="LinearRelativeAttention(horizon=None): plain elu+1 linear attention "
                      "(the library's kernel)")(_linear_relative)
 
@@ -201,16 +205,22 @@ class ProjectedAttention(keras.layers.Layer):
 
     shared_qk = False  # Reformer: keys are the (normalized) queries, no key projection
 
-    def __init__(self, num_heads, key_dim, causal, seed=None, **kwargs):
+    def __init__(self, num_heads, key_dim, causal, seed=None, feature_dim=None, **kwargs):
         super().__init__(**kwargs)
         self.supports_masking = True  # padding arrives as `padding_mask`; a Keras mask passes through
         self.num_heads, self.key_dim, self.causal, self.seed = num_heads, key_dim, causal, seed
+        # queries and keys get feature_dim features per head (the state's width; issue 43 item 4 widens
+        # it), values key_dim; None: key_dim
+        self.feature_dim = key_dim if feature_dim is None else int(feature_dim)
+        if self.feature_dim < 1:
+            raise ValueError(f"feature_dim: expected a positive integer or None, got {feature_dim!r}")
 
     def build(self, input_shape):
         width = input_shape[-1]
         inner = self.num_heads * self.key_dim
         names = ("query", "value") if self.shared_qk else ("query", "key", "value")
-        self.projections = {name: keras.layers.Dense(inner, name=name) for name in names}
+        self.dims = {name: self.key_dim if name == "value" else self.feature_dim for name in names}
+        self.projections = {name: keras.layers.Dense(self.num_heads * self.dims[name], name=name) for name in names}
         for layer in self.projections.values():
             layer.build(input_shape)
         self.output_dense = keras.layers.Dense(width, name="attention_output")
@@ -225,7 +235,7 @@ class ProjectedAttention(keras.layers.Layer):
 
     def call(self, x, padding_mask=None, training=None):
         batch, length = ops.shape(x)[0], ops.shape(x)[1]
-        heads = {name: ops.cast(ops.reshape(layer(x), (batch, length, self.num_heads, self.key_dim)), "float32")
+        heads = {name: ops.cast(ops.reshape(layer(x), (batch, length, self.num_heads, self.dims[name])), "float32")
                  for name, layer in self.projections.items()}
         out = self.attend(heads["query"], heads.get("key"), heads["value"], padding_mask)
         out = ops.reshape(ops.cast(out, self.compute_dtype), (batch, length, self.num_heads * self.key_dim))
@@ -326,8 +336,9 @@ class LinearAttention(ProjectedAttention):
         return kernel_attention(phi(q), phi(k), v, self.causal, mask, self.chunk_size)
 
 
-register("linear", {"chunk_size": 64},
-         state_bytes=lambda h, d, length, **_: FLOAT_BYTES * h * d * (d + 1),  # sum phi(k) [v, 1]^T
+register("linear", {"chunk_size": 64, "feature_dim": None},
+         # sum phi(k) [v, 1]^T: [feature_dim, value_dim + 1] per head
+         state_bytes=lambda h, d, length, feature_dim=None, **_: FLOAT_BYTES * h * (feature_dim or d) * (d + 1),
          description="linear attention, elu+1 features (Katharopoulos et al. 2020)")(
     lambda h, d, causal, length, seed, **kw: LinearAttention(h, d, causal, seed, name="linear", **kw))
 

@@ -53,6 +53,7 @@ class Stage:
     batch_size: int
     attentions: tuple
     estimate_s: float
+    attention_kwargs: str = ""  # run.py's --attention-kwargs (JSON), "" for the attentions' defaults
 
     @property
     def tokens(self):
@@ -68,6 +69,10 @@ STAGES = (
     Stage("mqar_8192_512", 8192, 512, 64, 1000, 4, ("yoso", "softmax"), 70),
     Stage("mqar_512_64_width128", 512, 64, 128, 1500, 64, ("yoso", "softmax"), 100),
     Stage("mqar_512_64_baselines", 512, 64, 64, 1500, 64, BASELINES, 150),
+    # issue 43 item 5: the sweep's best settings at (64, 8) but the default (m 32, tau 6, in the first stage)
+    # at the (512, 64) cell (docs/quality.md section 7)
+    Stage("mqar_512_64_m64_tau6", 512, 64, 64, 1500, 64, ("yoso",), 120, '{"num_hashes": 64, "hash_code_len": 6}'),
+    Stage("mqar_512_64_m32_tau5", 512, 64, 64, 1500, 64, ("yoso",), 90, '{"num_hashes": 32, "hash_code_len": 5}'),
 )
 # The dry run's sizes: every stage's attentions, at a size a CPU trains in seconds.
 DRY = dict(length=24, pairs=4, width=16, steps=2, batch_size=4)
@@ -81,6 +86,8 @@ def stage_argv(stage, args, out_dir, dry_run=False):
             "--pairs", str(size["pairs"]), "--width", str(size["width"]), "--steps", str(size["steps"]),
             "--batch-size", str(size["batch_size"]), "--lr", str(args.lr), "--seeds", *map(str, args.seeds),
             "--out", out_dir]
+    if stage.attention_kwargs:
+        argv += ["--attention-kwargs", stage.attention_kwargs]
     if dry_run:
         argv += ["--test-size", "8", "--layers", "1", "--heads", "1", "--vocab", "64"]
     return argv

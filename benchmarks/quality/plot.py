@@ -119,6 +119,62 @@ def plot_mqar(records, path):
     return path
 
 
+def plot_state(cells, path):
+    """Accuracy against state bytes per layer (log x) of the equal-state tables (report.render_state), one
+    panel per cell: per attention every configuration (the protocol's test mean over the seeds kept at its
+    chosen rate, bars from the worst to the best of them), the best of them at each state size joined by
+    a line (several YOSO settings share a state size: m 2^tau); the model with no
+    attention as a dotted line; configurations whose protocol failed or did not finish left out (the table
+    names them); Zoology's published ranges (PUBLISHED) in grey, marked as published.
+
+    cells: {cell key: [(first record, protocol.summarize row)]}."""
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, len(cells), figsize=(6.5 * len(cells) + 2, 4.5), squeeze=False)
+    colors = plt.get_cmap("tab10")
+    names = sorted({first["attention"] for rows in cells.values() for first, _ in rows if first["status"] != "floor"})
+    for ax, (key, rows) in zip(axes[0], sorted(cells.items())):
+        for i, name in enumerate(names):
+            points = sorted(((first["state_bytes_per_layer"], row) for first, row in rows
+                             if first["attention"] == name and first["status"] != "floor" and row["complete"]
+                             and row["test_mean"] is not None), key=lambda point: point[0])
+            if not points:
+                continue
+            x = [state for state, _ in points]
+            y = [row["test_mean"] for _, row in points]
+            err = [[row["test_mean"] - row["test_min"] for _, row in points],
+                   [row["test_max"] - row["test_mean"] for _, row in points]]
+            ax.errorbar(x, y, yerr=err, marker=MARKERS[i % len(MARKERS)], color=colors(i % 10), label=name,
+                        capsize=3, linestyle="none", markersize=6, alpha=0.8)
+            best = {}
+            for state, row in points:
+                best[state] = max(best.get(state, 0.0), row["test_mean"])
+            if len(best) > 1:
+                ax.plot(sorted(best), [best[state] for state in sorted(best)], color=colors(i % 10), linewidth=1.2)
+        floor = [row["test_mean"] for first, row in rows if first["status"] == "floor" and row["test_mean"] is not None]
+        if floor:
+            ax.axhline(floor[0], color="black", linestyle=":", label="no attention (the floor)")
+        for (label, state, (low, high)), hatch in zip(PUBLISHED, ("", "//")):
+            if state is None:
+                ax.axhspan(low, high, color="grey", alpha=0.3, label=label)
+            else:
+                ax.fill_between(state, low, high, facecolor="none", edgecolor="grey", hatch=hatch, label=label)
+        ax.set_xscale("log")
+        ax.set_ylim(-0.02, 1.02)
+        ax.set_xlabel("state bytes per layer (causal decoding, one sequence)")
+        ax.set_ylabel("test accuracy, mean over 3 seeds [min, max]")
+        first = rows[0][0]
+        ax.set_title(f"MQAR, {first['length']} tokens, {first['pairs']} pairs, {first['steps']} steps"
+                     if first["task"] == "mqar" else f"{key} steps")
+        ax.grid(True, which="both", alpha=0.3)
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    if handles:
+        fig.legend(handles, labels, loc="center right", fontsize=8)
+    fig.tight_layout(rect=(0, 0, 0.72, 1))
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
 def plot_bars(records, path, tasks):
     """Bars per attention label: test accuracy (classification) or bits per byte (lm), one panel per task."""
     plt = _pyplot()

@@ -129,7 +129,10 @@ def summarize(records):
 def _matches(record, args, name, kwargs, lr, seed):
     import run
 
-    return (record.get("attention") == name and record.get("attention_kwargs") == kwargs
+    def given(settings):  # a keyword argument at None is one a record may predate (feature_dim)
+        return {k: v for k, v in (settings or {}).items() if v is not None}
+
+    return (record.get("attention") == name and given(record.get("attention_kwargs")) == given(kwargs)
             and all(record.get(k) == v for k, v in run.cell_fields(args, lr, seed).items())
             and record.get("validation_size") == args.validation_size)
 

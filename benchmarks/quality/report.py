@@ -20,6 +20,13 @@ derives each row; run.judge judged each run when it ran), above them the command
 
     python benchmarks/quality/report.py [docs/data/quality_*.json ...]     # prints every table
     python benchmarks/quality/report.py --protocol [docs/data/quality_protocol_*.json ...]
+    python benchmarks/quality/report.py --state [--plot PNG]     # the equal-state tables (issue 43, item 4)
+
+The equal-state tables (`render_state`) come from the protocol records of docs/data/quality_state_*.json
+(the same cell with the attentions' state widened or narrowed: YOSO's m and tau, the fixed-state models'
+feature sizes) together with that cell's configurations in docs/data/quality_protocol_*.json (the
+library defaults): per configuration its state bytes, the protocol's row and whether it is on the
+frontier (no other configuration reaches a higher mean test accuracy with at most its state).
 
 docs/quality.md holds each table between `<!-- quality-table: KEY -->` (protocol tables:
 `<!-- quality-protocol-table: KEY -->`) and `<!-- /quality-table -->`; tests/test_quality_records.py
@@ -49,6 +56,7 @@ protocol = _module("protocol")
 DATA = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "docs", "data")
 DEFAULT_FILES = ("quality_mqar_2026-11-25.json", "quality_2026-11-26.json")
 PROTOCOL_FILES = "quality_protocol_*.json"
+STATE_FILES = "quality_state_*.json"
 
 
 def uniform_loss(record):
@@ -191,6 +199,108 @@ def render_protocol(records, key):
     return "\n".join(lines)
 
 
+def state_configurations(records, key):
+    """[(first record, protocol row)] of cell `key`, one per configuration (plot.config_key), the floor
+    last and the others by attention and state bytes; a run recorded twice (same configuration, rate and
+    seed: a floor each protocol invocation trains first) counts once."""
+    configs, seen = {}, set()
+    for record in records:
+        if cell_key(record) != key:
+            continue
+        config = plot.config_key(record)
+        if (config, record["lr"], record["seed"]) in seen:
+            continue
+        seen.add((config, record["lr"], record["seed"]))
+        configs.setdefault(config, []).append(record)
+    if not configs:
+        raise KeyError(f"no equal-state record of the cell {key!r}")
+    rows = [(runs[0], protocol.summarize(runs)) for runs in configs.values()]
+    rows.sort(key=lambda row: (row[0]["status"] == "floor", row[0]["attention"],
+                               row[0].get("state_bytes_per_layer") or 0))
+    return rows
+
+
+def frontier(rows):
+    """The configurations of `rows` (state_configurations) on the accuracy-state frontier, as a set of
+    plot.config_key: a complete protocol row with a mean test accuracy that no other complete row reaches
+    or beats at no more state (the floor, with no state, is not a configuration of an attention)."""
+    done = [(first["state_bytes_per_layer"], row["test_mean"], plot.config_key(first)) for first, row in rows
+            if first["status"] != "floor" and row["complete"] and row["test_mean"] is not None]
+    return {key for state, mean, key in done
+            if not any(other_key != key and other_state <= state and other_mean >= mean
+                       and (other_state, -other_mean) < (state, -mean) for other_state, other_mean, other_key in done)}
+
+
+def render_state(records, key):
+    """The equal-state table of cell `key` with its provenance lines above it: per configuration the state
+    bytes of one layer's causal decoding state, the protocol's chosen rate, whether it is interior, the test
+    accuracy over the seeds kept there, the failed runs, and whether it is on the frontier."""
+    rows = state_configurations(records, key)
+    on_frontier = frontier(rows)
+    cell = [r for r in records if cell_key(r) == key]
+    lines = _provenance(cell) + [
+        "| attention | settings | state bytes / layer | chosen lr | interior | "
+        "test accuracy mean [min, max] (seeds kept of run) | failed runs | on the frontier |",
+        "| --- | --- | ---: | ---: | --- | ---: | --- | --- |"]
+    for first, row in rows:
+        if row["chosen_lr"] is None:
+            chosen, interior, result = "none", "—", "every rate failed"
+        else:
+            chosen = f"{row['chosen_lr']:g}"
+            interior = "yes" if row["interior"] else f"no: at the edge after {row['extensions']} extension(s)"
+            result = (f"{row['test_mean']:.3f} [{row['test_min']:.3f}, {row['test_max']:.3f}] "
+                      f"({row['seeds_kept']} of {row['seeds_run']})" if row["seeds_kept"] else
+                      f"every seed failed (0 of {row['seeds_run']})")
+        if not row["complete"]:
+            interior, result = "—", f"protocol stopped before its end: {result}"
+        state = first.get("state_bytes_per_layer")
+        name = first["attention"] + (" (the floor)" if first["status"] == "floor" else "")
+        lines.append(f"| {name} | {first.get('settings') or '-'} | {'—' if state is None else f'{state:,}'} | "
+                     f"{chosen} | {interior} | {result} | "
+                     + ("; ".join(_failed_run(r) for r in row["failed"]) or "none") + " | "
+                     + ("yes" if plot.config_key(first) in on_frontier else "—" if first["status"] == "floor" else "no")
+                     + " |")
+    return "\n".join(lines)
+
+
+def render_sweep(records, key):
+    """YOSO's settings of cell `key` in the equal-state records as a grid (issue 43, item 5): a row per
+    hash_code_len tau, a column per num_hashes m, each cell the protocol's test accuracy mean [min, max]
+    over its seeds at the chosen rate (the rate after it), "failed" when every rate or seed failed, "—"
+    when the protocol did not finish or did not run; below it the settings ranked by mean."""
+    rows = [(first, row) for first, row in state_configurations(records, key)
+            if first["attention"] == "yoso" and not first["attention_kwargs"].get("conv_window")]
+    grid = {(first["attention_kwargs"]["hash_code_len"], first["attention_kwargs"]["num_hashes"]): row
+            for first, row in rows}
+    taus = sorted({tau for tau, _ in grid})
+    ms = sorted({m for _, m in grid})
+
+    def cell(row):
+        if row is None or not row["complete"]:
+            return "—"
+        if row["test_mean"] is None:
+            return "failed"
+        return (f"{row['test_mean']:.3f} [{row['test_min']:.3f}, {row['test_max']:.3f}] at {row['chosen_lr']:g}"
+                + ("" if row["interior"] else " (edge)"))
+
+    lines = ["| tau (rows), m (columns) | " + " | ".join(f"m = {m}" for m in ms) + " |",
+             "| --- | " + " | ".join("---:" for _ in ms) + " |"]
+    lines += [f"| tau = {tau} | " + " | ".join(cell(grid.get((tau, m))) for m in ms) + " |" for tau in taus]
+    ranked = sorted(((row["test_mean"], row["test_min"], tau, m) for (tau, m), row in grid.items()
+                     if row["complete"] and row["test_mean"] is not None), reverse=True)
+    lines += ["", "Ranked by mean test accuracy (worst seed after it): " + "; ".join(
+        f"{i}. m = {m}, tau = {tau}: {mean:.3f} ({low:.3f})" for i, (mean, low, tau, m) in enumerate(ranked, 1)) + "."]
+    return "\n".join(lines)
+
+
+def load_state(paths=None):
+    """The equal-state records (docs/data/quality_state_*.json by default) and, of the protocol records
+    (docs/data/quality_protocol_*.json), those of the same cells: the library defaults' rows."""
+    records = plot.load(paths or sorted(glob.glob(os.path.join(DATA, STATE_FILES))))
+    cells = {cell_key(r) for r in records}
+    return records + [r for r in load_protocol() if cell_key(r) in cells]
+
+
 def load(paths=None):
     paths = paths or [os.path.join(DATA, name) for name in DEFAULT_FILES]
     return plot.load(paths)
@@ -206,6 +316,20 @@ def main(argv=None):
         records = load_protocol(argv[1:] or None)
         for key in sorted({cell_key(r) for r in records}):
             print(f"<!-- quality-protocol-table: {key} -->\n{render_protocol(records, key)}\n<!-- /quality-table -->\n")
+        return
+    if argv[:1] == ["--state"]:
+        argv = argv[1:]
+        png = None
+        if "--plot" in argv:
+            at = argv.index("--plot")
+            png, argv = argv[at + 1], argv[:at] + argv[at + 2:]
+        records = load_state(argv or None)
+        keys = sorted({cell_key(r) for r in records})
+        for key in keys:
+            print(f"<!-- quality-state-table: {key} -->\n{render_state(records, key)}\n<!-- /quality-table -->\n")
+            print(f"<!-- quality-sweep-table: {key} -->\n{render_sweep(records, key)}\n<!-- /quality-table -->\n")
+        if png:
+            print(f"wrote {plot.plot_state({key: state_configurations(records, key) for key in keys}, png)}")
         return
     records = load(argv or None)
     for key in sorted({cell_key(r) for r in records}):

@@ -264,7 +264,8 @@ def label_of(args, name, kwargs):
 
 SHORT_NAMES = {"num_hashes": "m", "hash_code_len": "tau", "conv_window": "conv", "backward": "bwd",
                "hash_method": "hash", "use_expectation": "E", "num_features": "F", "chunk_size": "C",
-               "num_buckets": "buckets", "conv_kernel": "conv", "horizon": "horizon", "window": "w"}
+               "num_buckets": "buckets", "conv_kernel": "conv", "horizon": "horizon", "window": "w",
+               "feature_dim": "Fqk"}
 
 
 def settings_of(name, kwargs):
