@@ -79,6 +79,26 @@ PUBLISHED = (("published: attention, Zoology Fig. 2", None, (0.97, 0.98)),
              ("published: gated / delta recurrent models, Zoology Fig. 2", (3.4e4, 1.6e5), (0.95, 0.99)))
 
 
+def _draw_published(ax):
+    """PUBLISHED's ranges on `ax`, grey, each labelled as published."""
+    for (label, state, (low, high)), hatch in zip(PUBLISHED, ("", "//")):
+        if state is None:
+            ax.axhspan(low, high, color="grey", alpha=0.3, label=label)
+        else:
+            ax.fill_between(state, low, high, facecolor="none", edgecolor="grey", hatch=hatch, label=label)
+
+
+def _save(plt, fig, axes, path, legend_from):
+    """The first panel's legend right of x = legend_from (a fraction of the figure), then `path` (PNG)."""
+    handles, names = axes[0][0].get_legend_handles_labels()
+    if handles:
+        fig.legend(handles, names, loc="center right", fontsize=8)
+    fig.tight_layout(rect=(0, 0, legend_from, 1))
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
 def plot_mqar(records, path):
     """Accuracy vs state bytes per layer (log x), one panel per (length, pairs)."""
     plt = _pyplot()
@@ -100,23 +120,13 @@ def plot_mqar(records, path):
             ax.errorbar(x, y, yerr=err, marker=MARKERS[i % len(MARKERS)], color=colors(i % 10), label=label,
                         capsize=3, linestyle="-" if len(points) > 1 else "none", markersize=7)
         ax.set_xscale("log")
-        for (label, state, (low, high)), hatch in zip(PUBLISHED, ("", "//")):
-            if state is None:
-                ax.axhspan(low, high, color="grey", alpha=0.3, label=label)
-            else:
-                ax.fill_between(state, low, high, facecolor="none", edgecolor="grey", hatch=hatch, label=label)
+        _draw_published(ax)
         ax.set_ylim(-0.02, 1.02)
         ax.set_xlabel("state bytes per layer (causal decoding, one sequence)")
         ax.set_ylabel("MQAR accuracy (query positions)")
         ax.set_title(f"MQAR, length {length}, {pairs} pairs")
         ax.grid(True, which="both", alpha=0.3)
-    handles, names = axes[0][0].get_legend_handles_labels()
-    if handles:
-        fig.legend(handles, names, loc="center right", fontsize=8)
-    fig.tight_layout(rect=(0, 0, 0.8, 1))
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, axes, path, legend_from=0.8)
 
 
 def plot_state(cells, path):
@@ -153,11 +163,7 @@ def plot_state(cells, path):
         floor = [row["test_mean"] for first, row in rows if first["status"] == "floor" and row["test_mean"] is not None]
         if floor:
             ax.axhline(floor[0], color="black", linestyle=":", label="no attention (the floor)")
-        for (label, state, (low, high)), hatch in zip(PUBLISHED, ("", "//")):
-            if state is None:
-                ax.axhspan(low, high, color="grey", alpha=0.3, label=label)
-            else:
-                ax.fill_between(state, low, high, facecolor="none", edgecolor="grey", hatch=hatch, label=label)
+        _draw_published(ax)
         ax.set_xscale("log")
         ax.set_ylim(-0.02, 1.02)
         ax.set_xlabel("state bytes per layer (causal decoding, one sequence)")
@@ -166,13 +172,7 @@ def plot_state(cells, path):
         ax.set_title(f"MQAR, {first['length']} tokens, {first['pairs']} pairs, {first['steps']} steps"
                      if first["task"] == "mqar" else f"{key} steps")
         ax.grid(True, which="both", alpha=0.3)
-    handles, labels = axes[0][0].get_legend_handles_labels()
-    if handles:
-        fig.legend(handles, labels, loc="center right", fontsize=8)
-    fig.tight_layout(rect=(0, 0, 0.72, 1))
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, axes, path, legend_from=0.72)
 
 
 def plot_bars(records, path, tasks):

@@ -157,6 +157,21 @@ def _provenance(cell):
         + [f"    python {command}" for command in commands] + [""]
 
 
+def _outcome(row):
+    """(chosen rate, interior, result) cells of a protocol row (protocol.summarize)."""
+    if row["chosen_lr"] is None:
+        chosen, interior, result = "none", "—", "every rate failed"
+    else:
+        chosen = f"{row['chosen_lr']:g}"
+        interior = "yes" if row["interior"] else f"no: at the edge after {row['extensions']} extension(s)"
+        result = (f"{row['test_mean']:.3f} [{row['test_min']:.3f}, {row['test_max']:.3f}] "
+                  f"({row['seeds_kept']} of {row['seeds_run']})" if row["seeds_kept"] else
+                  f"every seed failed (0 of {row['seeds_run']})")
+    if not row["complete"]:
+        interior, result = "—", f"protocol stopped before its end: {result}"
+    return chosen, interior, result
+
+
 def render_protocol(records, key):
     """The protocol table of cell `key` (cell_key) with its provenance lines above it."""
     cell = [r for r in records if cell_key(r) == key]
@@ -179,19 +194,10 @@ def render_protocol(records, key):
             run = seed0.get(lr)
             scores.append("—" if run is None else ("failed" if protocol.failed(run) else
                                                     f"{run['validation_accuracy']:.3f}"))
-        if row["chosen_lr"] is None:
-            chosen, interior, result = "none", "—", "every rate failed"
-        else:
-            chosen = f"{row['chosen_lr']:g}"
-            interior = "yes" if row["interior"] else f"no: at the edge after {row['extensions']} extension(s)"
-            result = (f"{row['test_mean']:.3f} [{row['test_min']:.3f}, {row['test_max']:.3f}] "
-                      f"({row['seeds_kept']} of {row['seeds_run']})" if row["seeds_kept"] else
-                      f"every seed failed (0 of {row['seeds_run']})")
+        chosen, interior, result = _outcome(row)
         settings = first.get("settings") or "-"
         label = first["label"] + (f" ({settings})" if settings != "-" else "") \
             + (" (the floor)" if first["status"] == "floor" else "")
-        if not row["complete"]:
-            interior, result = "—", f"protocol stopped before its end: {result}"
         state = first.get("state_bytes_per_layer")
         lines.append(f"| {label} | {'—' if state is None else f'{state:,}'} | " + " | ".join(scores)
                      + f" | {chosen} | {interior} | {result} | "
@@ -243,16 +249,7 @@ def render_state(records, key):
         "test accuracy mean [min, max] (seeds kept of run) | failed runs | on the frontier |",
         "| --- | --- | ---: | ---: | --- | ---: | --- | --- |"]
     for first, row in rows:
-        if row["chosen_lr"] is None:
-            chosen, interior, result = "none", "—", "every rate failed"
-        else:
-            chosen = f"{row['chosen_lr']:g}"
-            interior = "yes" if row["interior"] else f"no: at the edge after {row['extensions']} extension(s)"
-            result = (f"{row['test_mean']:.3f} [{row['test_min']:.3f}, {row['test_max']:.3f}] "
-                      f"({row['seeds_kept']} of {row['seeds_run']})" if row["seeds_kept"] else
-                      f"every seed failed (0 of {row['seeds_run']})")
-        if not row["complete"]:
-            interior, result = "—", f"protocol stopped before its end: {result}"
+        chosen, interior, result = _outcome(row)
         state = first.get("state_bytes_per_layer")
         name = first["attention"] + (" (the floor)" if first["status"] == "floor" else "")
         lines.append(f"| {name} | {first.get('settings') or '-'} | {'—' if state is None else f'{state:,}'} | "
