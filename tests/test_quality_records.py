@@ -73,9 +73,9 @@ def test_the_readme_results_table_quotes_the_records():
     assert f"test accuracy, mean [min, max] | {' '.join(yoso)} | **{softmax[0]}** {softmax[1]} |" in readme
     equal = {first["label"]: row for first, row in report.state_configurations(STATE_RECORDS, "mqar 64 8 250")
              if first["state_bytes_per_layer"] == 32_768}
-    yoso, softmax = (f"{row['test_mean']:.3f} [{row['test_min']:.3f}, {row['test_max']:.3f}]"
+    yoso, softmax = ((f"{row['test_mean']:.3f}", f"[{row['test_min']:.3f}, {row['test_max']:.3f}]")
                      for row in (equal["yoso(num_hashes=8,hash_code_len=4)"], equal["softmax"]))
-    assert f"YOSO m = 8, τ = 4) | {yoso} | **{softmax.split()[0]}** {' '.join(softmax.split()[1:])} |" in readme
+    assert f"YOSO m = 8, τ = 4) | {' '.join(yoso)} | **{softmax[0]}** {softmax[1]} |" in readme
     _, yoso_kept, yoso_runs = _chosen("tags 512 300", "yoso")
     _, softmax_kept, softmax_runs = _chosen("tags 512 300", "softmax")
     assert f"| {yoso_kept} of {yoso_runs} | **{softmax_kept} of {softmax_runs}** |" in readme
@@ -138,16 +138,9 @@ def test_the_frontier_keeps_what_no_configuration_beats_with_no_more_state():
 
 @pytest.mark.parametrize("source", ["protocol", "state"])
 def test_the_protocol_records_chose_on_validation_and_ran_three_seeds_at_the_choice(source):
-    configs = {}
     render = report.render_protocol if source == "protocol" else report.render_state
     records = PROTOCOL_RECORDS if source == "protocol" else STATE_RECORDS
-    seen = set()
-    for record in records:
-        key = report.plot.config_key(record)
-        if (key, record["lr"], record["seed"]) not in seen:  # the equal-state tables count a rerun floor once
-            seen.add((key, record["lr"], record["seed"]))
-            configs.setdefault(key, []).append(record)
-    for runs in configs.values():
+    for runs in report.configurations(records).values():
         assert all(r["validation_accuracy"] is not None and r["validation_size"] > 0 for r in runs)
         assert all(r["status"] in ("floor", "ok", "diverged", "learned_nothing") for r in runs)
         assert all((r["failure"] is None) == (r["status"] in ("floor", "ok")) for r in runs)

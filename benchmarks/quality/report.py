@@ -178,9 +178,7 @@ def render_protocol(records, key):
     if not cell:
         raise KeyError(f"no protocol record of the cell {key!r}")
     lrs = sorted({r["lr"] for r in cell})
-    configs = {}
-    for record in cell:
-        configs.setdefault(plot.config_key(record), []).append(record)
+    configs = configurations(cell)
     rows = [(runs[0], protocol.summarize(runs)) for runs in configs.values()]
     rows.sort(key=lambda row: (row[0]["status"] == "floor", row[1]["test_mean"] is None, -(row[1]["test_mean"] or 0)))
     lines = _provenance(cell) + [
@@ -205,19 +203,22 @@ def render_protocol(records, key):
     return "\n".join(lines)
 
 
-def state_configurations(records, key):
-    """[(first record, protocol row)] of cell `key`, one per configuration (plot.config_key), the floor
-    last and the others by attention and state bytes; a run recorded twice (same configuration, rate and
-    seed: a floor each protocol invocation trains first) counts once."""
+def configurations(records):
+    """{plot.config_key: its records}; a run recorded twice (same configuration, rate and seed: the floor,
+    which each protocol invocation that starts a records file trains first) counts once."""
     configs, seen = {}, set()
     for record in records:
-        if cell_key(record) != key:
-            continue
         config = plot.config_key(record)
-        if (config, record["lr"], record["seed"]) in seen:
-            continue
-        seen.add((config, record["lr"], record["seed"]))
-        configs.setdefault(config, []).append(record)
+        if (config, record["lr"], record["seed"]) not in seen:
+            seen.add((config, record["lr"], record["seed"]))
+            configs.setdefault(config, []).append(record)
+    return configs
+
+
+def state_configurations(records, key):
+    """[(first record, protocol row)] of cell `key`, one per configuration (`configurations`), the floor
+    last and the others by attention and state bytes."""
+    configs = configurations(r for r in records if cell_key(r) == key)
     if not configs:
         raise KeyError(f"no equal-state record of the cell {key!r}")
     rows = [(runs[0], protocol.summarize(runs)) for runs in configs.values()]
