@@ -36,31 +36,73 @@ DIRECTIONS = (1, -1)
 
 
 @triton.jit
-def _take_keys(value_ptr, k_perm, k_cursor, k_begin, k_end, q_rows, q_in, bound, cols, width, contribution, taken,
-               DIRECTION: tl.constexpr, BLOCK_K: tl.constexpr):
-    """One tile of keys from the cursor on (ascending for DIRECTION 1, descending for -1): the keys up to `bound`
-    (the chunk's last query row; its first for -1) join the chunk's contribution through the order mask and the
-    sum `taken`. Returns (contribution, taken, keys taken)."""
-    steps = tl.arange(0, BLOCK_K)
+def _bucket_program(num_hashes, hash_index):
+    """(b * m + h, b) of this program: program_id(0) is b * m + h, or b in the deterministic mode's per-hash
+    launch (hash_index = h >= 0)."""
+    pid = tl.program_id(0).to(tl.int64)
+    bh = tl.where(hash_index >= 0, pid * num_hashes + hash_index, pid)
+    return bh, bh // num_hashes
+
+
+@triton.jit
+def _first_cursor(begin, end, DIRECTION: tl.constexpr):
+    """Where a walk over a bucket's span [begin, end) of sorted rows starts: begin, or end for DIRECTION -1."""
     if DIRECTION == 1:
-        index = k_cursor + steps
-        valid = index < k_end
+        cursor = begin
     else:
-        index = k_cursor - 1 - steps
-        valid = index >= k_begin
-    rows = tl.load(k_perm + index, mask=valid, other=0)
+        cursor = end
+    return cursor
+
+
+@triton.jit
+def _chunk_rows(perm, begin, end, chunk, DIRECTION: tl.constexpr, BLOCK: tl.constexpr):
+    """The `chunk`-th BLOCK rows of a bucket's span [begin, end) of `perm` in position order (from the far end for
+    DIRECTION -1): (rows, inside, bound), bound the chunk's last row in the walk's order (its largest position;
+    its smallest for -1)."""
     if DIRECTION == 1:
-        take = valid & (rows <= bound)
-        order = rows[None, :] <= q_rows[:, None]
+        index = begin + chunk * BLOCK + tl.arange(0, BLOCK)
+        inside = index < end
     else:
-        take = valid & (rows >= bound)
-        order = rows[None, :] >= q_rows[:, None]
-    values = tl.load(value_ptr + rows[:, None] * width + cols[None, :], mask=take[:, None] & (cols < width)[None, :],
-                     other=0.0).to(tl.float32)
-    hit = (order & take[None, :] & q_in[:, None]).to(tl.float32)
-    contribution = tl.dot(hit, values, contribution, input_precision="ieee")
-    taken += tl.sum(values, axis=0)
-    return contribution, taken, tl.sum(take.to(tl.int32), axis=0)
+        index = end - 1 - chunk * BLOCK - tl.arange(0, BLOCK)
+        inside = index >= begin
+    rows = tl.load(perm + index, mask=inside, other=0)
+    if DIRECTION == 1:
+        bound = tl.max(tl.where(inside, rows, -1), axis=0)
+    else:
+        bound = tl.min(tl.where(inside, rows, 2147483647), axis=0)
+    return rows, inside, bound
+
+
+@triton.jit
+def _tile_rows(perm, cursor, begin, end, bound, rows, DIRECTION: tl.constexpr, BLOCK: tl.constexpr):
+    """The next BLOCK other-side rows of the span [begin, end) of `perm` from `cursor` on (descending for DIRECTION
+    -1): (others, take, order), take the ones up to `bound` (from it, for -1) and order[r, c] whether other c comes
+    at or before output row r in the walk's direction."""
+    steps = tl.arange(0, BLOCK)
+    if DIRECTION == 1:
+        index = cursor + steps
+        valid = index < end
+    else:
+        index = cursor - 1 - steps
+        valid = index >= begin
+    others = tl.load(perm + index, mask=valid, other=0)
+    if DIRECTION == 1:
+        take = valid & (others <= bound)
+        order = others[None, :] <= rows[:, None]
+    else:
+        take = valid & (others >= bound)
+        order = others[None, :] >= rows[:, None]
+    return others, take, order
+
+
+@triton.jit
+def _advance(cursor, count, DIRECTION: tl.constexpr):
+    """The cursor after `count` rows taken in the walk's direction."""
+    if DIRECTION == 1:
+        cursor += count
+    else:
+        cursor -= count
+    return cursor
 
 
 @triton.jit
@@ -70,9 +112,7 @@ def causal_scan_kernel(value_ptr, q_offsets_ptr, q_perm_ptr, k_offsets_ptr, k_pe
     """value [B, N, D], the query and key sorts of bucket_sort -> acc float32 [B, N, D] += each hash's causal sums
     (module docstring). Grid (B * m, cdiv(num_buckets, BUCKETS), cdiv(D, BLOCK_D)) with hash_index -1, or (B, ...)
     per hash h = hash_index in the deterministic mode."""
-    pid = tl.program_id(0).to(tl.int64)
-    bh = tl.where(hash_index >= 0, pid * num_hashes + hash_index, pid)
-    batch = bh // num_hashes
+    bh, batch = _bucket_program(num_hashes, hash_index)
     cols = tl.program_id(2) * BLOCK_D + tl.arange(0, BLOCK_D)
     q_offsets = q_offsets_ptr + bh * (num_buckets + 1)
     k_offsets = k_offsets_ptr + bh * (num_buckets + 1)
@@ -86,33 +126,22 @@ def causal_scan_kernel(value_ptr, q_offsets_ptr, q_perm_ptr, k_offsets_ptr, k_pe
         q_end = tl.load(q_offsets + bucket + 1)
         k_begin = tl.load(k_offsets + bucket)
         k_end = tl.load(k_offsets + bucket + 1)
-        if DIRECTION == 1:
-            k_cursor = k_begin
-        else:
-            k_cursor = k_end
+        k_cursor = _first_cursor(k_begin, k_end, DIRECTION)
         running = tl.zeros([BLOCK_D], tl.float32)
         for chunk in range(0, tl.cdiv(q_end - q_begin, BLOCK_Q)):
-            if DIRECTION == 1:
-                index = q_begin + chunk * BLOCK_Q + tl.arange(0, BLOCK_Q)
-                q_in = index < q_end
-            else:
-                index = q_end - 1 - chunk * BLOCK_Q - tl.arange(0, BLOCK_Q)
-                q_in = index >= q_begin
-            q_rows = tl.load(q_perm + index, mask=q_in, other=0)
-            if DIRECTION == 1:
-                bound = tl.max(tl.where(q_in, q_rows, -1), axis=0)
-            else:
-                bound = tl.min(tl.where(q_in, q_rows, 2147483647), axis=0)
+            q_rows, q_in, bound = _chunk_rows(q_perm, q_begin, q_end, chunk, DIRECTION, BLOCK_Q)
             contribution = tl.zeros([BLOCK_Q, BLOCK_D], tl.float32)
             taken = tl.zeros([BLOCK_D], tl.float32)
             count = k_begin * 0 + BLOCK_K
-            while count == BLOCK_K:
-                contribution, taken, count = _take_keys(value, k_perm, k_cursor, k_begin, k_end, q_rows, q_in, bound,
-                                                        cols, width, contribution, taken, DIRECTION, BLOCK_K)
-                if DIRECTION == 1:
-                    k_cursor += count
-                else:
-                    k_cursor -= count
+            while count == BLOCK_K:  # one tile of keys: through the order mask into the chunk, into the sum taken
+                rows, take, order = _tile_rows(k_perm, k_cursor, k_begin, k_end, bound, q_rows, DIRECTION, BLOCK_K)
+                values = tl.load(value + rows[:, None] * width + cols[None, :],
+                                 mask=take[:, None] & (cols < width)[None, :], other=0.0).to(tl.float32)
+                hit = (order & take[None, :] & q_in[:, None]).to(tl.float32)
+                contribution = tl.dot(hit, values, contribution, input_precision="ieee")
+                taken += tl.sum(values, axis=0)
+                count = tl.sum(take.to(tl.int32), axis=0)
+                k_cursor = _advance(k_cursor, count, DIRECTION)
             _add_rows(acc, q_rows, q_in, cols, width, contribution + running[None, :], DETERMINISTIC)
             running += taken
 

@@ -10,8 +10,8 @@ causal). Both are one sum, out_r = X_r . sum_{c: order} A_c B_c^T over the rows 
 in causal order: dQ with (X, A, B) = (dY, V, K) over the keys in the direction causal, dK with (V, dY, Q) over the
 queries in the direction -causal (dK_j = V_j . sum_{i >= j} dY_i Q_i^T for causal = 1).
 
-`causal_lower_bound_kernel` takes one such pass. As causal_scan_kernel (causal.py) it walks each bucket's output
-rows in chunks of BLOCK_Q in position order (from the far end for DIRECTION -1) beside a cursor over the bucket's
+`causal_lower_bound_kernel` takes one such pass, with causal_scan_kernel's walk (causal.py's helpers): each
+bucket's output rows in chunks of BLOCK_Q in position order (from the far end for DIRECTION -1) beside a cursor over the bucket's
 other-side rows, so each of those is taken by exactly one chunk and the work is linear in the bucket's size
 whatever the skew. A chunk first reads the running table T = sum A_c B_c^T ([D, BLOCK_OUT], fp32) of the rows
 earlier chunks took (X_chunk T), then takes the rows up to its last one (its first, for -1) in tiles of BLOCK_K:
@@ -32,6 +32,7 @@ import triton
 import triton.language as tl
 
 from bucket_sort import bucket_sort
+from causal import _advance, _bucket_program, _chunk_rows, _first_cursor, _tile_rows
 from lower_bound import MAX_WIDTH, PRECISIONS, _add_rows, _dot, _load_rows, finalize_rows
 
 DIRECTIONS = (1, -1)
@@ -71,9 +72,7 @@ def causal_lower_bound_kernel(x_ptr, a_ptr, b_ptr, x_offsets_ptr, x_perm_ptr, c_
     rows c of r's bucket (module docstring): X, A [B, N, D] and B [B, N, d] in one dtype; the bucket sorts (offsets,
     perm) of X's side (x_) and of the other side (c_). Grid (B * m, cdiv(num_buckets, BUCKETS), cdiv(d, BLOCK_OUT))
     with hash_index -1, or (B, ...) per hash h = hash_index in the deterministic mode."""
-    pid = tl.program_id(0).to(tl.int64)
-    bh = tl.where(hash_index >= 0, pid * num_hashes + hash_index, pid)
-    batch = bh // num_hashes
+    bh, batch = _bucket_program(num_hashes, hash_index)
     vcols = tl.arange(0, BLOCK_VDIM)
     cols = tl.program_id(2) * BLOCK_OUT + tl.arange(0, BLOCK_OUT)
     x_offsets = x_offsets_ptr + bh * (num_buckets + 1)
@@ -90,41 +89,15 @@ def causal_lower_bound_kernel(x_ptr, a_ptr, b_ptr, x_offsets_ptr, x_perm_ptr, c_
         r_end = tl.load(x_offsets + bucket + 1)
         c_begin = tl.load(c_offsets + bucket)
         c_end = tl.load(c_offsets + bucket + 1)
-        if DIRECTION == 1:
-            cursor = c_begin
-        else:
-            cursor = c_end
+        cursor = _first_cursor(c_begin, c_end, DIRECTION)
         table = tl.zeros([BLOCK_VDIM, BLOCK_OUT], tl.float32)
         for chunk in range(0, tl.cdiv(r_end - r_begin, BLOCK_Q)):
-            if DIRECTION == 1:
-                index = r_begin + chunk * BLOCK_Q + tl.arange(0, BLOCK_Q)
-                r_in = index < r_end
-            else:
-                index = r_end - 1 - chunk * BLOCK_Q - tl.arange(0, BLOCK_Q)
-                r_in = index >= r_begin
-            rows = tl.load(x_perm + index, mask=r_in, other=0)
-            if DIRECTION == 1:
-                bound = tl.max(tl.where(r_in, rows, -1), axis=0)
-            else:
-                bound = tl.min(tl.where(r_in, rows, 2147483647), axis=0)
+            rows, r_in, bound = _chunk_rows(x_perm, r_begin, r_end, chunk, DIRECTION, BLOCK_Q)
             xs = _load_rows(x, rows, r_in, vcols, value_dim)
             out = _dot(xs, table.to(xs.dtype), None, PRECISION)  # the rows earlier chunks took
             count = c_begin * 0 + BLOCK_K
-            while count == BLOCK_K:
-                steps = tl.arange(0, BLOCK_K)
-                if DIRECTION == 1:
-                    position = cursor + steps
-                    valid = position < c_end
-                else:
-                    position = cursor - 1 - steps
-                    valid = position >= c_begin
-                others = tl.load(c_perm + position, mask=valid, other=0)
-                if DIRECTION == 1:
-                    take = valid & (others <= bound)
-                    order = others[None, :] <= rows[:, None]
-                else:
-                    take = valid & (others >= bound)
-                    order = others[None, :] >= rows[:, None]
+            while count == BLOCK_K:  # one tile of the other side: its pairs into the chunk, its A^T B into T
+                others, take, order = _tile_rows(c_perm, cursor, c_begin, c_end, bound, rows, DIRECTION, BLOCK_K)
                 av = _load_rows(a, others, take, vcols, value_dim)
                 bv = _load_rows(b, others, take, cols, dim)
                 w = _dot(xs, tl.trans(av), None, PRECISION)
@@ -132,10 +105,7 @@ def causal_lower_bound_kernel(x_ptr, a_ptr, b_ptr, x_offsets_ptr, x_perm_ptr, c_
                 out = _dot(w, bv, out, PRECISION)
                 table = _dot(tl.trans(av), bv, table, PRECISION)
                 count = tl.sum(take.to(tl.int32), axis=0)
-                if DIRECTION == 1:
-                    cursor += count
-                else:
-                    cursor -= count
+                cursor = _advance(cursor, count, DIRECTION)
             _add_rows(acc, rows, r_in, cols, dim, out, DETERMINISTIC)
 
 
