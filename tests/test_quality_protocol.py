@@ -154,6 +154,38 @@ def test_mqar_validation_and_training_sequences_are_never_test_sequences():
     assert all((a == b).all() for a, b in zip(plain, kept))
 
 
+@pytest.mark.parametrize("task", ["tags", "listops"])
+def test_classification_validation_examples_are_never_training_or_test_examples(task):
+    data = tasks.load_classification(task, 64, 200, 100, 100)
+    as_text = lambda ids: {tuple(np.asarray(row).tolist()) for row in ids}  # noqa: E731
+    validation = as_text(data.validation_ids)
+    assert len(data.validation_ids) == len(data.validation_labels) == 100
+    assert not validation & (as_text(data.train_ids) | as_text(data.test_ids))
+    assert set(np.unique(data.validation_labels)) <= set(range(data.num_classes))
+    # asking for a validation split leaves the training and test examples as they were
+    plain = tasks.load_classification(task, 64, 200, 100, 0)
+    assert as_text(plain.train_ids) == as_text(data.train_ids) and as_text(plain.test_ids) == as_text(data.test_ids)
+    assert len(plain.validation_ids) == 0 and plain.validation_labels.shape == (0,)
+
+
+def test_a_validation_example_that_is_also_a_training_example_is_refused():
+    with pytest.raises(ValueError, match="1 of 2 validation examples are also training or test examples"):
+        tasks._check_disjoint(["a b", "c d"], ["x", "c d"], ["y"])
+
+
+def test_a_classification_protocol_scores_every_run_on_its_validation_split(tmp_path):
+    """The tags task under the protocol (tiny): every record holds a validation accuracy of its own split."""
+    out = tmp_path / "protocol.json"
+    protocol.main(["--task", "tags", "--attention", "none", "--length", "16", "--width", "8", "--layers", "1",
+                   "--heads", "1", "--steps", "2", "--batch-size", "8", "--train-size", "32", "--test-size", "16",
+                   "--validation-size", "24", "--lr", "1e-3", "3e-3", "1e-2", "--max-extensions", "0", "--no-jit",
+                   "--machine-note", "CI", "--out", str(out)])
+    records = json.loads(out.read_text())
+    assert len(records) == 5 and all(r["validation_size"] == 24 for r in records)
+    assert all(0 <= r["validation_accuracy"] <= 1 for r in records)
+    assert all("24 validation" in r["data"] for r in records)
+
+
 def test_a_real_tiny_protocol_records_validation_and_test_and_resumes(tmp_path):
     """The driver end to end on the model with no attention (the floor every protocol runs first): 3 rates,
     then seeds 1 and 2 at the best on validation; each record holds both scores; a second invocation

@@ -153,7 +153,8 @@ def _provenance(cell):
             f"{machine['cpu_model'] or machine['processor']} ({machine['cpu_count']} CPUs); the machine: "
             f"{'; '.join(notes)}. Grid {', '.join(f'{lr:g}' for lr in first['protocol']['grid'])}, "
             f"extended by x{first['protocol']['extend_factor']:g} at most {first['protocol']['max_extensions']} times; "
-            f"{first['validation_size']:,} validation and {first['test_size']:,} test sequences. Commands:", ""]\
+            f"{first['validation_size']:,} validation and {first['test_size']:,} test "
+            f"{'sequences' if first['task'] == 'mqar' else 'examples'}. Commands:", ""]\
         + [f"    python {command}" for command in commands] + [""]
 
 

@@ -27,8 +27,9 @@ kernels does on JAX). mqar draws a fresh batch every step from a NumPy generator
 test set (--test-size sequences) is drawn from a separate fixed seed, and its validation set
 (--validation-size sequences, default as many) from a third, without any test sequence; no training
 batch holds a validation or test sequence (tasks.mqar_batch_excluding: a batch without one is drawn
-exactly as before). The classification and lm data are fixed (tasks.py; no validation split yet);
---seed changes weights, batch order and hashing.
+exactly as before). The classification and lm data are fixed (tasks.py); listops, tags and imdb have a
+validation split of --validation-size examples (default 0) that holds no training or test example
+(tasks.load_classification); lm has none yet. --seed changes weights, batch order and hashing.
 
 Measurements: accuracy and loss on the test set, and on the validation set where there is one
 ("validation_accuracy", "validation_loss"; mqar: at the query positions only; lm: next-byte
@@ -90,7 +91,7 @@ TASK_DEFAULTS = {
 }
 MQAR_TEST_SEED = 12345  # the mqar test set is the same for every training seed
 MQAR_VALIDATION_SEED = 67890  # so is its validation set (its own stream; never a test sequence)
-VALIDATION_TASKS = ("mqar",)  # the tasks with a validation split (--validation-size)
+VALIDATION_TASKS = ("mqar", "listops", "tags", "imdb")  # the tasks with a validation split (--validation-size)
 UNTIMED_STEPS = 3
 
 
@@ -129,9 +130,9 @@ def build_parser():
     model.add_argument("--test-size", type=int, default=None,
                        help="test examples: mqar 1000 sequences, listops/tags/imdb 1000, lm 64 windows")
     model.add_argument("--validation-size", type=int, default=None,
-                       help="validation examples, each run scored on them too (mqar only: sequences from their "
-                            "own seed stream, never a test or training sequence; 0: none). Default: mqar "
-                            "--test-size, else 0")
+                       help="validation examples, each run scored on them too, never a test or training example "
+                            "(mqar, listops, tags: their own seed stream; imdb: training reviews left out of "
+                            "--train-size; lm: none yet; 0: none). Default: mqar --test-size, else 0")
     train = parser.add_argument_group("training")
     train.add_argument("--steps", type=int, default=None, help="Default: mqar 1000, lm and classification 500")
     train.add_argument("--batch-size", type=int, default=None, help="Default: mqar 64, classification 32, lm 8")
@@ -369,13 +370,16 @@ def task_setup(args, name, kwargs, seed):
                                         f"({len(train):,} / {len(test):,} bytes)")
     from sequence_classification.batches import Batches
 
-    data = tasks.load_classification(args.task, args.length, args.train_size, args.test_size)
+    data = tasks.load_classification(args.task, args.length, args.train_size, args.test_size, args.validation_size)
     model = models.build_classifier(args, name, kwargs, data.vocab_size, data.num_classes, args.length)
     train = Batches(data.train_ids, data.train_labels, args.batch_size, args.length, seed=seed, num_steps=args.steps)
-    test = Batches(data.test_ids, data.test_labels, args.eval_batch_size, args.length)
+    held_out = {"test": Batches(data.test_ids, data.test_labels, args.eval_batch_size, args.length)}
+    if args.validation_size:
+        held_out["validation"] = Batches(data.validation_ids, data.validation_labels, args.eval_batch_size,
+                                         args.length)
 
     def evaluate(split):
-        return model.evaluate(test, verbose=0, return_dict=True)
+        return model.evaluate(held_out[split], verbose=0, return_dict=True)
 
     return model, train.__getitem__, evaluate, (f"{data.description}: {len(data.train_ids)} train / "
                                                 f"{len(data.test_ids)} test")

@@ -99,7 +99,8 @@ def mqar_batch_excluding(rng, batch_size, length, pairs, vocab, excluded):
 
 @dataclasses.dataclass
 class ClassificationData:
-    """Token ids (lists of int32 arrays, 0 = padding id, never a token) and int32 labels."""
+    """Token ids (lists of int32 arrays, 0 = padding id, never a token) and int32 labels; the validation
+    split is empty when none was asked for."""
 
     train_ids: list
     train_labels: np.ndarray
@@ -108,6 +109,8 @@ class ClassificationData:
     vocab_size: int
     num_classes: int
     description: str
+    validation_ids: list = dataclasses.field(default_factory=list)
+    validation_labels: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros([0], np.int32))
 
 
 def _imdb_dir():
@@ -134,17 +137,38 @@ def _subset(texts, labels, size, seed):
     return [texts[i] for i in keep], labels[keep]
 
 
+def _check_disjoint(validation, *others):
+    """Raises ValueError when a validation text is also a training or test text (generated data: the
+    splits come from separate seed streams, so this never happens unless a generator changes)."""
+    seen = set().union(*(set(texts) for texts in others))
+    shared = sum(text in seen for text in validation)
+    if shared:
+        raise ValueError(f"{shared} of {len(validation)} validation examples are also training or test "
+                         "examples; the splits must be disjoint")
+
+
 @functools.lru_cache(maxsize=4)
-def load_classification(task, length, train_size, test_size):
-    """The ClassificationData of `task` ("listops", "tags", "imdb") at `length` tokens."""
+def load_classification(task, length, train_size, test_size, validation_size=0):
+    """The ClassificationData of `task` ("listops", "tags", "imdb") at `length` tokens.
+
+    The validation split (`validation_size` examples, 0: none) never holds a training or test example:
+    listops and tags draw it from its own seed stream (train: seed 0 / "quality/train", test: 1 /
+    "quality/test", validation: 2 / "quality/validation"); imdb takes it from the training reviews
+    that the `train_size` subset left out (so train_size + validation_size <= 25,000).
+    """
     from sequence_classification.tokenizers import ByteTokenizer, WhitespaceTokenizer  # examples/
 
+    if validation_size < 0:
+        raise ValueError(f"validation_size must be >= 0, got {validation_size}")
+    validation = ([], [])
     if task == "listops":
         import listops_data
 
         generate = dict(min_length=max(1, length // 2), max_length=length)
         train = listops_data.generate_expressions(train_size, "quality/train", **generate)
         test = listops_data.generate_expressions(test_size, "quality/test", **generate)
+        if validation_size:
+            validation = listops_data.generate_expressions(validation_size, "quality/validation", **generate)
         tokenizer = WhitespaceTokenizer(listops_data.VOCABULARY, length)
         classes = listops_data.NUM_CLASSES
         description = f"ListOps expressions of {length // 2}-{length} tokens (examples/listops_data.py)"
@@ -153,20 +177,36 @@ def load_classification(task, length, train_size, test_size):
 
         train = long_range_data.generate_documents(train_size, [0, 0], length)
         test = long_range_data.generate_documents(test_size, [0, 1], length)
+        if validation_size:
+            validation = long_range_data.generate_documents(validation_size, [0, 2], length)
         tokenizer = WhitespaceTokenizer(long_range_data.VOCABULARY, length)
         classes = len(long_range_data.CLASS_NAMES)
         description = f"built-in tags task, {length}-word documents (examples/long_range_data.py)"
     elif task == "imdb":
-        train = _subset(*imdb_split("train"), train_size, 0)
+        texts, labels = imdb_split("train")
+        train_size = len(texts) if train_size is None else train_size
+        if train_size + validation_size > len(texts):
+            raise ValueError(f"imdb: train_size + validation_size must be <= {len(texts)} (the training "
+                             f"reviews), got {train_size} + {validation_size}")
+        order = np.random.default_rng(0).permutation(len(texts))
+        keep, held = np.sort(order[:train_size]), np.sort(order[train_size:train_size + validation_size])
+        train = [texts[i] for i in keep], labels[keep]
+        validation = [texts[i] for i in held], labels[held]
         test = _subset(*imdb_split("test"), test_size, 1)
         tokenizer = ByteTokenizer(length)
         classes = 2
         description = f"IMDB reviews, UTF-8 bytes truncated to {length} ({_imdb_dir()})"
     else:
         raise ValueError(f"unknown classification task {task!r}")
+    if task != "imdb":  # imdb's splits are disjoint by construction (and reviews can repeat in the files)
+        _check_disjoint(validation[0], train[0], test[0])
+    if validation_size:
+        description += f", {validation_size} validation"
     return ClassificationData(tokenizer.encode(list(train[0])), np.asarray(train[1], np.int32),
                               tokenizer.encode(list(test[0])), np.asarray(test[1], np.int32),
-                              tokenizer.vocab_size, classes, description)
+                              tokenizer.vocab_size, classes, description,
+                              tokenizer.encode(list(validation[0])) if validation_size else [],
+                              np.asarray(validation[1], np.int32))
 
 
 # ----------------------------------------------------------------------------- byte-level LM
