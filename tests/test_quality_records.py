@@ -43,8 +43,8 @@ SWEEP_TABLES = _SWEEP_BLOCK.findall(_read("docs", "quality.md"))
 
 
 def test_the_quality_page_publishes_its_tables_as_rendered_blocks():
-    assert {key for key, _ in TABLES} >= {"mqar 64 4 400", "mqar 128 8 400", "mqar 256 16 1000", "tags 512 300",
-                                          "lm 1024 500"}
+    assert {key for key, _ in TABLES} >= {"mqar 64 4 400", "mqar 128 8 400", "mqar 256 16 1000", "lm 1024 500"}
+    assert {key for key, _ in PROTOCOL_TABLES} >= {"mqar 32 4 250", "mqar 64 8 250", "tags 512 300"}
 
 
 @pytest.mark.parametrize("key, published", TABLES, ids=[key for key, _ in TABLES])
@@ -76,12 +76,28 @@ def test_the_readme_results_table_quotes_the_records():
     yoso, softmax = ((f"{row['test_mean']:.3f}", f"[{row['test_min']:.3f}, {row['test_max']:.3f}]")
                      for row in (equal["yoso(num_hashes=8,hash_code_len=4)"], equal["softmax"]))
     assert f"YOSO m = 8, τ = 4) | {' '.join(yoso)} | **{softmax[0]}** {softmax[1]} |" in readme
-    _, yoso_kept, yoso_runs = _chosen("tags 512 300", "yoso")
-    _, softmax_kept, softmax_runs = _chosen("tags 512 300", "softmax")
-    assert f"| {yoso_kept} of {yoso_runs} | **{softmax_kept} of {softmax_runs}** |" in readme
+    tags = [r for r in PROTOCOL_RECORDS if report.cell_key(r) == "tags 512 300"]
+    yoso, softmax = (report.protocol.summarize([r for r in tags if r["label"] == label]) for label in ("yoso", "softmax"))
+    assert all(row["complete"] and row["interior"] for row in (yoso, softmax))
+    assert (f"seeds that learned (test accuracy of those) | {yoso['seeds_kept']} of {yoso['seeds_run']} "
+            f"({yoso['test_mean']:.3f}) | **{softmax['seeds_kept']} of {softmax['seeds_run']}** "
+            f"({softmax['test_mean']:.3f}) |") in readme
     yoso_bits, _, _ = _chosen("lm 1024 500", "yoso")
     softmax_bits, _, _ = _chosen("lm 1024 500", "softmax")
     assert f"| **{yoso_bits:.2f}** | {softmax_bits:.2f} |" in readme
+
+
+def test_the_layer_docstring_quotes_the_records():
+    docstring = " ".join(_read("keras_yoso", "layers", "yoso_attention.py").split())
+    rows = {(first["attention"], first.get("settings")): row
+            for first, row in report.state_configurations(STATE_RECORDS, "mqar 64 8 250")}
+    mean = {tau: f"{rows['yoso', f'm=32,tau={tau}']['test_mean']:.3f}" for tau in (5, 6, 8)}
+    softmax = f"{rows['softmax', '-']['test_mean']:.3f}"
+    assert f"{mean[5]} at tau 5, {mean[6]} at tau 6, {mean[8]} at tau 8, softmax {softmax}" in docstring
+    tags = [r for r in PROTOCOL_RECORDS if report.cell_key(r) == "tags 512 300"]
+    default = report.protocol.summarize([r for r in tags if r["label"] == "yoso"])
+    assert default["chosen_lr"] == 1e-2 and (default["seeds_kept"], default["seeds_run"]) == (2, 3)
+    assert "tau 6 learned at 1e-2 on 2 seeds of 3" in docstring
 
 
 def test_a_run_that_diverged_or_learned_nothing_is_never_an_accuracy():
@@ -102,6 +118,15 @@ def test_every_protocol_cell_is_published_as_a_rendered_block():
 def test_each_published_protocol_table_is_what_the_records_give(key, published):
     assert published == report.render_protocol(PROTOCOL_RECORDS, key), \
         f"re-render with python benchmarks/quality/report.py --protocol ({key})"
+
+
+def test_the_protocol_report_draws_each_cells_figure_from_its_rows(tmp_path, capsys):
+    report.main(["--protocol", "--plot", str(tmp_path)])
+    keys = sorted({report.cell_key(r) for r in PROTOCOL_RECORDS})
+    drawn = sorted(path.name for path in tmp_path.iterdir())
+    assert drawn == sorted(f"quality_protocol_{key.replace(' ', '_')}.png" for key in keys)
+    assert all((tmp_path / name).stat().st_size > 10_000 for name in drawn)
+    assert f"<!-- quality-protocol-table: {keys[0]} -->" in capsys.readouterr().out
 
 
 def test_every_equal_state_cell_is_published_as_a_rendered_block():

@@ -175,6 +175,44 @@ def plot_state(cells, path):
     return _save(plt, fig, axes, path, legend_from=0.72)
 
 
+def plot_protocol(rows, title, path):
+    """The protocol table of one cell (report.render_protocol) as bars: per configuration, in the table's
+    order, the test accuracy's mean over the seeds kept at the chosen rate with bars from the worst to the
+    best of them, annotated with the mean and the seeds kept of those run; a configuration whose every rate
+    failed, or whose protocol did not finish, gets no bar and says so; the floor as a dotted line.
+
+    rows: [(first record, protocol.summarize row)], the floor among them."""
+    plt = _pyplot()
+    bars = [(first, row) for first, row in rows if first["status"] != "floor"]
+    fig, axes = plt.subplots(1, 1, figsize=(max(5.0, 1.2 + 0.9 * len(bars)) + 2, 4.5), squeeze=False)
+    ax = axes[0][0]
+    colors = plt.get_cmap("tab10")
+    for i, (first, row) in enumerate(bars):
+        settings = first.get("settings") or "-"
+        name = first["attention"] + ("" if settings == "-" else f"\n{settings}")
+        if row["complete"] and row["test_mean"] is not None:
+            mean = row["test_mean"]
+            ax.bar(i, mean, yerr=[[mean - row["test_min"]], [row["test_max"] - mean]], capsize=3, color=colors(i % 10))
+            note = f"{mean:.3f}\n{row['seeds_kept']} of {row['seeds_run']} seeds"
+            ax.annotate(note, (i, row["test_max"]), ha="center", va="bottom", fontsize=7, xytext=(0, 4),
+                        textcoords="offset points")
+        else:
+            why = "every rate failed" if row["chosen_lr"] is None else "every seed failed"
+            ax.annotate(why if row["complete"] else "not finished", (i, 0.02), ha="center", va="bottom", fontsize=7,
+                        rotation=90)
+        ax.text(i, -0.04, name, ha="right", va="top", rotation=30, fontsize=7, transform=ax.get_xaxis_transform())
+    floor = [row["test_mean"] for first, row in rows if first["status"] == "floor" and row["test_mean"] is not None]
+    if floor:
+        ax.axhline(floor[0], color="black", linestyle=":", label=f"no attention (the floor): {floor[0]:.3f}")
+    ax.set_xticks([])
+    ax.set_xlim(-0.6, len(bars) - 0.4)
+    ax.set_ylim(0, 1.12)
+    ax.set_ylabel("test accuracy at the rate chosen on validation,\nmean over the seeds kept [min, max]")
+    ax.set_title(title, fontsize=9)
+    ax.grid(True, axis="y", alpha=0.3)
+    return _save(plt, fig, axes, path, legend_from=0.75)
+
+
 def plot_bars(records, path, tasks):
     """Bars per attention label: test accuracy (classification) or bits per byte (lm), one panel per task."""
     plt = _pyplot()

@@ -16,10 +16,11 @@ The protocol's tables (`render_protocol`) come from the records of benchmarks/qu
 (docs/data/quality_protocol_*.json), one per cell: per attention the seed-0 validation accuracy at
 every rate tried, the rate chosen on it and whether it is interior, the test accuracy's mean [min,
 max] over the seeds at that rate that did not fail, and the failed runs by name (protocol.summarize
-derives each row; run.judge judged each run when it ran), above them the commands, machine and dates.
+derives each row; run.judge judged each run when it ran), above them the commands, machine and dates;
+with --plot FOLDER each cell's figure too (plot.plot_protocol: FOLDER/quality_protocol_<cell>.png).
 
     python benchmarks/quality/report.py [docs/data/quality_*.json ...]     # prints every table
-    python benchmarks/quality/report.py --protocol [docs/data/quality_protocol_*.json ...]
+    python benchmarks/quality/report.py --protocol [--plot FOLDER] [docs/data/quality_protocol_*.json ...]
     python benchmarks/quality/report.py --state [--plot PNG]     # the equal-state tables (issue 43, item 4)
 
 The equal-state tables (`render_state`) come from the protocol records of docs/data/quality_state_*.json
@@ -173,15 +174,32 @@ def _outcome(row):
     return chosen, interior, result
 
 
+def protocol_rows(records, key):
+    """[(first record, protocol.summarize row)] of cell `key`, one per configuration (`configurations`), in the
+    table's order: by mean test accuracy, those without one after them, the floor last."""
+    rows = [(runs[0], protocol.summarize(runs)) for runs in configurations(r for r in records
+                                                                            if cell_key(r) == key).values()]
+    if not rows:
+        raise KeyError(f"no protocol record of the cell {key!r}")
+    rows.sort(key=lambda row: (row[0]["status"] == "floor", row[1]["test_mean"] is None, -(row[1]["test_mean"] or 0)))
+    return rows
+
+
+def protocol_title(key, rows):
+    """The figure title of a protocol cell: task, sizes, steps and the grid."""
+    first = rows[0][0]
+    what = (f"MQAR, {first['length']} tokens, {first['pairs']} pairs" if first["task"] == "mqar" else
+            f"{first['task']}, {first['length']} tokens")
+    return (f"{what}, {first['steps']} steps, batch {first['batch_size']}: the protocol (rate chosen on validation, "
+            f"3 seeds at it)")
+
+
 def render_protocol(records, key):
     """The protocol table of cell `key` (cell_key) with its provenance lines above it."""
     cell = [r for r in records if cell_key(r) == key]
-    if not cell:
-        raise KeyError(f"no protocol record of the cell {key!r}")
+    rows = protocol_rows(records, key)
     lrs = sorted({r["lr"] for r in cell})
     configs = configurations(cell)
-    rows = [(runs[0], protocol.summarize(runs)) for runs in configs.values()]
-    rows.sort(key=lambda row: (row[0]["status"] == "floor", row[1]["test_mean"] is None, -(row[1]["test_mean"] or 0)))
     lines = _provenance(cell) + [
         "| attention | state bytes / layer | " + " | ".join(f"validation, lr {lr:g}" for lr in lrs)
         + " | chosen lr | interior | test accuracy mean [min, max] (seeds kept of run) | failed runs |",
@@ -309,19 +327,30 @@ def load_protocol(paths=None):
     return plot.load(paths or sorted(glob.glob(os.path.join(DATA, PROTOCOL_FILES))))
 
 
+def _plot_option(argv):
+    """(argv without "--plot PATH", PATH or None)."""
+    if "--plot" not in argv:
+        return argv, None
+    at = argv.index("--plot")
+    if at + 1 == len(argv):
+        raise SystemExit("--plot needs a path")
+    return argv[:at] + argv[at + 2:], argv[at + 1]
+
+
 def main(argv=None):
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["--protocol"]:
-        records = load_protocol(argv[1:] or None)
+        argv, folder = _plot_option(argv[1:])
+        records = load_protocol(argv or None)
         for key in sorted({cell_key(r) for r in records}):
             print(f"<!-- quality-protocol-table: {key} -->\n{render_protocol(records, key)}\n<!-- /quality-table -->\n")
+            if folder:
+                rows = protocol_rows(records, key)
+                path = os.path.join(folder, f"quality_protocol_{key.replace(' ', '_')}.png")
+                print(f"wrote {plot.plot_protocol(rows, protocol_title(key, rows), path)}")
         return
     if argv[:1] == ["--state"]:
-        argv = argv[1:]
-        png = None
-        if "--plot" in argv:
-            at = argv.index("--plot")
-            png, argv = argv[at + 1], argv[:at] + argv[at + 2:]
+        argv, png = _plot_option(argv[1:])
         records = load_state(argv or None)
         keys = sorted({cell_key(r) for r in records})
         for key in keys:

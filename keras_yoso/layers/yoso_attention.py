@@ -112,19 +112,17 @@ class YosoAttention(MultiHeadAttentionBase):
         hash_code_len: tau in [1, 20], bits per hash; larger tau makes the
             attention sharper (weight `(1 - theta/pi)^tau` at angle theta).
             Default 6 (8 before 2026-11; a saved layer keeps its own). Which
-            tau (docs/quality.md): for associative recall 4-6, since a
-            sharper kernel gives queries and unrelated keys at random angles
-            (the start of training) a collision probability 2^-tau and a
-            gradient of order tau 2^-tau, so recall is learned late or not at
-            all (MQAR, length 128, 8 pairs, 400 steps, seed 0: 0.946 at tau
-            6, 0.004 at tau 8, softmax 0.984, but tau 6 missed seed 1: 0.174
-            against softmax's 0.976; length 256, 16 pairs, 1,000 steps: 0.996
-            at tau 6 over 3 seeds, softmax 0.971). Sweep the learning rate
-            (the long-range tags task: tau 6 learned at 1e-2, not at 3e-3
-            where softmax did; MQAR at length 256: 3e-3 on every seed). For
-            classification the paper's rule tau = log2(length) with m = 32
-            learns the built-in long-range task (examples/long_text_classifier.py)
-            on every backend.
+            tau (docs/quality.md, rates chosen on validation, 3 seeds): for
+            associative recall 5-6, since a sharper kernel gives queries and
+            unrelated keys at random angles (the start of training) a
+            collision probability 2^-tau, so recall is learned late or not at
+            all (MQAR, length 64, 8 pairs, m = 32: 0.987 at tau 5, 0.980 at
+            tau 6, 0.723 at tau 8, softmax 0.997). Sweep the learning rate
+            (the long-range tags task: tau 6 learned at 1e-2 on 2 seeds of 3,
+            not at 1e-3 or 3e-3 where softmax did; tau 4 and 5 at no rate).
+            For classification the paper's rule tau = log2(length) with
+            m = 32 and faster embeddings learns that task on every run of
+            examples/long_text_classifier.py.
         use_expectation: If True, compute YOSO-E, the exact expectation over
             hash functions, with O(T S) cost (`keras_yoso.ops.yoso_expectation`).
         conv_window: None or a positive int w: add a depthwise convolution of
