@@ -174,19 +174,27 @@ def _outcome(row):
     return chosen, interior, result
 
 
+def _cell_configurations(records, key, order, what):
+    """[(runs, protocol.summarize row)] of cell `key`, one per configuration (`configurations`), sorted by
+    `order`(runs, row); KeyError naming `what` records when the cell has none."""
+    configs = configurations(r for r in records if cell_key(r) == key)
+    if not configs:
+        raise KeyError(f"no {what} record of the cell {key!r}")
+    return sorted(((runs, protocol.summarize(runs)) for runs in configs.values()), key=lambda item: order(*item))
+
+
+def _table_order(runs, row):
+    """A protocol table's order: by mean test accuracy, those without one after them, the floor last."""
+    return runs[0]["status"] == "floor", row["test_mean"] is None, -(row["test_mean"] or 0)
+
+
 def protocol_rows(records, key):
-    """[(first record, protocol.summarize row)] of cell `key`, one per configuration (`configurations`), in the
-    table's order: by mean test accuracy, those without one after them, the floor last."""
-    rows = [(runs[0], protocol.summarize(runs)) for runs in configurations(r for r in records
-                                                                            if cell_key(r) == key).values()]
-    if not rows:
-        raise KeyError(f"no protocol record of the cell {key!r}")
-    rows.sort(key=lambda row: (row[0]["status"] == "floor", row[1]["test_mean"] is None, -(row[1]["test_mean"] or 0)))
-    return rows
+    """[(first record, protocol.summarize row)] of cell `key`, one per configuration, in the table's order."""
+    return [(runs[0], row) for runs, row in _cell_configurations(records, key, _table_order, "protocol")]
 
 
-def protocol_title(key, rows):
-    """The figure title of a protocol cell: task, sizes, steps and the grid."""
+def protocol_title(rows):
+    """The figure title of a protocol cell (protocol_rows): task, sizes, steps and batch."""
     first = rows[0][0]
     what = (f"MQAR, {first['length']} tokens, {first['pairs']} pairs" if first["task"] == "mqar" else
             f"{first['task']}, {first['length']} tokens")
@@ -197,15 +205,15 @@ def protocol_title(key, rows):
 def render_protocol(records, key):
     """The protocol table of cell `key` (cell_key) with its provenance lines above it."""
     cell = [r for r in records if cell_key(r) == key]
-    rows = protocol_rows(records, key)
+    configs = _cell_configurations(records, key, _table_order, "protocol")
     lrs = sorted({r["lr"] for r in cell})
-    configs = configurations(cell)
     lines = _provenance(cell) + [
         "| attention | state bytes / layer | " + " | ".join(f"validation, lr {lr:g}" for lr in lrs)
         + " | chosen lr | interior | test accuracy mean [min, max] (seeds kept of run) | failed runs |",
         "| --- | ---: | " + " | ".join("---:" for _ in lrs) + " | ---: | --- | ---: | --- |"]
-    for first, row in rows:
-        seed0 = {r["lr"]: r for r in configs[plot.config_key(first)] if r["seed"] == protocol.SEEDS[0]}
+    for runs, row in configs:
+        first = runs[0]
+        seed0 = {r["lr"]: r for r in runs if r["seed"] == protocol.SEEDS[0]}
         scores = []
         for lr in lrs:
             run = seed0.get(lr)
@@ -237,13 +245,10 @@ def configurations(records):
 def state_configurations(records, key):
     """[(first record, protocol row)] of cell `key`, one per configuration (`configurations`), the floor
     last and the others by attention and state bytes."""
-    configs = configurations(r for r in records if cell_key(r) == key)
-    if not configs:
-        raise KeyError(f"no equal-state record of the cell {key!r}")
-    rows = [(runs[0], protocol.summarize(runs)) for runs in configs.values()]
-    rows.sort(key=lambda row: (row[0]["status"] == "floor", row[0]["attention"],
-                               row[0].get("state_bytes_per_layer") or 0))
-    return rows
+    def order(runs, row):
+        return runs[0]["status"] == "floor", runs[0]["attention"], runs[0].get("state_bytes_per_layer") or 0
+
+    return [(runs[0], row) for runs, row in _cell_configurations(records, key, order, "equal-state")]
 
 
 def frontier(rows):
@@ -347,7 +352,7 @@ def main(argv=None):
             if folder:
                 rows = protocol_rows(records, key)
                 path = os.path.join(folder, f"quality_protocol_{key.replace(' ', '_')}.png")
-                print(f"wrote {plot.plot_protocol(rows, protocol_title(key, rows), path)}")
+                print(f"wrote {plot.plot_protocol(rows, protocol_title(rows), path)}")
         return
     if argv[:1] == ["--state"]:
         argv, png = _plot_option(argv[1:])

@@ -129,12 +129,17 @@ def imdb_split(split):
     return [row["text"] for row in rows], np.array([row["label"] for row in rows], np.int32)
 
 
-def _subset(texts, labels, size, seed):
-    """A seeded random subset of `size` examples (all of them when size is None or larger)."""
-    if size is None or size >= len(texts):
-        return texts, labels
-    keep = np.sort(np.random.default_rng(seed).permutation(len(texts))[:size])
-    return [texts[i] for i in keep], labels[keep]
+def _split(texts, labels, sizes, seed):
+    """Consecutive parts of one seeded permutation of the examples, `sizes` long each (None: the rest),
+    each part in file order: disjoint subsets. A first part of at least all examples is all of them."""
+    order = np.random.default_rng(seed).permutation(len(texts))
+    parts, begin = [], 0
+    for size in sizes:
+        end = len(texts) if size is None else begin + size
+        keep = np.sort(order[begin:end])
+        parts.append(([texts[i] for i in keep], labels[keep]))
+        begin = end
+    return parts
 
 
 def _check_disjoint(validation, *others):
@@ -188,11 +193,8 @@ def load_classification(task, length, train_size, test_size, validation_size=0):
         if train_size + validation_size > len(texts):
             raise ValueError(f"imdb: train_size + validation_size must be <= {len(texts)} (the training "
                              f"reviews), got {train_size} + {validation_size}")
-        order = np.random.default_rng(0).permutation(len(texts))
-        keep, held = np.sort(order[:train_size]), np.sort(order[train_size:train_size + validation_size])
-        train = [texts[i] for i in keep], labels[keep]
-        validation = [texts[i] for i in held], labels[held]
-        test = _subset(*imdb_split("test"), test_size, 1)
+        train, validation = _split(texts, labels, [train_size, validation_size], 0)
+        test, = _split(*imdb_split("test"), [test_size], 1)
         tokenizer = ByteTokenizer(length)
         classes = 2
         description = f"IMDB reviews, UTF-8 bytes truncated to {length} ({_imdb_dir()})"
