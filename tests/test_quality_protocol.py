@@ -33,7 +33,8 @@ class FakeTrainer:
     def __call__(self, lr, seed, phase):
         self.calls.append((lr, seed, phase))
         status = "diverged" if lr in self.diverge else "learned_nothing" if lr in self.learned_nothing else "ok"
-        return {"lr": lr, "seed": seed, "status": status, "protocol": {"phase": phase, "max_extensions": 2},
+        return {"task": "mqar", "lr": lr, "seed": seed, "status": status,
+                "protocol": {"phase": phase, "max_extensions": 2},
                 "validation_accuracy": math.nan if status == "diverged" else self.validation(lr),
                 "accuracy": math.nan if status == "diverged" else self.test(lr) + self.seed_offset * seed}
 
@@ -109,11 +110,22 @@ def test_a_protocol_stopped_before_its_end_is_marked_incomplete():
     assert not protocol.summarize(records[:-1])["complete"]  # 2 of 3 seeds at the chosen rate
 
 
-def test_when_every_rate_fails_no_seed_runs_and_nothing_is_averaged():
-    train = FakeTrainer(_peak_at(1e-2), diverge={3e-3, 1e-2, 3e-2})
-    row = protocol.summarize(protocol.run_protocol(train, [3e-3, 1e-2, 3e-2]))
-    assert len(train.calls) == 3 and row["chosen_lr"] is None and row["test_mean"] is None
-    assert len(row["failed"]) == 3
+def test_when_every_rate_fails_the_grid_grows_at_both_ends_then_no_seed_runs_and_nothing_is_averaged():
+    train = FakeTrainer(_peak_at(1e-2), diverge={3e-3, 1e-2, 3e-2}, learned_nothing={1e-3, 9e-2})
+    records = protocol.run_protocol(train, [3e-3, 1e-2, 3e-2], extend_factor=3.0, max_extensions=2)
+    assert [c for c in train.calls if c[2] == "extension"] == [(1e-3, 0, "extension"), (9e-2, 0, "extension")]
+    row = protocol.summarize(records)
+    assert len(train.calls) == 5 and row["chosen_lr"] is None and row["test_mean"] is None
+    assert len(row["failed"]) == 5 and row["complete"] and row["extensions"] == 2
+    assert not protocol.summarize(records[:3])["complete"]  # both ends still to try
+    # one end learns: the protocol goes on from there (here no extension is left: the best stays at the edge)
+    rescued = FakeTrainer(lambda lr: lr, diverge={3e-3, 1e-2, 3e-2})
+    row = protocol.summarize(protocol.run_protocol(rescued, [3e-3, 1e-2, 3e-2], max_extensions=2))
+    assert row["chosen_lr"] == 9e-2 and row["edge"] == 1 and row["complete"] and row["seeds_kept"] == 3
+    # with fewer than two extensions left, no end is tried
+    one = FakeTrainer(_peak_at(1e-2), diverge={3e-3, 1e-2, 3e-2})
+    row = protocol.summarize(protocol.run_protocol(one, [3e-3, 1e-2, 3e-2], max_extensions=1))
+    assert len(one.calls) == 3 and row["chosen_lr"] is None
 
 
 def test_a_grid_of_fewer_than_three_rates_is_refused():
@@ -166,6 +178,69 @@ def test_classification_validation_examples_are_never_training_or_test_examples(
     plain = tasks.load_classification(task, 64, 200, 100, 0)
     assert as_text(plain.train_ids) == as_text(data.train_ids) and as_text(plain.test_ids) == as_text(data.test_ids)
     assert len(plain.validation_ids) == 0 and plain.validation_labels.shape == (0,)
+
+
+def test_the_lm_protocol_chooses_the_lowest_validation_bits_per_byte_and_reports_test_bits_per_byte():
+    def lm(lr, seed, validation, test):
+        return {"task": "lm", "lr": lr, "seed": seed, "status": "ok", "protocol": {"phase": "grid"},
+                "validation_accuracy": 0.9 - validation, "validation_bits_per_byte": validation,
+                "accuracy": 0.9 - test, "bits_per_byte": test}
+
+    records = [lm(1e-3, 0, 2.9, 2.0), lm(3e-3, 0, 2.6, 2.8), lm(1e-2, 0, 2.7, 2.1), lm(3e-3, 1, 2.5, 2.7),
+               lm(3e-3, 2, 2.5, 2.6)]
+    assert protocol.choose(records[:3]) == (3e-3, 0)  # not 1e-3, the best on test, nor by accuracy's order
+    row = protocol.summarize(records)
+    assert row["metric"] == "bits per byte" and not row["higher_is_better"]
+    assert row["validation"] == {1e-3: 2.9, 3e-3: 2.6, 1e-2: 2.7}
+    assert (row["test_mean"], row["test_min"], row["test_max"]) == (pytest.approx(2.7), 2.6, 2.8)
+
+
+def _fake_imdb(monkeypatch, held_out_reviews):
+    """tasks' IMDB files replaced by 300 short training and 100 test reviews; training review 7 is also
+    review 8 and test review 0 is training review 9 (the real files repeat reviews too)."""
+    train = [f"train review {i} " + "x" * (i % 13) for i in range(300)]
+    train[8], test = train[7], [train[9]] + [f"test review {i}" for i in range(1, 100)]
+    splits = {"train": (train, np.zeros(300, np.int32)), "test": (test, np.zeros(100, np.int32))}
+    for cached in (tasks.imdb_bytes, tasks.lm_data):
+        cached.cache_clear()
+    monkeypatch.setattr(tasks, "imdb_split", lambda split: splits[split])
+    monkeypatch.setattr(tasks, "LM_VALIDATION_REVIEWS", held_out_reviews)
+    return train, test
+
+
+def test_lm_validation_windows_read_held_out_training_reviews_that_no_training_window_reads(monkeypatch):
+    train, test = _fake_imdb(monkeypatch, held_out_reviews=60)
+    try:
+        plain_train, none, plain_test = tasks.lm_data(False)
+        assert none is None and plain_train.tobytes().decode().split("\n") == train
+        kept, validation, held_test = tasks.lm_data(True)
+        kept, validation = (part.tobytes().decode().split("\n") for part in (kept, validation))
+        assert held_test.tobytes() == plain_test.tobytes() and plain_test.tobytes().decode().split("\n") == test
+        assert len(kept) == 240 and 0 < len(validation) <= 60
+        assert not set(validation) & (set(kept) | set(test))  # repeated reviews never reach validation
+        assert set(kept) | set(validation) <= set(train) and kept == sorted(kept, key=train.index)  # file order
+    finally:
+        for cached in (tasks.imdb_bytes, tasks.lm_data):
+            cached.cache_clear()
+
+
+def test_a_tiny_lm_protocol_records_validation_bits_per_byte(tmp_path, monkeypatch):
+    _fake_imdb(monkeypatch, held_out_reviews=60)
+    out = tmp_path / "protocol.json"
+    try:
+        rows = protocol.main(["--task", "lm", "--attention", "none", "--length", "16", "--width", "8", "--layers", "1",
+                              "--heads", "1", "--steps", "2", "--batch-size", "4", "--test-size", "4",
+                              "--validation-size", "6", "--lr", "1e-3", "3e-3", "1e-2", "--max-extensions", "0",
+                              "--no-jit", "--machine-note", "CI", "--out", str(out)])
+    finally:
+        for cached in (tasks.imdb_bytes, tasks.lm_data):
+            cached.cache_clear()
+    records = json.loads(out.read_text())
+    assert len(records) == 5 and all(r["validation_size"] == 6 and "6 windows" in r["data"] for r in records)
+    assert all(r["validation_bits_per_byte"] > 0 and r["bits_per_byte"] > 0 for r in records)
+    seed0 = [r for r in records if r["seed"] == 0]
+    assert rows["none"]["chosen_lr"] == min(seed0, key=lambda r: r["validation_bits_per_byte"])["lr"]
+    assert rows["none"]["metric"] == "bits per byte"
 
 
 def test_a_validation_example_that_is_also_a_training_example_is_refused():

@@ -24,9 +24,20 @@ CONFIG_KEYS = ("task", "label", "attention", "attention_kwargs", "length", "pair
 CLASSIFICATION = ("listops", "imdb", "tags")
 
 
-def score(record):
-    """The number a learning rate is chosen by, higher is better: accuracy, or -bits per byte (lm)."""
-    return -record["bits_per_byte"] if record["task"] == "lm" else record["accuracy"]
+def metric(task):
+    """(test field, validation field, name, higher is better) of the score of `task`'s records: accuracy,
+    or bits per byte for lm (lower is better)."""
+    if task == "lm":
+        return "bits_per_byte", "validation_bits_per_byte", "bits per byte", False
+    return "accuracy", "validation_accuracy", "accuracy", True
+
+
+def score(record, split="test"):
+    """The number a learning rate is chosen by, higher is better, on `split` ("test" or "validation"):
+    accuracy, or -bits per byte (lm)."""
+    test, validation, _, higher = metric(record["task"])
+    value = record[test if split == "test" else validation]
+    return value if higher else -value
 
 
 def load(paths):
@@ -54,9 +65,9 @@ def best_lr(records):
     summaries = []
     for by_lr in configs.values():
         lr, runs = max(by_lr.items(), key=lambda item: (len(item[1]), statistics.mean(score(r) for r in item[1])))
-        metric = "bits_per_byte" if runs[0]["task"] == "lm" else "accuracy"
-        values = [r[metric] for r in runs]
-        summaries.append({"record": runs[0], "lr": lr, "metric": metric, "mean": statistics.mean(values),
+        field = metric(runs[0]["task"])[0]
+        values = [r[field] for r in runs]
+        summaries.append({"record": runs[0], "lr": lr, "metric": field, "mean": statistics.mean(values),
                           "min": min(values), "max": max(values), "seeds": len(values),
                           "lrs": sorted(by_lr)})
     return summaries
@@ -177,7 +188,7 @@ def plot_state(cells, path):
 
 def plot_protocol(rows, title, path):
     """The protocol table of one cell (report.render_protocol) as bars: per configuration, in the table's
-    order, the test accuracy's mean over the seeds kept at the chosen rate with bars from the worst to the
+    order, the test score's (accuracy's; lm: bits per byte's) mean over the seeds kept at the chosen rate with bars from the worst to the
     best of them, annotated with the mean and the seeds kept of those run; a configuration whose every rate
     failed, or whose protocol did not finish, gets no bar and says so; the floor as a dotted line.
 
@@ -198,16 +209,21 @@ def plot_protocol(rows, title, path):
                         textcoords="offset points")
         else:
             why = "every rate failed" if row["chosen_lr"] is None else "every seed failed"
-            ax.annotate(why if row["complete"] else "not finished", (i, 0.02), ha="center", va="bottom", fontsize=7,
-                        rotation=90)
+            ax.annotate(why if row["complete"] else "not finished", (i, 0.02), xycoords=("data", "axes fraction"), ha="center",
+                        va="bottom", fontsize=7, rotation=90)
         ax.text(i, -0.04, name, ha="right", va="top", rotation=30, fontsize=7, transform=ax.get_xaxis_transform())
     floor = [row["test_mean"] for first, row in rows if first["status"] == "floor" and row["test_mean"] is not None]
     if floor:
         ax.axhline(floor[0], color="black", linestyle=":", label=f"no attention (the floor): {floor[0]:.3f}")
     ax.set_xticks([])
     ax.set_xlim(-0.6, len(bars) - 0.4)
-    ax.set_ylim(0, 1.12)
-    ax.set_ylabel("test accuracy at the rate chosen on validation,\nmean over the seeds kept [min, max]")
+    _, _, metric_name, higher = metric(rows[0][0]["task"])
+    if higher:  # accuracy
+        ax.set_ylim(0, 1.12)
+    else:
+        ax.set_ylim(0, 1.15 * max([row["test_max"] for _, row in rows if row["test_max"] is not None] or [1.0]))
+    ax.set_ylabel(f"test {metric_name}{'' if higher else ' (lower is better)'} at the rate chosen on validation,\n"
+                  "mean over the seeds kept [min, max]")
     ax.set_title(title, fontsize=9)
     ax.grid(True, axis="y", alpha=0.3)
     return _save(plt, fig, axes, path, legend_from=0.75)

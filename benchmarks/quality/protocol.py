@@ -7,15 +7,17 @@
 Per attention (and first for the model with no attention, "none", the floor every run must beat):
 
 1. seed 0 at every rate of the grid (--lr, at least GRID_MIN rates);
-2. the best rate on the VALIDATION split (`choose`; never the test split, which no decision reads);
-   while it is the lowest or highest rate tried, one more rate beyond it (that rate divided or
-   multiplied by --extend-factor), at most --max-extensions times; a best rate still at the edge
-   after them is recorded as such ("interior": false);
-3. seeds 1 and 2 at the chosen rate; the table reports test accuracy's mean and [min, max] over the
-   seeds that did not fail.
+2. the best rate on the VALIDATION split (`choose`: accuracy, or bits per byte for lm; never the test
+   split, which no decision reads); while it is the lowest or highest rate tried, one more rate beyond
+   it (that rate divided or multiplied by --extend-factor), at most --max-extensions times; a best rate
+   still at the edge after them is recorded as such ("interior": false). While every rate tried failed,
+   one more rate beyond each end at once (two extensions, made only while two are left), so that "it
+   learned at no rate" rests on rates on both sides of the grid;
+3. seeds 1 and 2 at the chosen rate; the table reports the test score's (accuracy's; lm: bits per
+   byte's) mean and [min, max] over the seeds that did not fail.
 
 A run fails when its loss is not finite (run.run_one stops it at that step: "diverged") or when its
-validation accuracy does not beat the floor's best seed-0 validation accuracy over the floor's grid by
+validation score does not beat the floor's best seed-0 validation score over the floor's grid by
 run.floor_margin ("learned_nothing", run.judge). A failed run is recorded with its reason, is never a
 candidate rate and is never averaged into a mean; report.py names it in the table.
 
@@ -35,6 +37,8 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 if HERE not in sys.path:
     sys.path.insert(0, HERE)
+
+import plot  # noqa: E402  (no Keras: each task's score, plot.metric)
 if __name__ == "__main__":
     os.environ.setdefault("KERAS_BACKEND", "jax")
 
@@ -55,14 +59,14 @@ def extended_rate(lr, factor, direction):
 
 
 def choose(seed0_runs):
-    """(chosen rate, edge) from one attention's seed-0 runs (records with "lr", "status" and
-    "validation_accuracy"): the rate of the highest validation accuracy among the runs that did not fail
-    (None when all failed); edge is -1 when it is the lowest rate tried (failed runs count as tried),
+    """(chosen rate, edge) from one attention's seed-0 runs (records with "task", "lr", "status" and the
+    validation score, plot.metric): the rate of the best validation score (highest accuracy; lowest bits
+    per byte for lm) among the runs that did not fail (None when all failed); edge is -1 when it is the lowest rate tried (failed runs count as tried),
     +1 when the highest, 0 when interior (and when no rate was chosen). The test split is never read."""
     kept = [r for r in seed0_runs if not failed(r)]
     if not kept:
         return None, 0
-    best = max(kept, key=lambda r: (r["validation_accuracy"], -r["lr"]))["lr"]
+    best = max(kept, key=lambda r: (plot.score(r, "validation"), -r["lr"]))["lr"]
     tried = sorted({r["lr"] for r in seed0_runs})
     return best, -1 if best == tried[0] else (1 if best == tried[-1] else 0)
 
@@ -88,11 +92,21 @@ def run_protocol(train, grid, extend_factor=EXTEND_FACTOR, max_extensions=MAX_EX
         raise ValueError(f"protocol: max_extensions must be >= 0, got {max_extensions}")
     first, *others = seeds
     records = [train(lr, first, "grid") for lr in grid]
-    for _ in range(max_extensions):
+    extensions = 0
+    while extensions < max_extensions:
         best, edge = choose(records)
-        if best is None or edge == 0:
+        if best is None:  # every rate failed: both ends at once, or none
+            if max_extensions - extensions < 2:
+                break
+            tried = sorted({r["lr"] for r in records})
+            records += [train(extended_rate(tried[0], extend_factor, -1), first, "extension"),
+                        train(extended_rate(tried[-1], extend_factor, 1), first, "extension")]
+            extensions += 2
+            continue
+        if edge == 0:
             break
         records.append(train(extended_rate(best, extend_factor, edge), first, "extension"))
+        extensions += 1
     best, _ = choose(records)
     if best is not None:
         records += [train(best, seed, "seeds") for seed in others]
@@ -100,24 +114,27 @@ def run_protocol(train, grid, extend_factor=EXTEND_FACTOR, max_extensions=MAX_EX
 
 
 def summarize(records):
-    """One attention's protocol row from its records (one configuration; any order): chosen rate, whether
-    it is interior, validation accuracy per rate (seed 0; None for a failed run), test accuracy mean, min
-    and max over the seeds at the chosen rate that did not fail, the seeds kept and run there, the
+    """One attention's protocol row from its records (one configuration; any order): the score's name
+    ("metric", plot.metric) and whether higher is better, chosen rate, whether it is interior, the
+    validation score per rate (seed 0; None for a failed run), the test score's mean, min and max over the
+    seeds at the chosen rate that did not fail, the seeds kept and run there, the
     failed runs, and whether the protocol ran to its end ("complete": False when it was stopped before,
     e.g. at a deadline: then the row is what ran, not the protocol's result)."""
+    test_field, validation_field, name, higher = plot.metric(records[0]["task"])
     seed0 = [r for r in records if r["seed"] == SEEDS[0]]
     chosen, edge = choose(seed0)
     at_chosen = [r for r in records if r["lr"] == chosen]
-    kept = [r["accuracy"] for r in at_chosen if not failed(r)]
+    kept = [r[test_field] for r in at_chosen if not failed(r)]
     protocol = records[0].get("protocol", {})
     extensions = sum(1 for r in seed0 if r.get("protocol", {}).get("phase") == "extension")
     grid_done = len({r["lr"] for r in seed0 if r.get("protocol", {}).get("phase", "grid") == "grid"}) >= GRID_MIN
-    extended = chosen is None or edge == 0 or extensions == protocol.get("max_extensions", extensions)
+    left = protocol.get("max_extensions", extensions) - extensions
+    extended = (chosen is not None and edge == 0) or left < (2 if chosen is None else 1)  # as run_protocol stops
     complete = grid_done and extended and (chosen is None or len(at_chosen) == len(SEEDS))
     return {
-        "chosen_lr": chosen, "interior": chosen is not None and edge == 0, "edge": edge, "extensions": extensions,
+        "metric": name, "higher_is_better": higher, "chosen_lr": chosen, "interior": chosen is not None and edge == 0, "edge": edge, "extensions": extensions,
         "max_extensions": protocol.get("max_extensions"), "complete": complete,
-        "validation": {r["lr"]: (None if failed(r) else r["validation_accuracy"]) for r in seed0},
+        "validation": {r["lr"]: (None if failed(r) else r[validation_field]) for r in seed0},
         "test_mean": statistics.mean(kept) if kept else None, "test_min": min(kept) if kept else None,
         "test_max": max(kept) if kept else None, "seeds_kept": len(kept), "seeds_run": len(at_chosen),
         "failed": sorted((r for r in records if failed(r)), key=lambda r: (r["lr"], r["seed"])),
@@ -138,8 +155,8 @@ def _matches(record, args, name, kwargs, lr, seed):
 
 
 def _strongest_floor(records):
-    """The floor's seed-0 run with the highest validation accuracy: the one every run must beat."""
-    return max((r for r in records if r["seed"] == SEEDS[0]), key=lambda r: r["validation_accuracy"])
+    """The floor's seed-0 run with the best validation score: the one every run must beat."""
+    return max((r for r in records if r["seed"] == SEEDS[0]), key=lambda r: plot.score(r, "validation"))
 
 
 def build_parser():
@@ -196,14 +213,15 @@ def main(argv=None):
             else:
                 record["status"], record["failure"] = run.judge(
                     record, floor, split="validation",
-                    floor_is=f"its best seed-0 validation accuracy, lr {floor['lr']:g}")
-            record["floor"] = None if floor is None else {k: floor[k] for k in ("lr", "seed", "validation_accuracy",
-                                                                                  "accuracy", "date")}
+                    floor_is=f"its best seed-0 validation {plot.metric(floor['task'])[2]}, lr {floor['lr']:g}")
+            record["floor"] = None if floor is None else {k: floor[k] for k in ("lr", "seed", *plot.metric(
+                floor["task"])[:2], "date")}
             record["protocol"] = {**meta, "phase": phase}
             run.append_results(args.out, [record])
             existing.append(record)
-            print(f"[{label} lr={lr:g} seed={seed}] {phase}: validation {record['validation_accuracy']:.4f}, "
-                  f"test {record['accuracy']:.4f}, {record['status']}"
+            test_field, validation_field, metric, _ = plot.metric(record["task"])
+            print(f"[{label} lr={lr:g} seed={seed}] {phase}: validation {metric} {record[validation_field]:.4f}, "
+                  f"test {record[test_field]:.4f}, {record['status']}"
                   + (f": {record['failure']}" if record["failure"] else ""), flush=True)
             return record
 
@@ -219,7 +237,7 @@ def main(argv=None):
     for name, row in rows.items():
         where = "interior" if row["interior"] else f"at the edge after {row['extensions']} extension(s)"
         result = ("every rate failed" if row["chosen_lr"] is None else
-                  f"lr {row['chosen_lr']:g} ({where}): test {row['test_mean']:.4f} [{row['test_min']:.4f}, "
+                  f"lr {row['chosen_lr']:g} ({where}): test {row['metric']} {row['test_mean']:.4f} [{row['test_min']:.4f}, "
                   f"{row['test_max']:.4f}] over {row['seeds_kept']} of {row['seeds_run']} seeds"
                   if row["seeds_kept"] else f"lr {row['chosen_lr']:g}: every seed failed")
         print(f"{name}: {result}; {len(row['failed'])} failed run(s)", flush=True)

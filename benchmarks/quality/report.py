@@ -13,9 +13,9 @@ Every table of these records chose its rate on the test split (no validation spl
 which the protocol forbids; docs/quality.md says so above them.
 
 The protocol's tables (`render_protocol`) come from the records of benchmarks/quality/protocol.py
-(docs/data/quality_protocol_*.json), one per cell: per attention the seed-0 validation accuracy at
-every rate tried, the rate chosen on it and whether it is interior, the test accuracy's mean [min,
-max] over the seeds at that rate that did not fail, and the failed runs by name (protocol.summarize
+(docs/data/quality_protocol_*.json), one per cell: per attention the seed-0 validation score
+(accuracy; bits per byte for lm: plot.metric) at every rate tried, the rate chosen on it and whether
+it is interior, the test score's mean [min, max] over the seeds at that rate that did not fail, and the failed runs by name (protocol.summarize
 derives each row; run.judge judged each run when it ran), above them the commands, machine and dates;
 with --plot FOLDER each cell's figure too (plot.plot_protocol: FOLDER/quality_protocol_<cell>.png).
 
@@ -184,8 +184,10 @@ def _cell_configurations(records, key, order, what):
 
 
 def _table_order(runs, row):
-    """A protocol table's order: by mean test accuracy, those without one after them, the floor last."""
-    return runs[0]["status"] == "floor", row["test_mean"] is None, -(row["test_mean"] or 0)
+    """A protocol table's order: best mean test score first (highest accuracy, lowest bits per byte), those
+    without one after them, the floor last."""
+    mean = row["test_mean"] or 0
+    return runs[0]["status"] == "floor", row["test_mean"] is None, -mean if row["higher_is_better"] else mean
 
 
 def protocol_rows(records, key):
@@ -207,9 +209,10 @@ def render_protocol(records, key):
     cell = [r for r in records if cell_key(r) == key]
     configs = _cell_configurations(records, key, _table_order, "protocol")
     lrs = sorted({r["lr"] for r in cell})
+    _, validation_field, metric, _ = plot.metric(cell[0]["task"])
     lines = _provenance(cell) + [
-        "| attention | state bytes / layer | " + " | ".join(f"validation, lr {lr:g}" for lr in lrs)
-        + " | chosen lr | interior | test accuracy mean [min, max] (seeds kept of run) | failed runs |",
+        "| attention | state bytes / layer | " + " | ".join(f"validation {metric}, lr {lr:g}" for lr in lrs)
+        + f" | chosen lr | interior | test {metric} mean [min, max] (seeds kept of run) | failed runs |",
         "| --- | ---: | " + " | ".join("---:" for _ in lrs) + " | ---: | --- | ---: | --- |"]
     for runs, row in configs:
         first = runs[0]
@@ -218,10 +221,10 @@ def render_protocol(records, key):
         for lr in lrs:
             run = seed0.get(lr)
             scores.append("—" if run is None else ("failed" if protocol.failed(run) else
-                                                    f"{run['validation_accuracy']:.3f}"))
+                                                    f"{run[validation_field]:.3f}"))
         chosen, interior, result = _outcome(row)
         settings = first.get("settings") or "-"
-        label = first["label"] + (f" ({settings})" if settings != "-" else "") \
+        label = first["attention"] + (f" ({settings})" if settings != "-" else "") \
             + (" (the floor)" if first["status"] == "floor" else "")
         state = first.get("state_bytes_per_layer")
         lines.append(f"| {label} | {'—' if state is None else f'{state:,}'} | " + " | ".join(scores)

@@ -29,11 +29,12 @@ test set (--test-size sequences) is drawn from a separate fixed seed, and its va
 batch holds a validation or test sequence (tasks.mqar_batch_excluding: a batch without one is drawn
 exactly as before). The classification and lm data are fixed (tasks.py); listops, tags and imdb have a
 validation split of --validation-size examples (default 0) that holds no training or test example
-(tasks.load_classification); lm has none yet. --seed changes weights, batch order and hashing.
+(tasks.load_classification); lm's validation split is --validation-size windows (default 0) of training
+reviews that no training window reads (tasks.lm_data). --seed changes weights, batch order and hashing.
 
 Measurements: accuracy and loss on the test set, and on the validation set where there is one
 ("validation_accuracy", "validation_loss"; mqar: at the query positions only; lm: next-byte
-accuracy, loss in nats and bits per byte = loss / ln 2); seconds per step: the median wall time of the
+accuracy, loss in nats and bits per byte = loss / ln 2, "validation_bits_per_byte"); seconds per step: the median wall time of the
 training steps after the first 3 and after the first step of each new input shape (those compile);
 peak RSS: the process's peak resident memory during the run (Linux: reset before each run by writing 5
 to /proc/self/clear_refs, then read from getrusage's ru_maxrss; where the reset fails, the peak since
@@ -91,7 +92,7 @@ TASK_DEFAULTS = {
 }
 MQAR_TEST_SEED = 12345  # the mqar test set is the same for every training seed
 MQAR_VALIDATION_SEED = 67890  # so is its validation set (its own stream; never a test sequence)
-VALIDATION_TASKS = ("mqar", "listops", "tags", "imdb")  # the tasks with a validation split (--validation-size)
+VALIDATION_TASKS = ("mqar", "listops", "tags", "imdb", "lm")  # the tasks with a validation split (--validation-size)
 UNTIMED_STEPS = 3
 
 
@@ -132,7 +133,8 @@ def build_parser():
     model.add_argument("--validation-size", type=int, default=None,
                        help="validation examples, each run scored on them too, never a test or training example "
                             "(mqar, listops, tags: their own seed stream; imdb: training reviews left out of "
-                            "--train-size; lm: none yet; 0: none). Default: mqar --test-size, else 0")
+                            "--train-size; lm: windows of training reviews held out of the training bytes; "
+                            "0: none). Default: mqar --test-size, else 0")
     train = parser.add_argument_group("training")
     train.add_argument("--steps", type=int, default=None, help="Default: mqar 1000, lm and classification 500")
     train.add_argument("--batch-size", type=int, default=None, help="Default: mqar 64, classification 32, lm 8")
@@ -354,20 +356,24 @@ def task_setup(args, name, kwargs, seed):
         return model, batch, evaluate, (f"MQAR, vocab {args.vocab}, fresh batches (never a held-out sequence), "
                                         f"{args.validation_size or 0} validation and {args.test_size} test sequences")
     if args.task == "lm":
-        train, test = tasks.imdb_bytes("train"), tasks.imdb_bytes("test")
+        train, validation, test = tasks.lm_data(bool(args.validation_size))
         model = models.build_causal_model(args, name, kwargs, 256, args.length, None)
         rng = np.random.default_rng(seed)
-        test_x, test_y = tasks.lm_test_set(test, args.test_size, args.length)
+        held_out = {"test": tasks.lm_test_set(test, args.test_size, args.length)}
+        if args.validation_size:
+            held_out["validation"] = tasks.lm_test_set(validation, args.validation_size, args.length)
 
         def batch(step):
             return tasks.lm_batch(rng, train, args.batch_size, args.length)
 
         def evaluate(split):
-            logs = model.evaluate(test_x, test_y, batch_size=args.eval_batch_size, verbose=0, return_dict=True)
+            logs = model.evaluate(*held_out[split], batch_size=args.eval_batch_size, verbose=0, return_dict=True)
             return {**logs, "bits_per_byte": logs["loss"] / math.log(2)}
 
+        held = (f", {args.validation_size} windows of {tasks.LM_VALIDATION_REVIEWS:,} held-out training reviews "
+                f"({len(validation):,} bytes) for validation" if args.validation_size else "")
         return model, batch, evaluate, (f"IMDB bytes: random train windows, {args.test_size} test-split windows "
-                                        f"({len(train):,} / {len(test):,} bytes)")
+                                        f"({len(train):,} / {len(test):,} bytes){held}")
     from sequence_classification.batches import Batches
 
     data = tasks.load_classification(args.task, args.length, args.train_size, args.test_size, args.validation_size)
@@ -451,6 +457,8 @@ def run_one(args, name, kwargs, lr, seed, label, command):
     record["validation_size"] = args.validation_size if validation is not None else None
     record["validation_accuracy"] = None if validation is None else float(validation["accuracy"])
     record["validation_loss"] = None if validation is None else float(validation["loss"])
+    if validation is not None and "bits_per_byte" in validation:
+        record["validation_bits_per_byte"] = float(validation["bits_per_byte"])
     return record
 
 
@@ -476,7 +484,7 @@ def floor_margin(floor):
 
 def judge(record, floor, split="test", floor_is="same task, steps, rate and seed"):
     """(status, failure): ("diverged", why) when a loss was not finite; ("learned_nothing", why) when the
-    run's score on `split` ("test", or "validation": its validation accuracy) -- accuracy; lm: bits per
+    run's score on `split` ("test", or "validation": its validation score) -- accuracy; lm: bits per
     byte -- does not beat the model with no attention, `floor` (a record; `floor_is` says which one, for the
     message), on the same split by floor_margin; ("ok", None) otherwise; ("unjudged", None) without a floor."""
     if split not in ("test", "validation"):
@@ -488,10 +496,11 @@ def judge(record, floor, split="test", floor_is="same task, steps, rate and seed
     if floor is None:
         return "unjudged", None
     if record["task"] == "lm":
+        field = "bits_per_byte" if split == "test" else "validation_bits_per_byte"
         margin = floor_margin(floor)
-        if record["bits_per_byte"] > floor["bits_per_byte"] - margin:
-            return "learned_nothing", (f"test bits per byte {record['bits_per_byte']:.4f} is not below the model "
-                                       f"with no attention ({floor['bits_per_byte']:.4f}) by {margin:g}")
+        if record[field] > floor[field] - margin:
+            return "learned_nothing", (f"{split} bits per byte {record[field]:.4f} is not below the model with no "
+                                       f"attention ({floor[field]:.4f}, {floor_is}) by {margin:g}")
         return "ok", None
     field = "accuracy" if split == "test" else "validation_accuracy"
     if split == "validation":

@@ -217,8 +217,32 @@ def load_classification(task, length, train_size, test_size, validation_size=0):
 def imdb_bytes(split):
     """The reviews of an IMDB split as one uint8 array, UTF-8, separated by newlines (the texts keep
     their `<br />` tags)."""
-    texts, _ = imdb_split(split)
+    return _as_bytes(imdb_split(split)[0])
+
+
+def _as_bytes(texts):
     return np.frombuffer("\n".join(texts).encode("utf-8"), np.uint8)
+
+
+LM_VALIDATION_REVIEWS = 1000  # training reviews the lm validation split holds out of the training bytes
+LM_SPLIT_SEED = 3  # which ones (tasks._split's permutation; imdb's classification splits use 0 and 1)
+
+
+@functools.lru_cache(maxsize=2)
+def lm_data(validation):
+    """(train, validation, test) bytes of the byte LM (imdb_bytes' layout). Without `validation`: all
+    training reviews, None, the test reviews (the data of every record before the protocol). With it,
+    LM_VALIDATION_REVIEWS training reviews (a seeded choice) leave the training bytes for the validation
+    bytes, less any whose text is also a training or test review (the files repeat some reviews), so no
+    training window reads a validation byte's review and validation never reads a test review."""
+    if not validation:
+        return imdb_bytes("train"), None, imdb_bytes("test")
+    texts, labels = imdb_split("train")
+    (train, _), (held, _) = _split(texts, labels, [len(texts) - LM_VALIDATION_REVIEWS, None], LM_SPLIT_SEED)
+    test = imdb_split("test")[0]
+    seen = set(train) | set(test)
+    held = [text for text in held if text not in seen]
+    return _as_bytes(train), _as_bytes(held), imdb_bytes("test")
 
 
 def lm_batch(rng, data, batch_size, length):
