@@ -132,7 +132,8 @@ def test_the_protocol_report_draws_each_cells_figure_from_its_rows(tmp_path, cap
 def test_every_equal_state_cell_is_published_as_a_rendered_block():
     assert STATE_RECORDS, "no docs/data/quality_state_*.json"
     assert sorted(key for key, _ in STATE_TABLES) == sorted({report.cell_key(r) for r in STATE_RECORDS})
-    assert sorted(key for key, _ in SWEEP_TABLES) == sorted({report.cell_key(r) for r in STATE_RECORDS})
+    assert sorted(key for key, _ in SWEEP_TABLES) == sorted({report.cell_key(r) for r in STATE_RECORDS}
+                                                            | set(report.sweep_cells(PROTOCOL_RECORDS)))
 
 
 @pytest.mark.parametrize("key, published", STATE_TABLES, ids=[key for key, _ in STATE_TABLES])
@@ -143,8 +144,10 @@ def test_each_published_equal_state_table_is_what_the_records_give(key, publishe
 
 @pytest.mark.parametrize("key, published", SWEEP_TABLES, ids=[key for key, _ in SWEEP_TABLES])
 def test_each_published_defaults_sweep_is_what_the_records_give(key, published):
-    assert published == report.render_sweep(STATE_RECORDS, key), \
-        f"re-render with python benchmarks/quality/report.py --state ({key})"
+    """The equal-state cells' sweeps (report.py --state) and the protocol cells' (report.py --protocol: tags)."""
+    state = key in {report.cell_key(r) for r in STATE_RECORDS}
+    assert published == report.render_sweep(STATE_RECORDS if state else PROTOCOL_RECORDS, key), \
+        f"re-render with python benchmarks/quality/report.py {'--state' if state else '--protocol'} ({key})"
 
 
 def _row(attention, state, mean, complete=True, floor=False):

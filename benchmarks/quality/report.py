@@ -21,6 +21,7 @@ with --plot FOLDER each cell's figure too (plot.plot_protocol: FOLDER/quality_pr
 
     python benchmarks/quality/report.py [docs/data/quality_*.json ...]     # prints every table
     python benchmarks/quality/report.py --protocol [--plot FOLDER] [docs/data/quality_protocol_*.json ...]
+        # and, where YOSO ran at several (m, tau) in a cell, that cell's sweep table (render_sweep)
     python benchmarks/quality/report.py --state [--plot PNG]     # the equal-state tables (issue 43, item 4)
 
 The equal-state tables (`render_state`) come from the protocol records of docs/data/quality_state_*.json
@@ -288,15 +289,26 @@ def render_state(records, key):
     return "\n".join(lines)
 
 
-def render_sweep(records, key):
-    """YOSO's settings of cell `key` in the equal-state records as a grid (issue 43, item 5): a row per
-    hash_code_len tau, a column per num_hashes m, each cell the protocol's test accuracy mean [min, max]
-    over its seeds at the chosen rate (the rate after it), "failed" when every rate or seed failed, "—"
-    when the protocol did not finish or did not run; below it the settings ranked by mean."""
+def _yoso_settings(records, key):
+    """{(tau, m): (first record, protocol row)} of YOSO's settings (without a convolution) in cell `key`."""
     rows = [(first, row) for first, row in state_configurations(records, key)
             if first["attention"] == "yoso" and not first["attention_kwargs"].get("conv_window")]
-    grid = {(first["attention_kwargs"]["hash_code_len"], first["attention_kwargs"]["num_hashes"]): row
+    return {(first["attention_kwargs"]["hash_code_len"], first["attention_kwargs"]["num_hashes"]): (first, row)
             for first, row in rows}
+
+
+def sweep_cells(records):
+    """The cells of `records` where YOSO ran at more than one (m, tau): those with a sweep table."""
+    return sorted(key for key in {cell_key(r) for r in records} if len(_yoso_settings(records, key)) > 1)
+
+
+def render_sweep(records, key):
+    """YOSO's settings of cell `key` (equal-state or protocol records) as a grid (issue 43, item 5): a row per
+    hash_code_len tau, a column per num_hashes m, each cell the protocol's test accuracy mean [min, max]
+    over its seeds at the chosen rate (the rate after it; "k of 3 seeds" where a seed failed there),
+    "failed" when every rate or seed failed, "—" when the protocol did not finish or did not run; below
+    it the settings ranked by the seeds kept, then the mean, then the worst seed."""
+    grid = {setting: row for setting, (_, row) in _yoso_settings(records, key).items()}
     taus = sorted({tau for tau, _ in grid})
     ms = sorted({m for _, m in grid})
 
@@ -306,16 +318,22 @@ def render_sweep(records, key):
         if row["test_mean"] is None:
             return "failed"
         return (f"{row['test_mean']:.3f} [{row['test_min']:.3f}, {row['test_max']:.3f}] at {row['chosen_lr']:g}"
-                + ("" if row["interior"] else " (edge)"))
+                + ("" if row["interior"] else " (edge)") + _seeds_lost(row))
 
     lines = ["| tau (rows), m (columns) | " + " | ".join(f"m = {m}" for m in ms) + " |",
              "| --- | " + " | ".join("---:" for _ in ms) + " |"]
     lines += [f"| tau = {tau} | " + " | ".join(cell(grid.get((tau, m))) for m in ms) + " |" for tau in taus]
-    ranked = sorted(((row["test_mean"], row["test_min"], tau, m) for (tau, m), row in grid.items()
+    ranked = sorted(((row["seeds_kept"], row["test_mean"], row["test_min"], tau, m) for (tau, m), row in grid.items()
                      if row["complete"] and row["test_mean"] is not None), reverse=True)
-    lines += ["", "Ranked by mean test accuracy (worst seed after it): " + "; ".join(
-        f"{i}. m = {m}, tau = {tau}: {mean:.3f} ({low:.3f})" for i, (mean, low, tau, m) in enumerate(ranked, 1)) + "."]
+    lines += ["", "Ranked by seeds kept, then mean test accuracy (worst seed after it): " + "; ".join(
+        f"{i}. m = {m}, tau = {tau}: {mean:.3f} ({low:.3f}){_seeds_lost(grid[tau, m])}"
+        for i, (_, mean, low, tau, m) in enumerate(ranked, 1)) + "."]
     return "\n".join(lines)
+
+
+def _seeds_lost(row):
+    """", k of n seeds" when a seed failed at the chosen rate, else ""."""
+    return "" if row["seeds_kept"] == row["seeds_run"] else f", {row['seeds_kept']} of {row['seeds_run']} seeds"
 
 
 def load_state(paths=None):
@@ -352,6 +370,8 @@ def main(argv=None):
         records = load_protocol(argv or None)
         for key in sorted({cell_key(r) for r in records}):
             print(f"<!-- quality-protocol-table: {key} -->\n{render_protocol(records, key)}\n<!-- /quality-table -->\n")
+            if key in sweep_cells(records):
+                print(f"<!-- quality-sweep-table: {key} -->\n{render_sweep(records, key)}\n<!-- /quality-table -->\n")
             if folder:
                 rows = protocol_rows(records, key)
                 path = os.path.join(folder, f"quality_protocol_{key.replace(' ', '_')}.png")
