@@ -120,8 +120,9 @@ def plot(records, learning_rates, path, title, ceiling=None):
 
 
 def protocol_record(metrics, mode, learning_rate, seed, phase, args):
-    """One run's record for protocol.run_protocol and protocol.summarize: its rate, seed, status ("ok",
-    "diverged", "learned_nothing") and why, validation and test accuracy."""
+    """One run's record for protocol.run_protocol and protocol.summarize: its task (IMDB with --data-dir, else
+    the built-in tags task: scored by accuracy), rate, seed, status ("ok", "diverged", "learned_nothing") and
+    why, validation and test accuracy."""
     losses = [metrics["test_loss"], *metrics["history"]["val_loss"]]
     floor = metrics["validation_majority_accuracy"] + FLOOR_MARGIN
     status, failure = "ok", None
@@ -131,7 +132,8 @@ def protocol_record(metrics, mode, learning_rate, seed, phase, args):
         status, failure = "learned_nothing", (f"validation accuracy {metrics['validation_accuracy']:.4f} does not beat "
                                               f"the majority class ({metrics['validation_majority_accuracy']:.4f}) "
                                               f"by {FLOOR_MARGIN}")
-    return {"mode": mode, "lr": learning_rate, "seed": seed, "status": status, "failure": failure,
+    return {"task": "imdb" if args.data_dir else "tags", "mode": mode, "lr": learning_rate, "seed": seed,
+            "status": status, "failure": failure,
             "validation_accuracy": metrics["validation_accuracy"], "accuracy": metrics["test_accuracy"],
             "train_seconds": metrics["train_seconds"], "steps": metrics["steps"],
             "num_train_examples": metrics["num_train_examples"], "num_test_examples": metrics["num_test_examples"],

@@ -210,7 +210,7 @@ def test_benchmark_protocol_chooses_on_validation_extends_an_edge_and_fails_what
 
     benchmark.run_one = lambda args, mode, learning_rate, seed: metrics(mode, learning_rate, seed)
     args = argparse.Namespace(modes=["yoso", "softmax"], learning_rates=[1e-4, 3e-4, 1e-3], extend_factor=3.0,
-                              max_extensions=2, out=str(tmp_path))
+                              max_extensions=2, out=str(tmp_path), data_dir="imdb")
     benchmark.run_protocols(args)
     records = json.loads((tmp_path / "protocol.json").read_text())
     yoso = [(r["lr"], r["seed"]) for r in records if r["mode"] == "yoso"]
