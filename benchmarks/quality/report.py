@@ -368,9 +368,10 @@ def main(argv=None):
     if argv[:1] == ["--protocol"]:
         argv, folder = _plot_option(argv[1:])
         records = load_protocol(argv or None)
+        sweeps = sweep_cells(records)
         for key in sorted({cell_key(r) for r in records}):
             print(f"<!-- quality-protocol-table: {key} -->\n{render_protocol(records, key)}\n<!-- /quality-table -->\n")
-            if key in sweep_cells(records):
+            if key in sweeps:
                 print(f"<!-- quality-sweep-table: {key} -->\n{render_sweep(records, key)}\n<!-- /quality-table -->\n")
             if folder:
                 rows = protocol_rows(records, key)

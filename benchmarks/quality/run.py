@@ -370,8 +370,8 @@ def task_setup(args, name, kwargs, seed):
             logs = model.evaluate(*held_out[split], batch_size=args.eval_batch_size, verbose=0, return_dict=True)
             return {**logs, "bits_per_byte": logs["loss"] / math.log(2)}
 
-        held = (f", {args.validation_size} windows of {tasks.LM_VALIDATION_REVIEWS:,} held-out training reviews "
-                f"({len(validation):,} bytes) for validation" if args.validation_size else "")
+        held = (f", {args.validation_size} windows of held-out training reviews ({len(validation):,} bytes) for "
+                "validation" if args.validation_size else "")
         return model, batch, evaluate, (f"IMDB bytes: random train windows, {args.test_size} test-split windows "
                                         f"({len(train):,} / {len(test):,} bytes){held}")
     from sequence_classification.batches import Batches
@@ -495,14 +495,14 @@ def judge(record, floor, split="test", floor_is="same task, steps, rate and seed
                             f"there (test loss {record['loss']})")
     if floor is None:
         return "unjudged", None
+    test_field, validation_field, _, _ = plot.metric(record["task"])
+    field = test_field if split == "test" else validation_field
     if record["task"] == "lm":
-        field = "bits_per_byte" if split == "test" else "validation_bits_per_byte"
         margin = floor_margin(floor)
         if record[field] > floor[field] - margin:
             return "learned_nothing", (f"{split} bits per byte {record[field]:.4f} is not below the model with no "
                                        f"attention ({floor[field]:.4f}, {floor_is}) by {margin:g}")
         return "ok", None
-    field = "accuracy" if split == "test" else "validation_accuracy"
     if split == "validation":
         margin = floor_margin({**floor, "accuracy": floor[field], "test_size": floor["validation_size"]})
     else:
