@@ -150,6 +150,27 @@ def test_each_published_defaults_sweep_is_what_the_records_give(key, published):
         f"re-render with python benchmarks/quality/report.py {'--state' if state else '--protocol'} ({key})"
 
 
+def test_report_write_leaves_the_published_page_as_it_is():
+    page = _read("docs", "quality.md")
+    rewritten, _ = report.write_page(page, report.rendered_blocks())
+    assert rewritten == page, "re-render with python benchmarks/quality/report.py --write docs/quality.md"
+
+
+def test_report_write_replaces_a_stale_block_and_names_the_cells_the_page_lacks():
+    key, published = PROTOCOL_TABLES[0]
+    stale = f"intro\n<!-- quality-protocol-table: {key} -->\n| old | table |\n<!-- /quality-table -->\noutro\n"
+    blocks = report.rendered_blocks()
+    rewritten, missing = report.write_page(stale, blocks)
+    assert rewritten == f"intro\n<!-- quality-protocol-table: {key} -->\n{published}\n<!-- /quality-table -->\noutro\n"
+    assert ("protocol-table", key) not in missing and len(missing) == len(blocks) - 1
+
+
+def test_report_write_refuses_a_block_that_no_record_gives():
+    page = "<!-- quality-protocol-table: mqar 999 9 9 -->\n| a |\n<!-- /quality-table -->\n"
+    with pytest.raises(ValueError, match="mqar 999 9 9.*no records"):
+        report.write_page(page, report.rendered_blocks())
+
+
 def _row(attention, state, mean, complete=True, floor=False):
     first = {"attention": attention, "label": attention, "state_bytes_per_layer": state,
              "status": "floor" if floor else "ok", "lr": 0.01, "seed": 0}

@@ -23,6 +23,7 @@ with --plot FOLDER each cell's figure too (plot.plot_protocol: FOLDER/quality_pr
     python benchmarks/quality/report.py --protocol [--plot FOLDER] [docs/data/quality_protocol_*.json ...]
         # and, where YOSO ran at several (m, tau) in a cell, that cell's sweep table (render_sweep)
     python benchmarks/quality/report.py --state [--plot PNG]     # the equal-state tables (issue 43, item 4)
+    python benchmarks/quality/report.py --write docs/quality.md   # every table of the page, in place
 
 The equal-state tables (`render_state`) come from the protocol records of docs/data/quality_state_*.json
 (the same cell with the attentions' state widened or narrowed: YOSO's m and tau, the fixed-state models'
@@ -31,14 +32,17 @@ library defaults): per configuration its state bytes, the protocol's row and whe
 frontier (no other configuration reaches a higher mean test accuracy with at most its state).
 
 docs/quality.md holds each table between `<!-- quality-table: KEY -->` (protocol tables:
-`<!-- quality-protocol-table: KEY -->`) and `<!-- /quality-table -->`; tests/test_quality_records.py
-fails when a published table differs from what this renders.
+`<!-- quality-protocol-table: KEY -->`, and so on) and `<!-- /quality-table -->`; `--write` replaces every
+block of the page with what the records give and names the cells whose block the page lacks (figures:
+--protocol --plot and --state --plot). tests/test_quality_records.py fails when a published table
+differs from what this renders.
 """
 
 import glob
 import importlib.util
 import math
 import os
+import re
 import shlex
 import sys
 
@@ -191,13 +195,9 @@ def _table_order(runs, row):
     return runs[0]["status"] == "floor", row["test_mean"] is None, -mean if row["higher_is_better"] else mean
 
 
-def protocol_rows(records, key):
-    """[(first record, protocol.summarize row)] of cell `key`, one per configuration, in the table's order."""
-    return [(runs[0], row) for runs, row in _cell_configurations(records, key, _table_order, "protocol")]
-
-
 def protocol_title(rows):
-    """The figure title of a protocol cell (protocol_rows): task, sizes, steps and batch."""
+    """The figure title of a protocol cell, from its [(first record, protocol.summarize row)]: task, sizes,
+    steps and batch."""
     first = rows[0][0]
     what = (f"MQAR, {first['length']} tokens, {first['pairs']} pairs" if first["task"] == "mqar" else
             f"{first['task']}, {first['length']} tokens")
@@ -205,10 +205,11 @@ def protocol_title(rows):
             f"3 seeds at it)")
 
 
-def render_protocol(records, key):
-    """The protocol table of cell `key` (cell_key) with its provenance lines above it."""
+def render_protocol(records, key, configs=None):
+    """The protocol table of cell `key` (cell_key) with its provenance lines above it; `configs`: the cell's
+    [(runs, protocol.summarize row)] in the table's order, when the caller has them already."""
     cell = [r for r in records if cell_key(r) == key]
-    configs = _cell_configurations(records, key, _table_order, "protocol")
+    configs = configs or _cell_configurations(records, key, _table_order, "protocol")
     lrs = sorted({r["lr"] for r in cell})
     _, validation_field, metric, _ = plot.metric(cell[0]["task"])
     lines = _provenance(cell) + [
@@ -353,6 +354,49 @@ def load_protocol(paths=None):
     return plot.load(paths or sorted(glob.glob(os.path.join(DATA, PROTOCOL_FILES))))
 
 
+BLOCK = re.compile(r"<!-- quality-(table|protocol-table|sweep-table|state-table): (.+?) -->\n"
+                   r"(?:(?!<!-- /quality-table -->).*\n)*<!-- /quality-table -->")
+
+
+def rendered_blocks():
+    """{(kind, cell key): Markdown} of every table the records in docs/data give: "table" (load: the tables
+    from before the protocol), "protocol-table" (load_protocol), "sweep-table" (a protocol cell where YOSO
+    ran at several (m, tau), or an equal-state cell) and "state-table" (load_state)."""
+    blocks = {}
+    records = load()
+    for key in {cell_key(r) for r in records}:
+        blocks["table", key] = render(records, key)
+    records = load_protocol()
+    sweeps = sweep_cells(records)
+    for key in {cell_key(r) for r in records}:
+        blocks["protocol-table", key] = render_protocol(records, key)
+        if key in sweeps:
+            blocks["sweep-table", key] = render_sweep(records, key)
+    records = load_state()
+    for key in {cell_key(r) for r in records}:
+        blocks["state-table", key] = render_state(records, key)
+        blocks["sweep-table", key] = render_sweep(records, key)
+    return blocks
+
+
+def write_page(text, blocks):
+    """(`text` with each of its blocks -- `<!-- quality-KIND: KEY -->` to `<!-- /quality-table -->` -- replaced
+    by `blocks`[KIND, KEY] (rendered_blocks), the (kind, key) of the blocks it does not hold). ValueError
+    naming the block when the page holds one that no record gives."""
+    on_page = set()
+
+    def replace(match):
+        kind, key = match.group(1), match.group(2)
+        if (kind, key) not in blocks:
+            raise ValueError(f"the page's block <!-- quality-{kind}: {key} --> has no records in docs/data: "
+                             f"remove it, or add the records of the cell {key!r}")
+        on_page.add((kind, key))
+        return f"<!-- quality-{kind}: {key} -->\n{blocks[kind, key]}\n<!-- /quality-table -->"
+
+    text = BLOCK.sub(replace, text)
+    return text, sorted(set(blocks) - on_page)
+
+
 def _plot_option(argv):
     """(argv without "--plot PATH", PATH or None)."""
     if "--plot" not in argv:
@@ -365,16 +409,34 @@ def _plot_option(argv):
 
 def main(argv=None):
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["--write"]:
+        if len(argv) != 2:
+            raise SystemExit(f"--write takes one page (docs/quality.md), got {argv[1:]}")
+        with open(argv[1], encoding="utf-8") as f:
+            old = f.read()
+        try:
+            new, missing = write_page(old, rendered_blocks())
+        except ValueError as error:
+            raise SystemExit(f"{argv[1]}: {error}")
+        if new != old:
+            with open(argv[1], "w", encoding="utf-8") as f:
+                f.write(new)
+        print(f"{argv[1]}: {'rewrote its tables from docs/data' if new != old else 'its tables are what docs/data gives'}")
+        for kind, key in missing:
+            print(f"  records with no block on the page (<!-- quality-{kind}: {key} -->)")
+        return
     if argv[:1] == ["--protocol"]:
         argv, folder = _plot_option(argv[1:])
         records = load_protocol(argv or None)
         sweeps = sweep_cells(records)
         for key in sorted({cell_key(r) for r in records}):
-            print(f"<!-- quality-protocol-table: {key} -->\n{render_protocol(records, key)}\n<!-- /quality-table -->\n")
+            configs = _cell_configurations(records, key, _table_order, "protocol")
+            print(f"<!-- quality-protocol-table: {key} -->\n{render_protocol(records, key, configs)}\n"
+                  "<!-- /quality-table -->\n")
             if key in sweeps:
                 print(f"<!-- quality-sweep-table: {key} -->\n{render_sweep(records, key)}\n<!-- /quality-table -->\n")
             if folder:
-                rows = protocol_rows(records, key)
+                rows = [(runs[0], row) for runs, row in configs]
                 path = os.path.join(folder, f"quality_protocol_{key.replace(' ', '_')}.png")
                 print(f"wrote {plot.plot_protocol(rows, protocol_title(rows), path)}")
         return
