@@ -150,6 +150,12 @@ def test_each_published_defaults_sweep_is_what_the_records_give(key, published):
         f"re-render with python benchmarks/quality/report.py {'--state' if state else '--protocol'} ({key})"
 
 
+def test_a_protocol_table_shows_a_failed_runs_score_after_the_word_failed():
+    table = report.render_protocol(PROTOCOL_RECORDS, "mqar 32 4 250")
+    gated, = (line for line in table.splitlines() if line.startswith("| gated_deltanet"))
+    assert "| failed (0.025) | 0.123 |" in gated  # lr 3e-3 learned nothing: below the floor's 0.049 + 0.01
+
+
 def test_report_write_leaves_the_published_page_as_it_is():
     page = _read("docs", "quality.md")
     rewritten, _ = report.write_page(page, report.rendered_blocks())

@@ -14,7 +14,7 @@ which the protocol forbids; docs/quality.md says so above them.
 
 The protocol's tables (`render_protocol`) come from the records of benchmarks/quality/protocol.py
 (docs/data/quality_protocol_*.json), one per cell: per attention the seed-0 validation score
-(accuracy; bits per byte for lm: plot.metric) at every rate tried, the rate chosen on it and whether
+(accuracy; bits per byte for lm: plot.metric) at every rate tried (a failed run's after the word "failed"), the rate chosen on it and whether
 it is interior, the test score's mean [min, max] over the seeds at that rate that did not fail, and the failed runs by name (protocol.summarize
 derives each row; run.judge judged each run when it ran), above them the commands, machine and dates;
 with --plot FOLDER each cell's figure too (plot.plot_protocol: FOLDER/quality_protocol_<cell>.png).
@@ -205,6 +205,15 @@ def protocol_title(rows):
             f"3 seeds at it)")
 
 
+def _seed0_score(run, validation_field):
+    """A protocol table's cell for a seed-0 run: its validation score; a failed run says so before it
+    ("failed (0.503)"; "failed (diverged)": a diverged run has no score)."""
+    if run["status"] == "diverged":
+        return "failed (diverged)"
+    score = f"{run[validation_field]:.3f}"
+    return f"failed ({score})" if protocol.failed(run) else score
+
+
 def render_protocol(records, key, configs=None):
     """The protocol table of cell `key` (cell_key) with its provenance lines above it; `configs`: the cell's
     [(runs, protocol.summarize row)] in the table's order, when the caller has them already."""
@@ -219,11 +228,7 @@ def render_protocol(records, key, configs=None):
     for runs, row in configs:
         first = runs[0]
         seed0 = {r["lr"]: r for r in runs if r["seed"] == protocol.SEEDS[0]}
-        scores = []
-        for lr in lrs:
-            run = seed0.get(lr)
-            scores.append("—" if run is None else ("failed" if protocol.failed(run) else
-                                                    f"{run[validation_field]:.3f}"))
+        scores = ["—" if lr not in seed0 else _seed0_score(seed0[lr], validation_field) for lr in lrs]
         chosen, interior, result = _outcome(row)
         settings = first.get("settings") or "-"
         label = first["attention"] + (f" ({settings})" if settings != "-" else "") \
