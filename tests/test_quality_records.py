@@ -44,7 +44,8 @@ SWEEP_TABLES = _SWEEP_BLOCK.findall(_read("docs", "quality.md"))
 
 def test_the_quality_page_publishes_its_tables_as_rendered_blocks():
     assert {key for key, _ in TABLES} >= {"mqar 64 4 400", "mqar 128 8 400", "mqar 256 16 1000", "lm 1024 500"}
-    assert {key for key, _ in PROTOCOL_TABLES} >= {"mqar 32 4 250", "mqar 32 4 750", "mqar 64 8 250", "tags 512 300"}
+    assert {key for key, _ in PROTOCOL_TABLES} >= {"mqar 32 4 250", "mqar 32 4 750", "mqar 64 8 250", "tags 512 300",
+                                                   "lm 1024 500"}
 
 
 @pytest.mark.parametrize("key, published", TABLES, ids=[key for key, _ in TABLES])
@@ -82,9 +83,13 @@ def test_the_readme_results_table_quotes_the_records():
     assert (f"seeds that learned (test accuracy of those) | {yoso['seeds_kept']} of {yoso['seeds_run']} "
             f"({yoso['test_mean']:.3f}) | **{softmax['seeds_kept']} of {softmax['seeds_run']}** "
             f"({softmax['test_mean']:.3f}) |") in readme
-    yoso_bits, _, _ = _chosen("lm 1024 500", "yoso")
-    softmax_bits, _, _ = _chosen("lm 1024 500", "softmax")
-    assert f"| **{yoso_bits:.2f}** | {softmax_bits:.2f} |" in readme
+    lm = [r for r in PROTOCOL_RECORDS if report.cell_key(r) == "lm 1024 500"]
+    rows = {runs[0]["label"]: report.protocol.summarize(runs) for runs in report.configurations(lm).values()}
+    yoso, softmax, floor = rows["yoso"], rows["softmax"], rows["none"]  # configurations: the floor's runs once
+    assert all(row["complete"] for row in (yoso, softmax, floor)) and yoso["interior"] and yoso["seeds_kept"] == 3
+    assert softmax["chosen_lr"] is None  # every rate failed: the README says so, with no number
+    assert (f"the model with no attention: {floor['test_mean']:.3f} | **{yoso['test_mean']:.3f}** "
+            f"[{yoso['test_min']:.3f}, {yoso['test_max']:.3f}] | learned at no rate ") in readme
 
 
 def test_the_layer_docstring_quotes_the_records():

@@ -100,11 +100,13 @@ def _draw_published(ax):
 
 
 def _save(plt, fig, axes, path, legend_from):
-    """The first panel's legend right of x = legend_from (a fraction of the figure), then `path` (PNG)."""
+    """The first panel's legend right of x = legend_from (a fraction of the figure), then `path` (PNG; its
+    folder made if missing)."""
     handles, names = axes[0][0].get_legend_handles_labels()
     if handles:
         fig.legend(handles, names, loc="center right", fontsize=8)
     fig.tight_layout(rect=(0, 0, legend_from, 1))
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
@@ -188,9 +190,10 @@ def plot_state(cells, path):
 
 def plot_protocol(rows, title, path):
     """The protocol table of one cell (report.render_protocol) as bars: per configuration, in the table's
-    order, the test score's (accuracy's; lm: bits per byte's) mean over the seeds kept at the chosen rate with bars from the worst to the
-    best of them, annotated with the mean and the seeds kept of those run; a configuration whose every rate
-    failed, or whose protocol did not finish, gets no bar and says so; the floor as a dotted line.
+    order, the test score's mean over the seeds kept at the chosen rate with error bars from the worst to
+    the best of them, annotated with the mean and the seeds kept of those run: accuracy as bars from 0,
+    bits per byte (lm) as points on an axis fitted to the scores; a configuration whose every rate failed,
+    or whose protocol did not finish, gets no mark and says so; the floor as a dotted line.
 
     rows: [(first record, protocol.summarize row)], the floor among them."""
     plt = _pyplot()
@@ -198,12 +201,17 @@ def plot_protocol(rows, title, path):
     fig, axes = plt.subplots(1, 1, figsize=(max(5.0, 1.2 + 0.9 * len(bars)) + 2, 4.5), squeeze=False)
     ax = axes[0][0]
     colors = plt.get_cmap("tab10")
+    _, _, metric_name, higher = metric(rows[0][0]["task"])
     for i, (first, row) in enumerate(bars):
         settings = first.get("settings") or "-"
         name = first["attention"] + ("" if settings == "-" else f"\n{settings}")
         if row["complete"] and row["test_mean"] is not None:
             mean = row["test_mean"]
-            ax.bar(i, mean, yerr=[[mean - row["test_min"]], [row["test_max"] - mean]], capsize=3, color=colors(i % 10))
+            spread = [[mean - row["test_min"]], [row["test_max"] - mean]]
+            if higher:  # accuracy: a bar from 0
+                ax.bar(i, mean, yerr=spread, capsize=3, color=colors(i % 10))
+            else:  # bits per byte: the differences lie far from 0, so a point on an axis fitted to the scores
+                ax.errorbar(i, mean, yerr=spread, fmt="o", capsize=4, color=colors(i % 10))
             note = f"{mean:.3f}\n{row['seeds_kept']} of {row['seeds_run']} seeds"
             ax.annotate(note, (i, row["test_max"]), ha="center", va="bottom", fontsize=7, xytext=(0, 4),
                         textcoords="offset points")
@@ -217,13 +225,15 @@ def plot_protocol(rows, title, path):
         ax.axhline(floor[0], color="black", linestyle=":", label=f"no attention (the floor): {floor[0]:.3f}")
     ax.set_xticks([])
     ax.set_xlim(-0.6, len(bars) - 0.4)
-    _, _, metric_name, higher = metric(rows[0][0]["task"])
     if higher:  # accuracy
         ax.set_ylim(0, 1.12)
-    else:
-        ax.set_ylim(0, 1.15 * max([row["test_max"] for _, row in rows if row["test_max"] is not None] or [1.0]))
-    ax.set_ylabel(f"test {metric_name}{'' if higher else ' (lower is better)'} at the rate chosen on validation,\n"
-                  "mean over the seeds kept [min, max]")
+        ax.set_ylabel(f"test {metric_name} at the rate chosen on validation,\nmean over the seeds kept [min, max]")
+    else:  # the scores and the floor, with room for the notes above them
+        scores = [v for _, row in rows for v in (row["test_min"], row["test_max"]) if v is not None]
+        low, high = min(scores), max(scores)
+        pad = max(0.05, 0.25 * (high - low))
+        ax.set_ylim(low - pad, high + 2 * pad)
+        ax.set_ylabel(f"test {metric_name} (lower is better),\nmean [min, max] of the seeds kept")
     ax.set_title(title, fontsize=9)
     ax.grid(True, axis="y", alpha=0.3)
     return _save(plt, fig, axes, path, legend_from=0.75)

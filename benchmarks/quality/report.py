@@ -200,6 +200,7 @@ def protocol_title(rows):
     steps and batch."""
     first = rows[0][0]
     what = (f"MQAR, {first['length']} tokens, {first['pairs']} pairs" if first["task"] == "mqar" else
+            f"byte-level LM on IMDB text, {first['length']} bytes" if first["task"] == "lm" else
             f"{first['task']}, {first['length']} tokens")
     return (f"{what}, {first['steps']} steps, batch {first['batch_size']}: the protocol (rate chosen on validation, "
             f"3 seeds at it)")
