@@ -145,7 +145,7 @@ def plot_mqar(records, path):
 def plot_state(cells, path):
     """Accuracy against state bytes per layer (log x) of the equal-state tables (report.render_state), one
     panel per cell: per attention every configuration (the protocol's test mean over the seeds kept at its
-    chosen rate, bars from the worst to the best of them), the best of them at each state size joined by
+    chosen rate, bars from the worst to the best of them; a hollow marker where a seed failed there), the best of them at each state size joined by
     a line (several YOSO settings share a state size: m 2^tau); the model with no
     attention as a dotted line; configurations whose protocol failed or did not finish left out (the table
     names them); Zoology's published ranges (PUBLISHED) in grey, marked as published.
@@ -162,12 +162,16 @@ def plot_state(cells, path):
                              and row["test_mean"] is not None), key=lambda point: point[0])
             if not points:
                 continue
-            x = [state for state, _ in points]
-            y = [row["test_mean"] for _, row in points]
-            err = [[row["test_mean"] - row["test_min"] for _, row in points],
-                   [row["test_max"] - row["test_mean"] for _, row in points]]
-            ax.errorbar(x, y, yerr=err, marker=MARKERS[i % len(MARKERS)], color=colors(i % 10), label=name,
-                        capsize=3, linestyle="none", markersize=6, alpha=0.8)
+            for every_seed in (True, False):  # hollow where a seed failed at the chosen rate
+                group = [(state, row) for state, row in points if (row["seeds_kept"] == row["seeds_run"]) == every_seed]
+                if not group:
+                    continue
+                ax.errorbar([state for state, _ in group], [row["test_mean"] for _, row in group],
+                            yerr=[[row["test_mean"] - row["test_min"] for _, row in group],
+                                  [row["test_max"] - row["test_mean"] for _, row in group]],
+                            marker=MARKERS[i % len(MARKERS)], color=colors(i % 10), capsize=3, linestyle="none",
+                            markersize=6, alpha=0.8, markerfacecolor=None if every_seed else "none",
+                            label=name if every_seed or len(group) == len(points) else None)
             best = {}
             for state, row in points:
                 best[state] = max(best.get(state, 0.0), row["test_mean"])
@@ -180,7 +184,7 @@ def plot_state(cells, path):
         ax.set_xscale("log")
         ax.set_ylim(-0.02, 1.02)
         ax.set_xlabel("state bytes per layer (causal decoding, one sequence)")
-        ax.set_ylabel("test accuracy, mean over 3 seeds [min, max]")
+        ax.set_ylabel("test accuracy, mean [min, max] over the seeds kept\n(hollow: a seed failed at the chosen rate)")
         first = rows[0][0]
         ax.set_title(f"MQAR, {first['length']} tokens, {first['pairs']} pairs, {first['steps']} steps"
                      if first["task"] == "mqar" else f"{key} steps")
