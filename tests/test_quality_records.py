@@ -40,6 +40,7 @@ PROTOCOL_TABLES = _PROTOCOL_BLOCK.findall(_read("docs", "quality.md"))
 STATE_RECORDS = report.load_state()
 STATE_TABLES = _STATE_BLOCK.findall(_read("docs", "quality.md"))
 SWEEP_TABLES = _SWEEP_BLOCK.findall(_read("docs", "quality.md"))
+RENDERED = report.rendered_blocks()  # every block the records give, for report.py --write
 
 
 def test_the_quality_page_publishes_its_tables_as_rendered_blocks():
@@ -163,23 +164,22 @@ def test_a_protocol_table_shows_a_failed_runs_score_after_the_word_failed():
 
 def test_report_write_leaves_the_published_page_as_it_is():
     page = _read("docs", "quality.md")
-    rewritten, _ = report.write_page(page, report.rendered_blocks())
+    rewritten, _ = report.write_page(page, RENDERED)
     assert rewritten == page, "re-render with python benchmarks/quality/report.py --write docs/quality.md"
 
 
 def test_report_write_replaces_a_stale_block_and_names_the_cells_the_page_lacks():
     key, published = PROTOCOL_TABLES[0]
     stale = f"intro\n<!-- quality-protocol-table: {key} -->\n| old | table |\n<!-- /quality-table -->\noutro\n"
-    blocks = report.rendered_blocks()
-    rewritten, missing = report.write_page(stale, blocks)
+    rewritten, missing = report.write_page(stale, RENDERED)
     assert rewritten == f"intro\n<!-- quality-protocol-table: {key} -->\n{published}\n<!-- /quality-table -->\noutro\n"
-    assert ("protocol-table", key) not in missing and len(missing) == len(blocks) - 1
+    assert ("protocol-table", key) not in missing and len(missing) == len(RENDERED) - 1
 
 
 def test_report_write_refuses_a_block_that_no_record_gives():
     page = "<!-- quality-protocol-table: mqar 999 9 9 -->\n| a |\n<!-- /quality-table -->\n"
     with pytest.raises(ValueError, match="mqar 999 9 9.*no records"):
-        report.write_page(page, report.rendered_blocks())
+        report.write_page(page, RENDERED)
 
 
 def _row(attention, state, mean, complete=True, floor=False):

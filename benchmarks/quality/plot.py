@@ -145,9 +145,9 @@ def plot_mqar(records, path):
 def plot_state(cells, path):
     """Accuracy against state bytes per layer (log x) of the equal-state tables (report.render_state), one
     panel per cell: per attention every configuration (the protocol's test mean over the seeds kept at its
-    chosen rate, bars from the worst to the best of them; a hollow marker where a seed failed there), the best of them at each state size joined by
-    a line (several YOSO settings share a state size: m 2^tau); the model with no
-    attention as a dotted line; configurations whose protocol failed or did not finish left out (the table
+    chosen rate, bars from the worst to the best of them; a hollow marker where a seed failed there), the
+    best of them at each state size joined by a line (several YOSO settings share a state size: m 2^tau);
+    the model with no attention as a dotted line; configurations whose protocol failed or did not finish left out (the table
     names them); Zoology's published ranges (PUBLISHED) in grey, marked as published.
 
     cells: {cell key: [(first record, protocol.summarize row)]}."""

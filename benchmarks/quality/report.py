@@ -14,9 +14,10 @@ which the protocol forbids; docs/quality.md says so above them.
 
 The protocol's tables (`render_protocol`) come from the records of benchmarks/quality/protocol.py
 (docs/data/quality_protocol_*.json), one per cell: per attention the seed-0 validation score
-(accuracy; bits per byte for lm: plot.metric) at every rate tried (a failed run's after the word "failed"), the rate chosen on it and whether
-it is interior, the test score's mean [min, max] over the seeds at that rate that did not fail, and the failed runs by name (protocol.summarize
-derives each row; run.judge judged each run when it ran), above them the commands, machine and dates;
+(accuracy; bits per byte for lm: plot.metric) at every rate tried (a failed run's after the word
+"failed"), the rate chosen on it and whether it is interior, the test score's mean [min, max] over the
+seeds at that rate that did not fail, and the failed runs by name (protocol.summarize derives each row;
+run.judge judged each run when it ran), above them the commands, machine and dates;
 with --plot FOLDER each cell's figure too (plot.plot_protocol: FOLDER/quality_protocol_<cell>.png).
 
     python benchmarks/quality/report.py [docs/data/quality_*.json ...]     # prints every table
@@ -427,7 +428,8 @@ def main(argv=None):
         if new != old:
             with open(argv[1], "w", encoding="utf-8") as f:
                 f.write(new)
-        print(f"{argv[1]}: {'rewrote its tables from docs/data' if new != old else 'its tables are what docs/data gives'}")
+        print(f"{argv[1]}: " + ("rewrote its tables from docs/data" if new != old else
+                                "its tables are what docs/data gives"))
         for kind, key in missing:
             print(f"  records with no block on the page (<!-- quality-{kind}: {key} -->)")
         return
