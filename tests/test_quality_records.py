@@ -176,6 +176,11 @@ def test_report_write_replaces_a_stale_block_and_names_the_cells_the_page_lacks(
     assert ("protocol-table", key) not in missing and len(missing) == len(RENDERED) - 1
 
 
+def test_report_write_names_a_page_it_cannot_read(tmp_path):
+    with pytest.raises(SystemExit, match=r"--write: cannot read the page .*missing\.md"):
+        report.main(["--write", str(tmp_path / "missing.md")])
+
+
 def test_report_write_refuses_a_block_that_no_record_gives():
     page = "<!-- quality-protocol-table: mqar 999 9 9 -->\n| a |\n<!-- /quality-table -->\n"
     with pytest.raises(ValueError, match="mqar 999 9 9.*no records"):

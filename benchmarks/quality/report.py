@@ -419,8 +419,11 @@ def main(argv=None):
     if argv[:1] == ["--write"]:
         if len(argv) != 2:
             raise SystemExit(f"--write takes one page (docs/quality.md), got {argv[1:]}")
-        with open(argv[1], encoding="utf-8") as f:
-            old = f.read()
+        try:
+            with open(argv[1], encoding="utf-8") as f:
+                old = f.read()
+        except OSError as error:
+            raise SystemExit(f"--write: cannot read the page {argv[1]!r} ({error.strerror}); give docs/quality.md")
         try:
             new, missing = write_page(old, rendered_blocks())
         except ValueError as error:
