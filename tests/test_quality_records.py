@@ -13,10 +13,6 @@ import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 pytestmark = pytest.mark.all_cases  # every table on every backend (cheap)
-_BLOCK = re.compile(r"<!-- quality-table: (.+?) -->\n(.*?)\n<!-- /quality-table -->", re.S)
-_PROTOCOL_BLOCK = re.compile(r"<!-- quality-protocol-table: (.+?) -->\n(.*?)\n<!-- /quality-table -->", re.S)
-_STATE_BLOCK = re.compile(r"<!-- quality-state-table: (.+?) -->\n(.*?)\n<!-- /quality-table -->", re.S)
-_SWEEP_BLOCK = re.compile(r"<!-- quality-sweep-table: (.+?) -->\n(.*?)\n<!-- /quality-table -->", re.S)
 
 
 def _report():
@@ -34,12 +30,13 @@ def _read(*path):
 
 report = _report()
 RECORDS = report.load()
-TABLES = _BLOCK.findall(_read("docs", "quality.md"))
+PAGE = _read("docs", "quality.md")
+TABLES = report.page_blocks(PAGE, "table")
 PROTOCOL_RECORDS = report.load_protocol()
-PROTOCOL_TABLES = _PROTOCOL_BLOCK.findall(_read("docs", "quality.md"))
+PROTOCOL_TABLES = report.page_blocks(PAGE, "protocol-table")
 STATE_RECORDS = report.load_state()
-STATE_TABLES = _STATE_BLOCK.findall(_read("docs", "quality.md"))
-SWEEP_TABLES = _SWEEP_BLOCK.findall(_read("docs", "quality.md"))
+STATE_TABLES = report.page_blocks(PAGE, "state-table")
+SWEEP_TABLES = report.page_blocks(PAGE, "sweep-table")
 RENDERED = report.rendered_blocks()  # every block the records give, for report.py --write
 
 
@@ -163,16 +160,15 @@ def test_a_protocol_table_shows_a_failed_runs_score_after_the_word_failed():
 
 
 def test_report_write_leaves_the_published_page_as_it_is():
-    page = _read("docs", "quality.md")
-    rewritten, _ = report.write_page(page, RENDERED)
-    assert rewritten == page, "re-render with python benchmarks/quality/report.py --write docs/quality.md"
+    rewritten, _ = report.write_page(PAGE, RENDERED)
+    assert rewritten == PAGE, "re-render with python benchmarks/quality/report.py --write docs/quality.md"
 
 
 def test_report_write_replaces_a_stale_block_and_names_the_cells_the_page_lacks():
     key, published = PROTOCOL_TABLES[0]
     stale = f"intro\n<!-- quality-protocol-table: {key} -->\n| old | table |\n<!-- /quality-table -->\noutro\n"
     rewritten, missing = report.write_page(stale, RENDERED)
-    assert rewritten == f"intro\n<!-- quality-protocol-table: {key} -->\n{published}\n<!-- /quality-table -->\noutro\n"
+    assert rewritten == f"intro\n{report.block('protocol-table', key, published)}\noutro\n"
     assert ("protocol-table", key) not in missing and len(missing) == len(RENDERED) - 1
 
 

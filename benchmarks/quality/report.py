@@ -362,28 +362,51 @@ def load_protocol(paths=None):
 
 
 BLOCK = re.compile(r"<!-- quality-(table|protocol-table|sweep-table|state-table): (.+?) -->\n"
-                   r"(?:(?!<!-- /quality-table -->).*\n)*<!-- /quality-table -->")
+                   r"((?:(?!<!-- /quality-table -->).*\n)*)<!-- /quality-table -->")
+
+
+def block(kind, key, markdown):
+    """A table as the page holds it: `<!-- quality-KIND: KEY -->`, the Markdown, `<!-- /quality-table -->`."""
+    return f"<!-- quality-{kind}: {key} -->\n{markdown}\n<!-- /quality-table -->"
+
+
+def page_blocks(text, kind):
+    """[(key, Markdown)] of the page's blocks of `kind` ("table", "protocol-table", ...), in page order."""
+    return [(match.group(2), match.group(3)[:-1]) for match in BLOCK.finditer(text) if match.group(1) == kind]
+
+
+def table_cells(records):
+    """Per cell of the records from before the protocol (load), in key order: (key, [("table", Markdown)])."""
+    for key in sorted({cell_key(r) for r in records}):
+        yield key, [("table", render(records, key))]
+
+
+def protocol_cells(records):
+    """Per cell of the protocol records (load_protocol), in key order: (key, its configurations, [(kind,
+    Markdown)]): the protocol table, and the sweep table where YOSO ran at several (m, tau). The
+    configurations are summarized once, for the table and the cell's figure."""
+    sweeps = sweep_cells(records)
+    for key in sorted({cell_key(r) for r in records}):
+        configs = _cell_configurations(records, key, _table_order, "protocol")
+        blocks = [("protocol-table", render_protocol(records, key, configs))]
+        if key in sweeps:
+            blocks.append(("sweep-table", render_sweep(records, key)))
+        yield key, configs, blocks
+
+
+def state_cells(records):
+    """Per equal-state cell (load_state), in key order: (key, [("state-table", ...), ("sweep-table", ...)])."""
+    for key in sorted({cell_key(r) for r in records}):
+        yield key, [("state-table", render_state(records, key)), ("sweep-table", render_sweep(records, key))]
 
 
 def rendered_blocks():
     """{(kind, cell key): Markdown} of every table the records in docs/data give: "table" (load: the tables
-    from before the protocol), "protocol-table" (load_protocol), "sweep-table" (a protocol cell where YOSO
-    ran at several (m, tau), or an equal-state cell) and "state-table" (load_state)."""
-    blocks = {}
-    records = load()
-    for key in {cell_key(r) for r in records}:
-        blocks["table", key] = render(records, key)
-    records = load_protocol()
-    sweeps = sweep_cells(records)
-    for key in {cell_key(r) for r in records}:
-        blocks["protocol-table", key] = render_protocol(records, key)
-        if key in sweeps:
-            blocks["sweep-table", key] = render_sweep(records, key)
-    records = load_state()
-    for key in {cell_key(r) for r in records}:
-        blocks["state-table", key] = render_state(records, key)
-        blocks["sweep-table", key] = render_sweep(records, key)
-    return blocks
+    from before the protocol), "protocol-table" and "sweep-table" (protocol_cells) and "state-table" with its
+    "sweep-table" (state_cells, which renders an equal-state cell's sweep from the state records too)."""
+    cells = [*table_cells(load()), *((key, blocks) for key, _, blocks in protocol_cells(load_protocol())),
+             *state_cells(load_state())]
+    return {(kind, key): markdown for key, blocks in cells for kind, markdown in blocks}
 
 
 def write_page(text, blocks):
@@ -398,7 +421,7 @@ def write_page(text, blocks):
             raise ValueError(f"the page's block <!-- quality-{kind}: {key} --> has no records in docs/data: "
                              f"remove it, or add the records of the cell {key!r}")
         on_page.add((kind, key))
-        return f"<!-- quality-{kind}: {key} -->\n{blocks[kind, key]}\n<!-- /quality-table -->"
+        return block(kind, key, blocks[kind, key])
 
     text = BLOCK.sub(replace, text)
     return text, sorted(set(blocks) - on_page)
@@ -438,14 +461,9 @@ def main(argv=None):
         return
     if argv[:1] == ["--protocol"]:
         argv, folder = _plot_option(argv[1:])
-        records = load_protocol(argv or None)
-        sweeps = sweep_cells(records)
-        for key in sorted({cell_key(r) for r in records}):
-            configs = _cell_configurations(records, key, _table_order, "protocol")
-            print(f"<!-- quality-protocol-table: {key} -->\n{render_protocol(records, key, configs)}\n"
-                  "<!-- /quality-table -->\n")
-            if key in sweeps:
-                print(f"<!-- quality-sweep-table: {key} -->\n{render_sweep(records, key)}\n<!-- /quality-table -->\n")
+        for key, configs, blocks in protocol_cells(load_protocol(argv or None)):
+            for kind, markdown in blocks:
+                print(block(kind, key, markdown) + "\n")
             if folder:
                 rows = [(runs[0], row) for runs, row in configs]
                 path = os.path.join(folder, f"quality_protocol_{key.replace(' ', '_')}.png")
@@ -454,17 +472,17 @@ def main(argv=None):
     if argv[:1] == ["--state"]:
         argv, png = _plot_option(argv[1:])
         records = load_state(argv or None)
-        keys = sorted({cell_key(r) for r in records})
-        for key in keys:
-            print(f"<!-- quality-state-table: {key} -->\n{render_state(records, key)}\n<!-- /quality-table -->\n")
-            print(f"<!-- quality-sweep-table: {key} -->\n{render_sweep(records, key)}\n<!-- /quality-table -->\n")
+        keys = []
+        for key, blocks in state_cells(records):
+            keys.append(key)
+            for kind, markdown in blocks:
+                print(block(kind, key, markdown) + "\n")
         if png:
             print(f"wrote {plot.plot_state({key: state_configurations(records, key) for key in keys}, png)}")
         return
-    records = load(argv or None)
-    for key in sorted({cell_key(r) for r in records}):
-        print(f"<!-- quality-table: {key} -->\n{render(records, key)}\n<!-- /quality-table -->\n")
-
+    for key, blocks in table_cells(load(argv or None)):
+        for kind, markdown in blocks:
+            print(block(kind, key, markdown) + "\n")
 
 if __name__ == "__main__":
     main()
