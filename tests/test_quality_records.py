@@ -159,6 +159,14 @@ def test_a_protocol_table_shows_a_failed_runs_score_after_the_word_failed():
     assert "| failed (0.025) | 0.123 |" in gated  # lr 3e-3 learned nothing: below the floor's 0.049 + 0.01
 
 
+def test_a_protocol_table_run_under_several_machine_notes_points_to_each_commands_note():
+    table = report.render_protocol(PROTOCOL_RECORDS, "mqar 32 4 750")
+    notes = {r["protocol"]["machine_note"] for r in PROTOCOL_RECORDS if report.cell_key(r) == "mqar 32 4 750"}
+    assert len(notes) == 2 and "the machine: not quiet (2 notes: each command's --machine-note below)." in table
+    commands = [line for line in table.splitlines() if line.startswith("    python ")]
+    assert all(sum(report.shlex.quote(note) in command for command in commands) >= 1 for note in notes)
+
+
 def test_report_write_leaves_the_published_page_as_it_is():
     rewritten, _ = report.write_page(PAGE, RENDERED)
     assert rewritten == PAGE, "re-render with python benchmarks/quality/report.py --write docs/quality.md"

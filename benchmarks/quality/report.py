@@ -150,6 +150,10 @@ def _provenance(cell):
     dates = sorted(r["date"] for r in cell)
     machine = cell[0]["machine"]
     notes = sorted({r["protocol"]["machine_note"] for r in cell})
+    if len(notes) > 1:  # one per command: each command below carries its --machine-note
+        quiet = {r["protocol"]["machine_quiet"] for r in cell}
+        notes = [f"{'quiet' if quiet == {True} else 'not quiet' if quiet == {False} else 'quiet for some'} "
+                 f"({len(notes)} notes: each command's --machine-note below)"]
     commands = []
     for record in cell:
         command = shlex.join(record["command"])
