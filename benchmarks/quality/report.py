@@ -201,14 +201,15 @@ def _table_order(runs, row):
 
 
 def protocol_title(rows):
-    """The figure title of a protocol cell, from its [(first record, protocol.summarize row)]: task, sizes,
-    steps and batch."""
+    """The figure title of a protocol cell, from its [(first record, protocol.summarize row)]: task, sizes
+    (MQAR: length, pairs and vocabulary, which differs between cells), steps and batch."""
     first = rows[0][0]
-    what = (f"MQAR, {first['length']} tokens, {first['pairs']} pairs" if first["task"] == "mqar" else
+    what = (f"MQAR, {first['length']} tokens, {first['pairs']} pairs, vocabulary {first['vocab']:,}"
+            if first["task"] == "mqar" else
             f"byte-level LM on IMDB text, {first['length']} bytes" if first["task"] == "lm" else
             f"{first['task']}, {first['length']} tokens")
-    return (f"{what}, {first['steps']} steps, batch {first['batch_size']}: the protocol (rate chosen on validation, "
-            f"3 seeds at it)")
+    return (f"{what}, {first['steps']} steps, batch {first['batch_size']}\n"
+            "the protocol: rate chosen on validation, 3 seeds at it")
 
 
 def _seed0_score(run, validation_field):
