@@ -60,29 +60,37 @@ def _chosen(key, label):
     return sum(kept) / len(kept), len(kept), len(runs)
 
 
+def _mean_range(row):
+    """("mean", "[min, max]") of a protocol row's test score, as the README writes them."""
+    return f"{row['test_mean']:.3f}", f"[{row['test_min']:.3f}, {row['test_max']:.3f}]"
+
+
+def _protocol_yoso_and_softmax(key):
+    """_mean_range of YOSO's and of softmax's protocol rows in cell `key`, each checked complete, interior and
+    over 3 seeds kept."""
+    cell = [r for r in PROTOCOL_RECORDS if report.cell_key(r) == key]
+    rows = [report.protocol.summarize([r for r in cell if r["label"] == label]) for label in ("yoso", "softmax")]
+    assert all(row["complete"] and row["interior"] and row["seeds_kept"] == 3 for row in rows), key
+    return [_mean_range(row) for row in rows]
+
+
 def test_the_readme_results_table_quotes_the_records():
     readme = _read("README.md")
     yoso, _, _ = _chosen("mqar 256 16 1000", "yoso, tau 6 (default)")
     softmax, _, _ = _chosen("mqar 256 16 1000", "softmax")
     assert re.search(rf"accuracy over 3 seeds \| \*\*{yoso:.3f}\*\* \| {softmax:.3f} \|", readme)
-    cell = [r for r in PROTOCOL_RECORDS if report.cell_key(r) == "mqar 64 8 250"]
-    rows = {label: report.protocol.summarize([r for r in cell if r["label"] == label]) for label in ("yoso", "softmax")}
-    assert all(row["complete"] and row["interior"] and row["seeds_kept"] == 3 for row in rows.values())
-    yoso, softmax = ((f"{row['test_mean']:.3f}", f"[{row['test_min']:.3f}, {row['test_max']:.3f}]") for row in rows.values())
+    yoso, softmax = _protocol_yoso_and_softmax("mqar 64 8 250")
     assert f"test accuracy, mean [min, max] | {' '.join(yoso)} | **{softmax[0]}** {softmax[1]} |" in readme
-    cell = [r for r in PROTOCOL_RECORDS if report.cell_key(r) == "mqar 64 4 750"]
-    rows = {label: report.protocol.summarize([r for r in cell if r["label"] == label]) for label in ("yoso", "softmax")}
-    assert all(row["complete"] and row["interior"] and row["seeds_kept"] == 3 for row in rows.values())
-    yoso, softmax = ((f"{row['test_mean']:.3f}", f"[{row['test_min']:.3f}, {row['test_max']:.3f}]") for row in rows.values())
+    yoso, softmax = _protocol_yoso_and_softmax("mqar 64 4 750")
     assert f"vocabulary 8,192, 750 steps; rate chosen on validation, 3 seeds), test accuracy, mean [min, max] | " \
            f"**{yoso[0]}** {yoso[1]} | {' '.join(softmax)} |" in readme
     equal = {first["label"]: row for first, row in report.state_configurations(STATE_RECORDS, "mqar 64 8 250")
              if first["state_bytes_per_layer"] == 32_768}
-    yoso, softmax = ((f"{row['test_mean']:.3f}", f"[{row['test_min']:.3f}, {row['test_max']:.3f}]")
-                     for row in (equal["yoso(num_hashes=8,hash_code_len=4)"], equal["softmax"]))
+    yoso, softmax = _mean_range(equal["yoso(num_hashes=8,hash_code_len=4)"]), _mean_range(equal["softmax"])
     assert f"YOSO m = 8, τ = 4) | {' '.join(yoso)} | **{softmax[0]}** {softmax[1]} |" in readme
     tags = [r for r in PROTOCOL_RECORDS if report.cell_key(r) == "tags 512 300"]
-    yoso, softmax = (report.protocol.summarize([r for r in tags if r["label"] == label]) for label in ("yoso", "softmax"))
+    yoso, softmax = (report.protocol.summarize([r for r in tags if r["label"] == label])
+                     for label in ("yoso", "softmax"))
     assert all(row["complete"] and row["interior"] for row in (yoso, softmax))
     assert (f"seeds that learned (test accuracy of those) | {yoso['seeds_kept']} of {yoso['seeds_run']} "
             f"({yoso['test_mean']:.3f}) | **{softmax['seeds_kept']} of {softmax['seeds_run']}** "

@@ -432,6 +432,12 @@ def write_page(text, blocks):
     return text, sorted(set(blocks) - on_page)
 
 
+def _print_blocks(key, blocks):
+    """Print a cell's [(kind, Markdown)] as the page holds them, a blank line after each."""
+    for kind, markdown in blocks:
+        print(block(kind, key, markdown) + "\n")
+
+
 def _plot_option(argv):
     """(argv without "--plot PATH", PATH or None)."""
     if "--plot" not in argv:
@@ -467,8 +473,7 @@ def main(argv=None):
     if argv[:1] == ["--protocol"]:
         argv, folder = _plot_option(argv[1:])
         for key, configs, blocks in protocol_cells(load_protocol(argv or None)):
-            for kind, markdown in blocks:
-                print(block(kind, key, markdown) + "\n")
+            _print_blocks(key, blocks)
             if folder:
                 rows = [(runs[0], row) for runs, row in configs]
                 path = os.path.join(folder, f"quality_protocol_{key.replace(' ', '_')}.png")
@@ -480,14 +485,13 @@ def main(argv=None):
         keys = []
         for key, blocks in state_cells(records):
             keys.append(key)
-            for kind, markdown in blocks:
-                print(block(kind, key, markdown) + "\n")
+            _print_blocks(key, blocks)
         if png:
             print(f"wrote {plot.plot_state({key: state_configurations(records, key) for key in keys}, png)}")
         return
     for key, blocks in table_cells(load(argv or None)):
-        for kind, markdown in blocks:
-            print(block(kind, key, markdown) + "\n")
+        _print_blocks(key, blocks)
+
 
 if __name__ == "__main__":
     main()
