@@ -580,3 +580,20 @@ def test_rehearsed_timing_launches_time_the_causal_kernels_where_the_triton_kern
     without, _ = verify._timing_launches(torch, 16, "float32", built, causal=False)
     assert not [name for name in without if "causal" in name]
     assert {"lsh_cumulation causal", "lower_bound_gradients causal"} <= set(verify.TIMED_KERNELS)
+
+
+def test_the_ratios_to_sdpa_come_from_the_rows_of_a_timings_stage_cut_at_its_limit():
+    """A stage killed at its limit leaves its rows and no "ratios" (2026-11-29 on an H200): the summary and the
+    gate compute them from the rows."""
+    n, dtype = verify.GATE_CASE
+    timings = {"rows": [{"what": "attention forward+backward", "n": n, "dtype": dtype, "ms": 40.0},
+                        {"what": "library attention fwd+bwd", "n": n, "dtype": dtype, "ms": 39.0}],
+               "sdpa": [{"what": "forward+backward", "n": n, "ms": 26.0}, {"what": "setup", "n": 65536,
+                                                                            "error": "no flash kernel"}]}
+    ratios = verify.timing_ratios(timings)[f"{n} {dtype}"]
+    assert ratios["forward_backward"] == pytest.approx(40 / 26) and ratios["forward"] is None
+    records = {name: {"status": "ok", "seconds": 1.0, "result": {}} for name in ("load", "correctness", "rates")}
+    records["load"]["result"] = {"triton_cubins": 150, "capability": "90"}
+    records["timings"] = {"status": "timeout", "seconds": 120.0, "result": timings}
+    text = verify.summary(records, 7, verify._parse(["--out", "unused"]))
+    assert "Gate (GPU-DESIGN.md §5): FAIL" in text and f"= {40 / 26:.3g} (<= " in text

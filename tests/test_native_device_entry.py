@@ -95,6 +95,39 @@ def test_a_call_the_cuda_kernels_cannot_take_is_refused_before_the_device_with_t
         assert native_library.device_workspace_bytes("lsh_cumulation_step", _views(step_inputs), []) >= 0
 
 
+def _lower_bound_call(dtype, dim, width, num_queries=7, num_keys=40, num_hashes=2, num_buckets=64):
+    import ml_dtypes  # a dependency of JAX, which CI installs on every backend
+
+    rows = {"float32": np.float32, "float16": np.float16, "bfloat16": ml_dtypes.bfloat16}[dtype]
+    rng = np.random.default_rng(0)
+    mask = lambda n: np.ones((1, n), np.float32)  # noqa: E731
+    codes = lambda n: rng.integers(0, num_buckets, (1, num_hashes, n), dtype=np.int32)  # noqa: E731
+    block = lambda n, f: rng.standard_normal((1, n, f)).astype(rows)  # noqa: E731
+    inputs = [mask(num_queries), codes(num_queries), block(num_queries, dim), mask(num_keys), codes(num_keys),
+              block(num_keys, dim), block(num_keys, width), block(num_queries, width)]
+    return _views(inputs), [num_buckets, 0]
+
+
+def test_the_deterministic_eq_4_refuses_only_exact_float32_rows_wider_than_64_not_16_bit_ones(monkeypatch):
+    """The check before the device plans with the call's dtype: the deterministic eq. 4 variants stop at rows 64
+    wide for exact fp32 products only (found on an H200, 2026-11-29: bf16 and fp16 calls with rows 100 wide were
+    refused with the fp32 message, because the check planned every call as float32)."""
+    _needs_cuda_kernels()
+    if _library().triton_cubins() == 0:
+        pytest.skip("eq. 4 has GPU kernels only where the library embeds the Triton cubins")
+    monkeypatch.setenv("KERAS_YOSO_GPU_DETERMINISTIC", "1")
+    monkeypatch.delenv("KERAS_YOSO_GPU_TF32", raising=False)
+    for dtype in ("bfloat16", "float16"):
+        for dim, width in ((100, 1), (64, 100)):
+            assert native_library.device_workspace_bytes("lower_bound_gradients",
+                                                         *_lower_bound_call(dtype, dim, width)) > 0, (dtype, dim)
+    assert native_library.device_workspace_bytes("lower_bound_gradients", *_lower_bound_call("float32", 64, 64)) > 0
+    with pytest.raises(ValueError, match=r"exact float32 products takes rows up to 64 wide \(d = 100, D = 1;"):
+        native_library.device_workspace_bytes("lower_bound_gradients", *_lower_bound_call("float32", 100, 1))
+    monkeypatch.setenv("KERAS_YOSO_GPU_TF32", "1")  # TF32 products: every width up to 128
+    assert native_library.device_workspace_bytes("lower_bound_gradients", *_lower_bound_call("float32", 100, 1)) > 0
+
+
 def test_a_malformed_call_gets_the_cpu_entrys_message_from_the_device_entry():
     _needs_cuda_kernels()
     inputs, attributes, outputs = _lsh_call()

@@ -71,9 +71,11 @@ written before the next stage starts:
                                  token (T 1) and a prefill chunk (T 256), in place through
                                  ky_run_device and through torch.ops.keras_yoso.lsh_cumulation_step
                                  (a functional op: it copies the tables into a new tables_out). Then,
-                                 while time is left, the other GPU primitives,
-                                 yoso_cumulation forward and forward+backward (keras_yoso.ops,
-                                 custom_op) and one attention call (two hashes + yoso_cumulation).
+                                 while time is left, one attention call (two hashes +
+                                 yoso_cumulation), yoso_cumulation forward and forward+backward
+                                 (keras_yoso.ops, custom_op) and the other GPU primitives (the old
+                                 weighted and collision CUDA kernels at 16,384 only). The ratios to
+                                 SDPA are computed from the rows when read, so a cut stage has them.
   rates        rates.json        the rates the design rests on, with torch (CUDA events, median of
                                  >= 10): device-to-device copy, bf16 8192^3 GEMM, row gathers of
                                  128 / 256-byte rows from 16 MB (L2) and 1 GB (HBM) tables, fp32
@@ -262,6 +264,10 @@ TIMING_DTYPES = ("float32", "bfloat16")
 # pass), of the other rows (second pass).
 LONG_TIMING_MIN_S = 60
 LONG_OTHER_TIMING_MIN_S = 40
+# Rows timed at the first length only: the CUDA kernels that eq. 4's Triton kernel (lower_bound_gradients) and the
+# composite replaced in training, 0.6 s and 1.6 s a call at 16K on an H200 (2026-11-29), 4.7 s and more at 64K,
+# where ten repeats of each took the rest of the stage's limit before its attention rows.
+FIRST_LENGTH_ONLY = ("weighted_lsh_cumulation", "collision_cumulation")
 # Columns of the summary's per-kernel timing table, in order (those timed).
 TIMED_KERNELS = ("gaussian_hash_codes", "hadamard_hash_codes", "hadamard_interleaved_hash_codes", "lsh_cumulation",
                  "lower_bound_gradients", "lower_bound_gradients TF32", "weighted_lsh_cumulation",
@@ -1008,7 +1014,7 @@ def _headline_rates(result):
 
 
 def _headline_timings(result):
-    ratio = (result.get("ratios") or {}).get(f"{GATE_CASE[0]} {GATE_CASE[1]}") or {}
+    ratio = timing_ratios(result).get(f"{GATE_CASE[0]} {GATE_CASE[1]}") or {}
     text = (f"attention fwd+bwd / SDPA flash at {GATE_CASE[0]} {GATE_CASE[1]}: through keras_yoso.ops "
             f"{_number(ratio.get('forward_backward'))}, through the library "
             f"{_number(ratio.get('library_forward_backward'))} (table below)")
@@ -1090,7 +1096,7 @@ def _timing_tables(result):
               "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for n, dtype in configurations:
         estimate = ESTIMATED_FWD_BWD_MS.get((n, dtype))
-        ratio = (result.get("ratios") or {}).get(f"{n} {dtype}") or {}
+        ratio = timing_ratios(result).get(f"{n} {dtype}") or {}
         lines.append(f"| {n} | {dtype} | {ms('attention forward', n, dtype)} | "
                      f"{ms('attention forward+backward', n, dtype)} | {ms('library attention fwd+bwd', n, dtype)} | "
                      f"{'–' if estimate is None else f'{estimate[0]}–{estimate[1]}'} | "
@@ -1124,7 +1130,7 @@ def _gate(records):
     """The design's gate (§5): load and correctness pass with the Triton kernels checked (`triton_coverage`),
     the rates measured, attention fwd+bwd at 16K bf16 at most GATE_RATIO_TO_SDPA of SDPA flash's."""
     status = lambda name: (records.get(name) or {}).get("status")
-    ratio = (((records.get("timings") or {}).get("result") or {}).get("ratios") or {}).get(
+    ratio = timing_ratios((records.get("timings") or {}).get("result") or {}).get(
         f"{GATE_CASE[0]} {GATE_CASE[1]}", {}).get("forward_backward")
     load = (records.get("load") or {}).get("result") or {}
     triton, _ = triton_coverage(load.get("triton_cubins"), load.get("capability"))
@@ -1971,11 +1977,12 @@ def _timing_launches(torch, n, dtype_name, built, causal=False):
         if backward:
             out.backward(dy)
 
-    others = {name: fn for name, fn in launches.items() if name in built}
-    others.update({"yoso_cumulation forward": lambda: attention(False, False),
-                   "yoso_cumulation forward+backward": lambda: attention(False, True),
-                   "attention forward": lambda: attention(True, False),
-                   "attention forward+backward": lambda: attention(True, True)})
+    # The attention calls first: the gate's ratio is theirs.
+    others = {"attention forward": lambda: attention(True, False),
+              "attention forward+backward": lambda: attention(True, True),
+              "yoso_cumulation forward": lambda: attention(False, False),
+              "yoso_cumulation forward+backward": lambda: attention(False, True)}
+    others.update({name: fn for name, fn in launches.items() if name in built})
     return library, others
 
 
@@ -2043,9 +2050,10 @@ def stage_timings(rec):
     causal YOSO forward+backward) and SDPA flash attention (bf16, [1, 32, n, 64]) forward and
     forward+backward at each n; then the decoding step (`_time_decoding_step`: T = 1 and 256, in place through
     ky_run_device and through torch.ops.keras_yoso); then, while >= LONG_OTHER_TIMING_MIN_S are left for 65,536,
-    the other rows: the other GPU primitives through torch.ops.keras_yoso (hashes of the queries; the weighted
-    cumulation as eq. 4's dQ), keras_yoso.ops.yoso_cumulation (custom_op) forward and forward+backward, and one
-    attention call (the two hashes + yoso_cumulation). The ratios of the attention calls to SDPA."""
+    the other rows: one attention call (the two hashes + yoso_cumulation) and keras_yoso.ops.yoso_cumulation
+    (custom_op) forward and forward+backward, then the other GPU primitives through torch.ops.keras_yoso (hashes
+    of the queries; the weighted cumulation as eq. 4's dQ; those of FIRST_LENGTH_ONLY at 16,384 only). The ratios
+    of the attention calls to SDPA (`timing_ratios`)."""
     torch = _cuda_torch()
     from keras_yoso.ops import _spec
     from keras_yoso.ops.providers import native_library
@@ -2064,6 +2072,8 @@ def stage_timings(rec):
             for dtype in TIMING_DTYPES:
                 try:
                     launches = _timing_launches(torch, n, dtype, built, causal=r["triton_checked"])[position]
+                    if n != TIMING_LENGTHS[0]:
+                        launches = {what: fn for what, fn in launches.items() if what not in FIRST_LENGTH_ONLY}
                     for what, fn in launches.items():
                         rows.append({"what": what, "n": n, "dtype": dtype,
                                      **_measure(rec, torch, fn, f"{what} n={n} {dtype}")})
@@ -2085,16 +2095,25 @@ def stage_timings(rec):
                 r["decoding"] = [{"what": "setup", "error": _first_line(error)}]
                 rec.check(False, f"timings (decoding step): {_first_line(error)}")
             torch.cuda.empty_cache()
-    by = {(row["what"], row["n"], row["dtype"]): row.get("ms") for row in rows}
-    reference = {(row["what"], row["n"]): row.get("ms") for row in sdpa}
-    ratios = r["ratios"] = {}
-    for n, dtype in sorted({(row["n"], row["dtype"]) for row in rows}):
+    r["ratios"] = timing_ratios(r)
+
+
+def timing_ratios(result):
+    """{"n dtype": {forward, forward_backward, library_forward_backward, library_yoso_forward_backward}}: the
+    attention calls' times over SDPA flash's at the same n (None where either was not timed), from the rows the
+    timings stage recorded: computed when read, so a stage cut at its limit still gives the ratios of what it
+    timed (2026-11-29: the stage was cut after every row the ratios need, and the summary showed none)."""
+    by = {(row["what"], row["n"], row["dtype"]): row.get("ms") for row in result.get("rows") or []}
+    reference = {(row["what"], row["n"]): row.get("ms") for row in result.get("sdpa") or [] if "n" in row}
+    ratios = {}
+    for n, dtype in sorted({(row["n"], row["dtype"]) for row in result.get("rows") or []}):
         ratio = lambda ours, theirs: (None if by.get((ours, n, dtype)) is None or not reference.get((theirs, n))
                                       else by[(ours, n, dtype)] / reference[(theirs, n)])
         ratios[f"{n} {dtype}"] = {"forward": ratio("attention forward", "forward"),
                                   "forward_backward": ratio("attention forward+backward", "forward+backward"),
                                   "library_forward_backward": ratio("library attention fwd+bwd", "forward+backward"),
                                   "library_yoso_forward_backward": ratio("library yoso fwd+bwd", "forward+backward")}
+    return ratios
 
 
 def _smoke_inputs(seed):

@@ -65,7 +65,8 @@ int64_t CountInvalidCodesOnDevice(const char* primitive, const TensorRef& codes,
 
 template <typename P>
 size_t WorkspaceBytes(const PrimitiveCall<P>& call) {
-  return kCodeCounterBytes + GpuRun<P>::WorkspaceBytes(call.dims, call.attributes.data());
+  return kCodeCounterBytes +
+         GpuRun<P>::WorkspaceBytes(call.dims, static_cast<ScalarType>(call.dtype), call.attributes.data());
 }
 
 // Checks and runs primitive P on the GPU: the call, the GPU kernel's own limits, the workspace size,
@@ -79,7 +80,7 @@ std::string RunOnDevice(const KyTensor* inputs, int32_t num_inputs, const KyAttr
   } else {
     PrimitiveCall<P> call;
     std::string e = PreparePrimitive<P>(inputs, num_inputs, attributes, num_attributes, &num_outputs, &call);
-    if (e.empty()) e = GpuRun<P>::Check(call.dims, call.attributes.data());
+    if (e.empty()) e = GpuRun<P>::Check(call.dims, static_cast<ScalarType>(call.dtype), call.attributes.data());
     if (!e.empty()) return e;
     const size_t needed = WorkspaceBytes(call);
     if (workspace == nullptr || workspace_bytes < 0 || static_cast<size_t>(workspace_bytes) < needed) {
@@ -112,7 +113,7 @@ std::string DeviceWorkspaceBytes(const KyTensor* inputs, int32_t num_inputs, con
   } else {
     PrimitiveCall<P> call;
     std::string e = PreparePrimitive<P>(inputs, num_inputs, attributes, num_attributes, nullptr, &call);
-    if (e.empty()) e = GpuRun<P>::Check(call.dims, call.attributes.data());
+    if (e.empty()) e = GpuRun<P>::Check(call.dims, static_cast<ScalarType>(call.dtype), call.attributes.data());
     if (e.empty()) *bytes = static_cast<int64_t>(WorkspaceBytes(call));
     return e;
   }

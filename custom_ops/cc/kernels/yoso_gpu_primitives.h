@@ -6,9 +6,10 @@
 //
 // GpuRun<P> declares, for primitive P (its Check has filled Dims d; `a` are its attributes in order;
 // `in` and `out` are device tensors in P's order, in the float dtype `dtype` where P's kinds say so):
-//   Check(d, a)              "" or why this call cannot run on the GPU (a limit of the CUDA kernels
-//                            that the CPU kernels do not have, e.g. causal != 0)
-//   WorkspaceBytes(d, a)     device scratch the launcher needs (the caller allocates it)
+//   Check(d, dtype, a)       "" or why this call cannot run on the GPU (a limit of the GPU kernels
+//                            that the CPU kernels do not have, e.g. causal != 0 without the Triton
+//                            kernels, or a variant the build lacks for this dtype)
+//   WorkspaceBytes(d, dtype, a)   device scratch the launcher needs (the caller allocates it)
 //   kDeterministic           false when the kernel's rounding depends on thread scheduling (float
 //                            atomics into bucket tables): TensorFlow refuses it under op determinism
 //   kHasDeterministicMode    true when it has a deterministic mode (ScopedTritonDeterministic), which
@@ -90,20 +91,22 @@ const TritonPlan* CachedTritonPlan(const typename P::Dims& d, ScalarType dtype, 
   return error->empty() ? &found->plan : nullptr;
 }
 
-// Check and WorkspaceBytes of P's Triton plan: the plan for sm_80 and float32 rows (its workspace is the same
-// for every arch and dtype: regions over the dims only) with the options of the calls made now.
+// Check and WorkspaceBytes of P's Triton plan: the plan for sm_80 and the call's dtype (its workspace is the
+// same for every arch: regions over the dims only) with the options of the calls made now. The dtype matters:
+// which variants exist depends on it (the deterministic eq. 4 kernels with exact fp32 products stop at rows
+// 64 wide, those of 16-bit rows do not).
 template <typename P>
-std::string CheckTriton(const typename P::Dims& d, const AttributeValue* a) {
+std::string CheckTriton(const typename P::Dims& d, ScalarType dtype, const AttributeValue* a) {
   std::string error;
-  CachedTritonPlan<P>(d, ScalarType::kFloat32, a, 80, TritonOptionsNow(), &error);
+  CachedTritonPlan<P>(d, dtype, a, 80, TritonOptionsNow(), &error);
   return error;
 }
 
 // 0 where the Triton kernels cannot take the call.
 template <typename P>
-size_t TritonWorkspaceBytes(const typename P::Dims& d, const AttributeValue* a) {
+size_t TritonWorkspaceBytes(const typename P::Dims& d, ScalarType dtype, const AttributeValue* a) {
   std::string error;
-  const TritonPlan* plan = CachedTritonPlan<P>(d, ScalarType::kFloat32, a, 80, TritonOptionsNow(), &error);
+  const TritonPlan* plan = CachedTritonPlan<P>(d, dtype, a, 80, TritonOptionsNow(), &error);
   return plan == nullptr ? 0 : plan->workspace_bytes;
 }
 
@@ -137,9 +140,9 @@ struct GpuRunDefaults {
   static constexpr bool kHasDeterministicMode = false;
   static bool Available() { return true; }
   template <typename Dims>
-  static std::string Check(const Dims&, const AttributeValue*) { return ""; }
+  static std::string Check(const Dims&, ScalarType, const AttributeValue*) { return ""; }
   template <typename Dims>
-  static size_t WorkspaceBytes(const Dims&, const AttributeValue*) { return 0; }
+  static size_t WorkspaceBytes(const Dims&, ScalarType, const AttributeValue*) { return 0; }
 };
 
 template <typename P>
@@ -156,7 +159,7 @@ struct GpuRun<GaussianHashCodes> : GpuRunDefaults {
 
 template <bool kInterleaved>
 struct GpuRun<HadamardHashCodesOf<kInterleaved>> : GpuRunDefaults {
-  static std::string Check(const HashDims& d, const AttributeValue*) {
+  static std::string Check(const HashDims& d, ScalarType, const AttributeValue*) {
     return CheckGpuHadamardPaddedDim(d.padded_dim);
   }
   static std::string Run(const HashDims& d, ScalarType dtype, const AttributeValue*, const TensorRef* in,
@@ -171,17 +174,17 @@ struct GpuRun<HadamardHashCodesOf<kInterleaved>> : GpuRunDefaults {
 template <>
 struct GpuRun<LshCumulation> : GpuRunDefaults {
   static constexpr bool kDeterministic = false;
-  static std::string Check(const CumulationDims& d, const AttributeValue* a) {
+  static std::string Check(const CumulationDims& d, ScalarType dtype, const AttributeValue* a) {
     if (a[1].int_value == 0) return "";
     if (!TritonCubinsEmbedded()) {
       return CheckGpuCausal(LshCumulation::kName, a[1].int_value) +
              " without the Triton kernels, which this native library does not embed (KERAS_YOSO_TRITON_CUBINS, "
              "docs/build.md)";
     }
-    return CheckTriton<LshCumulation>(d, a);
+    return CheckTriton<LshCumulation>(d, dtype, a);
   }
-  static size_t WorkspaceBytes(const CumulationDims& d, const AttributeValue* a) {
-    const size_t cuda = LshCumulationWorkspaceBytes(d), triton = TritonWorkspaceBytes<LshCumulation>(d, a);
+  static size_t WorkspaceBytes(const CumulationDims& d, ScalarType dtype, const AttributeValue* a) {
+    const size_t cuda = LshCumulationWorkspaceBytes(d), triton = TritonWorkspaceBytes<LshCumulation>(d, dtype, a);
     return cuda > triton ? cuda : triton;
   }
   static std::string Run(const CumulationDims& d, ScalarType dtype, const AttributeValue* a, const TensorRef* in,
@@ -206,16 +209,16 @@ struct TritonOnlyGpuRun : GpuRunDefaults {
   static constexpr bool kDeterministic = kIsDeterministic;
   static constexpr bool kHasDeterministicMode = kWithDeterministicMode;
   static bool Available() { return TritonCubinsEmbedded(); }
-  static std::string Check(const CumulationDims& d, const AttributeValue* a) {
+  static std::string Check(const CumulationDims& d, ScalarType dtype, const AttributeValue* a) {
     if (!Available()) {
       return std::string(P::kName) +
              " runs on the GPU through the Triton kernels, and this native library embeds none (build it with "
              "KERAS_YOSO_TRITON_CUBINS, docs/build.md)";
     }
-    return CheckTriton<P>(d, a);
+    return CheckTriton<P>(d, dtype, a);
   }
-  static size_t WorkspaceBytes(const CumulationDims& d, const AttributeValue* a) {
-    return TritonWorkspaceBytes<P>(d, a);
+  static size_t WorkspaceBytes(const CumulationDims& d, ScalarType dtype, const AttributeValue* a) {
+    return TritonWorkspaceBytes<P>(d, dtype, a);
   }
   static std::string Run(const CumulationDims& d, ScalarType dtype, const AttributeValue* a, const TensorRef* in,
                          const TensorRef* out, void* workspace, size_t bytes, cudaStream_t stream) {
@@ -238,10 +241,10 @@ struct GpuRun<LshCumulationStep> : TritonOnlyGpuRun<LshCumulationStep, true> {};
 template <>
 struct GpuRun<WeightedLshCumulation> : GpuRunDefaults {
   static constexpr bool kDeterministic = false;
-  static std::string Check(const CumulationDims&, const AttributeValue* a) {
+  static std::string Check(const CumulationDims&, ScalarType, const AttributeValue* a) {
     return CheckGpuCausal(WeightedLshCumulation::kName, a[1].int_value);
   }
-  static size_t WorkspaceBytes(const CumulationDims& d, const AttributeValue*) {
+  static size_t WorkspaceBytes(const CumulationDims& d, ScalarType, const AttributeValue*) {
     return WeightedLshCumulationWorkspaceBytes(d);
   }
   static std::string Run(const CumulationDims& d, ScalarType dtype, const AttributeValue*, const TensorRef* in,
@@ -254,7 +257,7 @@ struct GpuRun<WeightedLshCumulation> : GpuRunDefaults {
 
 template <>
 struct GpuRun<CollisionCumulation> : GpuRunDefaults {
-  static size_t WorkspaceBytes(const CumulationDims& d, const AttributeValue*) {
+  static size_t WorkspaceBytes(const CumulationDims& d, ScalarType, const AttributeValue*) {
     return CollisionCumulationWorkspaceBytes(d);
   }
   static std::string Run(const CumulationDims& d, ScalarType dtype, const AttributeValue* a, const TensorRef* in,

@@ -189,15 +189,16 @@ struct Launch<GPUDevice, P, T> {
   template <size_t N, size_t M>
   static Status Run(OpKernelContext* ctx, const typename P::Dims& d, const AttributeValue* a,
                     const std::array<TensorRef, N>& in, const std::array<TensorRef, M>& out) {
-    TF_RETURN_IF_ERROR(Invalid(GpuRun<P>::Check(d, a)));
     const bool deterministic_mode = GpuRun<P>::kHasDeterministicMode && tensorflow::OpDeterminismRequired();
     if (!GpuRun<P>::kDeterministic && !deterministic_mode) {
       TF_RETURN_IF_ERROR(CheckNondeterminismAllowed(P::kName));
     }
+    // The mode first: Check and WorkspaceBytes plan the call with the options it runs with.
     std::optional<ScopedTritonDeterministic> deterministic;
     if (deterministic_mode) deterministic.emplace();
+    TF_RETURN_IF_ERROR(Invalid(GpuRun<P>::Check(d, ScalarTypeOf<T>(), a)));
     Tensor ws;
-    const size_t bytes = GpuRun<P>::WorkspaceBytes(d, a);
+    const size_t bytes = GpuRun<P>::WorkspaceBytes(d, ScalarTypeOf<T>(), a);
     TF_RETURN_IF_ERROR(AllocateWorkspace(ctx, bytes, &ws));
     const std::string error =
         GpuRun<P>::Run(d, ScalarTypeOf<T>(), a, in.data(), out.data(), ws.data(), bytes, StreamOf(ctx));
