@@ -131,8 +131,9 @@ class _OnGpu(_Recording):
     def devices(self):
         return ("cpu", "gpu")
 
-    def builds_gpu_kernel(self, name):
-        return name not in ("lower_bound_gradients", "lsh_cumulation_step") or self.triton_on_gpu
+    def builds_gpu_kernel(self, name, causal=0):
+        # Without the Triton kernels: no GPU eq. 4, no GPU decoding step, no causal call on the GPU.
+        return self.triton_on_gpu or (name not in ("lower_bound_gradients", "lsh_cumulation_step") and not causal)
 
 
 @pytest.mark.parametrize("triton_on_gpu", [False, True])
@@ -165,6 +166,34 @@ def test_a_primitive_without_a_kernel_on_the_device_sends_auto_to_the_composite_
     with pytest.raises(ValueError, match="lsh_cumulation has no gpu kernel with causal != 0"):
         ops.lsh_cumulation(codes, codes, value, 4, implementation="custom_op", causal=True)
     to_numpy(ops.lsh_cumulation(codes, codes, value, 4, implementation="auto", causal=True))
+
+
+def test_with_the_triton_kernels_causal_yoso_and_the_decoding_step_run_native_on_a_gpu(install):
+    """Where the build embeds the Triton kernels, "auto" takes them on a GPU for the causal scan, the causal eq. 4
+    and the decoding step (checked against float64 on an H200, 2026-11-29); the weighted and collision cumulations
+    keep causal = 0 only there."""
+    provider = install(_OnGpu(triton_on_gpu=True))
+    rng = np.random.default_rng(2)
+    value = np.ones((1, 3, 2), np.float32)
+    for causal in (1, -1):
+        assert _dispatch.provider("auto", (value,), causal, ("lsh_cumulation",)).name == "custom_op"
+        assert _dispatch.provider("auto", (value,), causal, ("lower_bound_gradients",)).name == "custom_op"
+        assert _dispatch.provider("auto", (value,), causal, ("weighted_lsh_cumulation",)) is composite.PROVIDER
+    q, k = unit_rows(rng, (1, 6, 8)), unit_rows(rng, (1, 6, 8))
+    v = rng.standard_normal((1, 6, 5)).astype(np.float32)
+    qc, kc = rng.integers(0, 4, (1, 3, 6)).astype(np.int32), rng.integers(0, 4, (1, 3, 6)).astype(np.int32)
+    cotangent = rng.standard_normal((1, 6, 5)).astype(np.float32)
+    out, (dq, dk, dv) = vjp(lambda a, b, c: ops.yoso_cumulation(a, b, c, qc, kc, 2, causal=True), [q, k, v],
+                            cotangent)
+    assert provider.ran.count("lower_bound_gradients") == 1 and "weighted_lsh_cumulation" not in provider.ran
+    want = ref.yoso_lower_bound_gradients(q, k, v, qc, kc, 2, cotangent, causal=1)
+    np.testing.assert_allclose(dq, want[0], rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(dk, want[1], rtol=1e-4, atol=1e-4)
+    provider.ran.clear()
+    codes, tables = np.zeros((1, 2, 3), np.int32), np.zeros((1, 2, 4, 2), np.float32)
+    to_numpy(ops.lsh_cumulation_step(codes, codes, value, tables, implementation="custom_op")[0])
+    assert provider.ran == ["lsh_cumulation_step"]
+    assert _dispatch.provider("auto", (value, tables), 0, ("lsh_cumulation_step",)).name == "custom_op"
 
 
 def test_a_device_the_native_kernels_do_not_serve_is_named(install):

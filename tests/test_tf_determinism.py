@@ -187,14 +187,17 @@ def test_auto_takes_the_composite_only_where_op_determinism_meets_a_gpu(monkeypa
 @pytest.mark.parametrize("device, expected", [("", "composite"), ("/CPU:0", "custom_op")])
 def test_a_causal_call_bound_for_a_gpu_runs_the_composite_under_auto_and_is_refused_under_custom_op(
         monkeypatch, device, expected):
-    """The op library's causal cumulations have CPU kernels only: the dispatch, not the provider, picks
-    the composite for a causal call TensorFlow would place on a GPU (and "custom_op" says why it cannot)."""
+    """Without the Triton kernels the op library's causal cumulations have CPU kernels only: the dispatch, not the
+    provider, picks the composite for a causal call TensorFlow would place on a GPU (and "custom_op" says why it
+    cannot). With them (the build's cubins), the causal scan runs on the GPU too."""
     from keras_yoso.ops import _dispatch
+    from keras_yoso.ops.providers import native_library
     from keras_yoso.ops.providers import tensorflow as tf_provider
     if not CUSTOM_OPS_EXPECTED:
         pytest.skip("no custom ops expected (KERAS_YOSO_DISABLE_CUSTOM_OPS=1): 'auto' is always the composite")
     monkeypatch.setattr(tf_provider.tf.config, "list_physical_devices", lambda kind=None: ["GPU:0"])
     monkeypatch.setattr(tf_provider, "_library_devices", lambda: ("cpu", "gpu"))  # as when built with nvcc
+    monkeypatch.setattr(native_library, "triton_cubins", lambda: 0)  # a build without the Triton cubins
     primitives = ("lsh_cumulation",)
     with tf.device(device) if device else contextlib.nullcontext():
         assert _dispatch.provider("auto", (), 1, primitives).name == expected
@@ -204,3 +207,7 @@ def test_a_causal_call_bound_for_a_gpu_runs_the_composite_under_auto_and_is_refu
                 _dispatch.provider("custom_op", (), 1, primitives)
         else:
             assert _dispatch.provider("custom_op", (), 1, primitives).name == "custom_op"
+    if native_library.library() is not None:  # with the cubins, the causal scan has a GPU kernel
+        monkeypatch.setattr(native_library, "triton_cubins", lambda: 422)
+        with tf.device(device) if device else contextlib.nullcontext():
+            assert _dispatch.provider("auto", (), 1, primitives).name == "custom_op"

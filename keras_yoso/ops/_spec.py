@@ -16,8 +16,10 @@ CUDA and Triton kernels: `ky_run_device`, custom_ops/cc/kernels/yoso_gpu_primiti
 KY_GPU_PRIMITIVES); a provider runs a primitive on a device where the row lists it, the provider's
 kernels are loaded for that device and the build holds that kernel (`providers/base.Provider.runs`;
 lower_bound_gradients and lsh_cumulation_step have only the Triton kernels on a GPU, which a build may
-leave out). The CUDA kernels take `causal = 0` only
-(`CAUSAL_DEVICES`).
+leave out). `causal_devices` says where a primitive with a `causal` attribute takes a direction other than
+BIDIRECTIONAL: the CPU kernels take every direction; on a GPU only the Triton kernels do (the causal scan
+of lsh_cumulation, the causal eq. 4 kernel of lower_bound_gradients; checked against float64 on an H200,
+2026-11-29), so a build without their cubins runs causal calls on the composite there.
 
 Every provider primitive (`providers/base.py`) takes its tensors and attributes in this order:
 masks float32 `[B, N]` (1 keeps a position), codes int32 `[B, m, N]`, float tensors `[B, N, F]`.
@@ -58,10 +60,8 @@ def _input(name, kind, rank=None):
 Output = collections.namedtuple("Output", "name dtype")
 
 
-# The devices a primitive can have a kernel on, and those whose kernels take a direction other than
-# BIDIRECTIONAL.
+# The devices a primitive can have a kernel on.
 DEVICES = ("cpu", "gpu")
-CAUSAL_DEVICES = ("cpu",)
 
 # The `causal` attribute of the cumulations is a direction, not a flag: which keys count for query i,
 # positions aligned (Nq == Nk). CheckCausalAttr of custom_ops/cc/kernels/yoso_checks.h takes these three.
@@ -79,21 +79,22 @@ def transposed_direction(direction):
 
 
 class Primitive(collections.namedtuple("Primitive", "name inputs attributes outputs output_shapes raw_op composite "
-                                                    "raw_op_attributes in_place devices",
-                                        defaults=({}, {}, DEVICES))):
+                                                    "raw_op_attributes in_place devices causal_devices",
+                                        defaults=({}, {}, DEVICES, ("cpu",)))):
     """One native primitive `name` (`ky_run(name, ...)` of the C ABI): `inputs` (Input, in the ABI's order), `attributes` (Attribute,
     after the inputs), `outputs` (Output, after the attributes), `output_shapes` (a function of
     (input shapes by name, attributes by name) -> one shape per output), the TensorFlow raw op that
     runs it, `composite`: its keras.ops reference, "family.function" in keras_yoso.ops.composite
     (the composite provider runs it; same arguments), the raw-op attributes that select it there, `in_place`: input name -> output name
-    that may share its buffer (the output is that input updated), and `devices`: the devices of `DEVICES`
+    that may share its buffer (the output is that input updated), `devices`: the devices of `DEVICES`
     it has a kernel on ("gpu": a CUDA kernel in the native library and the TensorFlow op library,
-    when they were built with nvcc)."""
+    when they were built with nvcc), and `causal_devices`: those whose kernels take `causal` != 0 (on a
+    GPU: the Triton kernels, which a build may leave out)."""
 
     def runs_on(self, device, causal=BIDIRECTIONAL):
         """True when the primitive has a kernel on `device` ("cpu", "gpu") for a call in the direction
         `causal` (`DIRECTIONS`)."""
-        return device in self.devices and (not causal or device in CAUSAL_DEVICES)
+        return device in self.devices and (not causal or device in self.causal_devices)
 
     @property
     def handler(self):
@@ -198,7 +199,7 @@ PRIMITIVES = {p.name: p for p in (
               inputs=(_input("query_mask", "mask"), _input("query_codes", "codes"), _input("key_mask", "mask"),
                       _input("key_codes", "codes"), _input("value", "rows")),
               attributes=_CUMULATION_ATTRIBUTES, outputs=_VALUE_OUT, output_shapes=_cumulation_shape,
-              raw_op="YosoLshCumulation", composite="causal.directed_lsh_cumulation"),
+              raw_op="YosoLshCumulation", composite="causal.directed_lsh_cumulation", causal_devices=DEVICES),
     Primitive(name="lsh_cumulation_step",
               inputs=(_input("query_mask", "mask"), _input("query_codes", "codes"), _input("key_mask", "mask"),
                       _input("key_codes", "codes"), _input("value", "rows"), _input("tables", "tables")),
@@ -218,7 +219,7 @@ PRIMITIVES = {p.name: p for p in (
               attributes=_CUMULATION_ATTRIBUTES,
               outputs=(Output("query_gradient", "query"), Output("key_gradient", "query")),
               output_shapes=_lower_bound_shapes, raw_op="YosoLowerBoundGradients",
-              composite="causal.directed_lower_bound_gradients"),
+              composite="causal.directed_lower_bound_gradients", causal_devices=DEVICES),
     Primitive(name="collision_cumulation",
               inputs=(_input("query_mask", "mask"), _input("query_codes", "codes"), _input("query", "rows"),
                       _input("query_weight", "rows"), _input("key_mask", "mask"), _input("key_codes", "codes"),

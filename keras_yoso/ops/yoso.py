@@ -280,9 +280,15 @@ def yoso_cumulation(query, key, value, query_codes, key_codes, hash_code_len, qu
     value = _validation.float_tensor(value, "value", 3)
     query = ops.cast(_validation.float_tensor(query, "query", 3), value.dtype)
     key = ops.cast(_validation.float_tensor(key, "key", 3), value.dtype)
-    # eq. 4 runs fused (lower_bound_gradients) where the provider has that kernel on this device, else
-    # as two weighted cumulations; the collision estimator is its own primitive.
-    backward_primitive = "weighted_lsh_cumulation" if backward == "lower_bound" else "collision_cumulation"
+    # eq. 4 runs fused (lower_bound_gradients) where the native kernels have it on this device in this direction
+    # (on a GPU, causal calls have no other kernel), else as two weighted cumulations; the collision estimator is
+    # its own primitive.
+    backward_primitive = "collision_cumulation"
+    if backward == "lower_bound":
+        native, _ = _dispatch.native_provider()
+        fused_here = native is not None and native.runs("lower_bound_gradients", native.device_of((query, key, value)),
+                                                        causal)
+        backward_primitive = "lower_bound_gradients" if fused_here else "weighted_lsh_cumulation"
     provider = _dispatch.provider(implementation, (query, key, value), causal, ("lsh_cumulation", backward_primitive))
     fused = provider.runs("lower_bound_gradients", provider.device_of((query, key, value)), causal)
     widths = [([("query", query, 2), ("key", key, 2)], "query and key widths (axis 2)")]
@@ -491,7 +497,9 @@ def lsh_cumulation_step(query_codes, key_codes, value, tables, query_mask=None, 
                          f"of two in [1, 2**{_validation.MAX_NUM_BUCKETS_LOG2}] known statically (axis 2), got shape "
                          f"{_backend.static_shape(tables)}") from None
     value = _validation.float_tensor(value, "value", 3)
-    provider = _dispatch.provider(implementation, (value, tables), _spec.CAUSAL, ("lsh_cumulation_step",))
+    # The step has no direction attribute (its kernels add keys in position order): the provider is asked for it
+    # as for any call; asked with CAUSAL, a GPU build with the Triton kernels was passed over (2026-11-29).
+    provider = _dispatch.provider(implementation, (value, tables), _spec.BIDIRECTIONAL, ("lsh_cumulation_step",))
     qc, kc, qm, km, _, (value,) = _prepare_sides(query_codes, key_codes, query_mask, key_mask, [],
                                                  [("value", value)], num_buckets, provider, causal=_spec.CAUSAL)
     checks = _validation.agree([("query_codes", qc, 0), ("tables", tables, 0)], "batch sizes (axis 0) of the codes "

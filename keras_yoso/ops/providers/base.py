@@ -78,13 +78,13 @@ class Provider:
         provider's kernels are loaded for the device, the primitive has a kernel there (`_spec`) and
         this build holds it (`builds_gpu_kernel`)."""
         return (device in self.devices() and _spec.PRIMITIVES[name].runs_on(device, causal)
-                and (device != "gpu" or self.builds_gpu_kernel(name)))
+                and (device != "gpu" or self.builds_gpu_kernel(name, causal)))
 
-    def builds_gpu_kernel(self, name):
-        """False where this build lacks the GPU kernel `_spec` declares for primitive `name`: the
-        Triton kernels are optional (a native library built without their cubins runs
-        lower_bound_gradients on the CPU only; on a GPU, ops/yoso.py then takes eq. 4 as two
-        weighted cumulations)."""
+    def builds_gpu_kernel(self, name, causal=_spec.BIDIRECTIONAL):
+        """False where this build lacks the GPU kernel `_spec` declares for primitive `name` in the direction
+        `causal`: the Triton kernels are optional (a native library built without their cubins runs
+        lower_bound_gradients on the CPU only, where ops/yoso.py takes eq. 4 as two weighted cumulations on a
+        GPU, and every causal call on the composite there)."""
         return True
 
     def device_error(self, tensors, causal=_spec.BIDIRECTIONAL, primitives=()):
@@ -214,5 +214,5 @@ class NativeLibraryProvider(Provider):
     max_bucket_table_floats = _validation.MAX_BUCKET_TABLE_FLOATS
     supports_jit = True
 
-    def builds_gpu_kernel(self, name):
-        return name in native_library.gpu_kernel_names()
+    def builds_gpu_kernel(self, name, causal=_spec.BIDIRECTIONAL):
+        return name in native_library.gpu_kernel_names() and (not causal or native_library.triton_cubins() > 0)

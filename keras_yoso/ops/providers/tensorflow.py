@@ -99,10 +99,13 @@ class TensorFlowProvider(base.Provider):
     def devices(self):
         return _library_devices()
 
-    def builds_gpu_kernel(self, name):
+    def builds_gpu_kernel(self, name, causal=_spec.BIDIRECTIONAL):
         """The op library is built beside the native library, with the same Triton cubins: the native
-        library says which GPU kernels the build holds (where it loads)."""
-        return native_library.library() is None or name in native_library.gpu_kernel_names()
+        library says which GPU kernels the build holds (where it loads; a causal call, which only the Triton
+        kernels take on a GPU, needs it to say so)."""
+        if native_library.library() is None:
+            return not causal
+        return name in native_library.gpu_kernel_names() and (not causal or native_library.triton_cubins() > 0)
 
     def run(self, name, *arguments):
         """`_spec.PRIMITIVES[name]` as one call of its raw op: masks, codes and parameters in the
