@@ -1,9 +1,12 @@
 """Renders docs/gpu.md's tables of a GPU run from its records (the files tests/gpu/verify.py and
 benchmarks/gpu_triton_kernels.py wrote, copied into docs/data/gpu_<date>/): the verification of the
-kernels through every framework, the bucket-sorted Triton kernels against SDPA flash attention, the
-layer against MultiHeadAttention, and the measured rates. Prints Markdown; the page quotes it.
+kernels through every framework, the kernels inside the package (verify.py's timings: the Triton path
+through the C ABI) and the bucket-sorted Triton kernels on their own (gpu_triton_kernels.py) against
+SDPA flash attention timed in the same process, the decoding step, the layer against
+MultiHeadAttention, and the measured rates. Prints Markdown; the page quotes it. A table whose
+records the folder lacks is left out.
 
-    python3 benchmarks/gpu_report.py docs/data/gpu_2026-11-28
+    python3 benchmarks/gpu_report.py docs/data/gpu_2026-11-29
 """
 
 import json
@@ -21,11 +24,57 @@ def _load(folder, name):
 
 def correctness(folder):
     result = _load(folder, "correctness.json")["correctness"]["result"]
-    lines = ["| primitive, dtype | cases | pass | worst error / bound | bitwise equal when run twice |",
-             "|---|---:|---:|---:|---:|"]
+    lines = ["| primitive, dtype | cases | pass | failed or refused | on the Triton kernels | worst error / bound | "
+             "bitwise equal when run twice |", "|---|---:|---:|---:|---:|---:|---:|"]
     for name, row in sorted(result["by_primitive"].items()):
-        lines.append(f"| {name} | {row['cases']} | {row['pass']} | {row['worst_ratio']:.3f} | "
-                     f"{row['repeat_equal']}/{row['cases']} |")
+        lines.append(f"| {name} | {row['cases']} | {row['pass']} | {row.get('fail', 0) + row.get('error', 0)} | "
+                     f"{row.get('on_triton', 0)} | {row['worst_ratio']:.3f} | {row['repeat_equal']}/{row['cases']} |")
+    failed = [c for c in result.get("cases", []) if c.get("verdict") not in ("pass", None)]
+    for case in failed:
+        why = next(iter((case.get("messages") or {}).values()), case.get("error")) or "?"
+        lines.append(f"\n- {case['verdict']}: `{case['case']}`: {why}")
+    return "\n".join(lines)
+
+
+def _ms(value, form="{:.2f}"):
+    return "–" if value is None else form.format(value)
+
+
+def library(folder):
+    """verify.py's timings: the kernels inside the package (torch.ops.keras_yoso, i.e. the C ABI's
+    ky_run_device, which launches the embedded Triton cubins), against SDPA flash timed in the same stage."""
+    record = _load(folder, "timings.json")["timings"]
+    result = record["result"]
+    rows = {(r["what"], r["n"], r["dtype"]): r.get("ms") for r in result.get("rows", []) if "ms" in r}
+    sdpa = {(r["what"], r["n"]): r.get("ms") for r in result.get("sdpa", []) if "ms" in r}
+    shape = result["shape"]
+    lines = [f"B*H = {shape['batch_heads']}, d = D = {shape['dim']}, m = {shape['num_hashes']}, tau = "
+             f"{shape['hash_code_len']}; ms, CUDA events, median of 10; the stage's status: {record['status']}. "
+             "Forward: lsh_cumulation (eq. 2); eq. 4: lower_bound_gradients (dQ, dK); YOSO fwd+bwd: forward, dV and "
+             "eq. 4 with the codes given; attention: the same with the two hashes (Hadamard, interleaved) first; "
+             "causal: Y over keys j <= i and the causal eq. 4 (SDPA stays bidirectional).", "",
+             "| n | dtype | forward | eq. 4 | hash (one side) | YOSO fwd+bwd | attention fwd+bwd | causal YOSO fwd+bwd "
+             "| SDPA flash bf16 fwd / fwd+bwd | forward / SDPA | YOSO fwd+bwd / SDPA | attention fwd+bwd / SDPA |",
+             "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for n, dtype in sorted({(n, dtype) for _, n, dtype in rows}, key=lambda k: (k[0], k[1] != "bfloat16")):
+        get = lambda what: rows.get((what, n, dtype))  # noqa: E731
+        forward, backward = sdpa.get(("forward", n)), sdpa.get(("forward+backward", n))
+        over = lambda ours, theirs: None if ours is None or not theirs else ours / theirs  # noqa: E731
+        lines.append(f"| {n:,} | {dtype} | {_ms(get('lsh_cumulation'))} | {_ms(get('lower_bound_gradients'))} | "
+                     f"{_ms(get('hadamard_interleaved_hash_codes'))} | {_ms(get('library yoso fwd+bwd'))} | "
+                     f"{_ms(get('library attention fwd+bwd'))} | {_ms(get('library causal yoso fwd+bwd'))} | "
+                     f"{_ms(forward)} / {_ms(backward)} | {_ms(over(get('lsh_cumulation'), forward))} | "
+                     f"{_ms(over(get('library yoso fwd+bwd'), backward))} | "
+                     f"{_ms(over(get('library attention fwd+bwd'), backward))} |")
+    steps = [r for r in result.get("decoding") or [] if "length" in r]
+    if steps:
+        lines += ["", "The decoding step (`lsh_cumulation_step`, float32 tables of 64 MiB), ms per call:", "",
+                  "| tokens per call | dtype | in place (ky_run_device) | torch.ops (copies the tables) |",
+                  "|---:|---|---:|---:|"]
+        by = {(r["what"].split(" ")[0], r["length"], r["dtype"]): r.get("ms") for r in steps}  # "in", "torch.ops..."
+        for length, dtype in sorted({(r["length"], r["dtype"]) for r in steps}):
+            lines.append(f"| {length} | {dtype} | {_ms(by.get(('in', length, dtype)), '{:.3f}')} | "
+                         f"{_ms(by.get(('torch.ops.keras_yoso', length, dtype)), '{:.3f}')} |")
     return "\n".join(lines)
 
 
@@ -72,12 +121,15 @@ def rates(folder):
 
 def main(argv):
     folder = argv[0]
-    for title, render in (("Correctness of the CUDA kernels through torch.ops (against float64)", correctness),
-                          ("The layer on JAX and PyTorch on the GPU", smoke),
-                          ("Bucket-sorted Triton kernels against SDPA flash", triton),
-                          ("Rates (torch operations)", rates)):
-        print(f"#### {title}\n\n{render(folder)}\n")
+    for title, render, needs in (
+            ("Correctness of the GPU kernels through torch.ops (against float64)", correctness, "correctness.json"),
+            ("The kernels inside the package against SDPA flash", library, "timings.json"),
+            ("The layer on JAX and PyTorch on the GPU", smoke, "smoke.json"),
+            ("Bucket-sorted Triton kernels against SDPA flash", triton, "gpu_triton_kernels.json"),
+            ("Rates (torch operations)", rates, "rates.json")):
+        if os.path.exists(os.path.join(folder, needs)):
+            print(f"### {title}\n\n{render(folder)}\n")
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:] or ["docs/data/gpu_2026-11-28"])
+    main(sys.argv[1:] or ["docs/data/gpu_2026-11-29"])

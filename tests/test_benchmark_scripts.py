@@ -191,32 +191,76 @@ def test_gpu_triton_kernels_dry_run_times_every_part_and_writes_its_record(tmp_p
     assert "| 48 | bfloat16 | uniform |" in proc.stdout
 
 
-def test_gpu_report_renders_the_recorded_gpu_run():
+def _gpu_report(folder):
     proc = subprocess.run([sys.executable, os.path.join("benchmarks", "gpu_report.py"),
-                           os.path.join("docs", "data", "gpu_2026-11-28")], cwd=REPO, capture_output=True, text=True,
-                          timeout=60)
+                           os.path.join("docs", "data", folder)], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    for title in ("Correctness of the CUDA kernels", "The layer on JAX and PyTorch", "Triton kernels against SDPA",
+    return proc.stdout
+
+
+def test_gpu_report_renders_the_recorded_gpu_runs():
+    """2026-11-28: the CUDA kernels through torch.ops and the Triton kernels timed on their own; 2026-11-29: the
+    Triton kernels inside the package (verify.py's timings, a stage cut at its limit), no separate timing run."""
+    first = _gpu_report("gpu_2026-11-28")
+    for title in ("Correctness of the GPU kernels", "The layer on JAX and PyTorch", "Triton kernels against SDPA",
                   "Rates"):
-        assert title in proc.stdout
-    assert "| 16,384 | bfloat16 | uniform |" in proc.stdout
+        assert title in first
+    assert "| 16,384 | bfloat16 | uniform |" in first
+    second = _gpu_report("gpu_2026-11-29")
+    assert "The kernels inside the package against SDPA flash" in second and "Triton kernels against" not in second
+    # n, dtype, forward, eq. 4, one hash, YOSO fwd+bwd, attention fwd+bwd: the records' medians
+    assert "| 16,384 | bfloat16 | 4.45 | 16.98 | 7.78 | 25.16 | 39.94 |" in second
+    assert "the stage's status: timeout" in second and "- error: `lower_bound_gradients-" in second
+    with open(os.path.join(REPO, "docs", "gpu.md"), encoding="utf-8") as f:
+        assert second.strip() in f.read(), "docs/gpu.md quotes gpu_report.py docs/data/gpu_2026-11-29 verbatim"
+
+
+def test_the_readme_gpu_rows_are_the_recorded_gpu_run():
+    """The README's GPU rows (one attention call against SDPA flash at 16K and 64K, the layer against
+    MultiHeadAttention on JAX) are docs/data/gpu_2026-11-29's medians."""
+    folder = os.path.join(REPO, "docs", "data", "gpu_2026-11-29")
+    with open(os.path.join(folder, "timings.json"), encoding="utf-8") as f:
+        timings = json.load(f)["timings"]["result"]
+    with open(os.path.join(folder, "smoke.json"), encoding="utf-8") as f:
+        layer = json.load(f)["smoke_jax"]["result"]["layer_timings"]["16384"]
+    ours = {r["n"]: r["ms"] for r in timings["rows"]
+            if r["what"] == "library attention fwd+bwd" and r["dtype"] == "bfloat16"}
+    flash = {r["n"]: r["ms"] for r in timings["sdpa"] if r["what"] == "forward+backward"}
+    with open(os.path.join(REPO, "README.md"), encoding="utf-8") as f:
+        readme = f.read()
+    row16 = next(line for line in readme.splitlines() if line.startswith("| one attention forward+backward at 16,384"))
+    assert f"| {ours[16384]:.1f} ms | **{flash[16384]:.1f} ms** (flash) |" in row16
+    assert f"| **{ours[65536]:.1f} ms** | {flash[65536]:.1f} ms (flash) |" in readme
+    assert f"| {layer['yoso_ms']:.1f} ms | **{layer['mha_ms']:.1f} ms** (MultiHeadAttention) |" in readme
 
 
 def test_quality_gpu_scale_dry_run_checks_every_stage_and_trains_the_first_at_a_tiny_size(tmp_path):
     """benchmarks/quality/gpu_scale.py (issue 43, item 7), prepared for a GPU machine: every stage's command
-    line passes run.py's checks, and the first stage trains end to end at a tiny size on this backend, its
+    line passes run.py's checks, and the first stage of YOSO against softmax trains end to end at a tiny size, its
     records written before the summary, on this test run's backend (the script's own default, JAX, may not be
     installed). About 30 s of CPU time."""
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", MPLBACKEND="Agg", KERAS_BACKEND=BACKEND)
     proc = subprocess.run([sys.executable, os.path.join("benchmarks", "quality", "gpu_scale.py"), "--dry-run",
                            "--out", str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=300, env=env)
-    _assert_wrote(proc, tmp_path, "environment.json", "summary.json", "mqar_512_64_width64.json")
+    _assert_wrote(proc, tmp_path, "environment.json", "summary.json", "mqar_2048_128.json")
     summary = json.loads((tmp_path / "summary.json").read_text())
     stage, = summary["stages"]
     assert stage["status"] == "done", stage["output_tail"]
     assert {r["attention"] for r in stage["records"]} == {"none", "yoso", "softmax"}
     assert all(r["steps_done"] == 2 and r["length"] == 24 for r in stage["records"])
-    assert "mqar_512_64_width64      yoso" in proc.stdout
+    assert "mqar_2048_128            yoso" in proc.stdout
+
+
+def test_quality_gpu_scale_renders_the_recorded_gpu_run_as_docs_quality_quotes_it():
+    """The table of docs/quality.md section 8 is gpu_scale.py --render of its records, verbatim."""
+    proc = subprocess.run([sys.executable, os.path.join("benchmarks", "quality", "gpu_scale.py"), "--render",
+                           os.path.join("docs", "data", "quality_gpu_scale_2026-11-29.json")], cwd=REPO,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "| mqar_512_64_width64 | 512 | 64 | 64 | 1,500 x 64 | yoso | 0.9978 |" in proc.stdout
+    assert "| mqar_2048_128 | 2,048 | 128 | 64 | 1,000 x 16 | softmax | – |" in proc.stdout
+    with open(os.path.join(REPO, "docs", "quality.md"), encoding="utf-8") as f:
+        assert proc.stdout.strip() in f.read()
 
 
 def test_benchmark_scripts_import_without_editing_sys_path():
