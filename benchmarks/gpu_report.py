@@ -87,7 +87,8 @@ def smoke(folder):
         checks = {k: v for k, v in r.items() if isinstance(v, dict) and "verdict" in v}
         compared = "; ".join(f"{k}: {v['verdict']} ({v['worst_relative']:.1e})" for k, v in checks.items())
         t = r["layer_timings"]
-        lines.append(f"| {stage.split('_')[1]} | {compared} | {t['8192']['yoso_ms']:.0f} / {t['16384']['yoso_ms']:.0f} | "
+        lines.append(f"| {stage.split('_')[1]} | {compared} | "
+                     f"{t['8192']['yoso_ms']:.0f} / {t['16384']['yoso_ms']:.0f} | "
                      f"{t['8192']['mha_ms']:.1f} / {t['16384']['mha_ms']:.1f} |")
     return "\n".join(lines)
 
@@ -98,7 +99,8 @@ def triton(folder):
     newest = {(r["length"], r["dtype"], r["codes"]): dict(r, run=i + 1)
               for i, run in enumerate(runs) for r in run["records"] if "error" not in r}
     records = [newest[key] for key in sorted(newest)]
-    lines = [f"{runs[0]['device']}, torch {runs[0]['torch']}, Triton {runs[0]['triton']}; ms, CUDA events, median of 10",
+    lines = [f"{runs[0]['device']}, torch {runs[0]['torch']}, Triton {runs[0]['triton']}; ms, CUDA events, "
+             "median of 10",
              "",
              "| n | dtype | codes | forward | dV | eq. 4 dQ, dK | fwd+bwd | SDPA flash bf16 fwd / fwd+bwd | "
              "fwd / SDPA | fwd+bwd / SDPA | run |",

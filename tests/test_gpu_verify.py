@@ -597,3 +597,22 @@ def test_the_ratios_to_sdpa_come_from_the_rows_of_a_timings_stage_cut_at_its_lim
     records["timings"] = {"status": "timeout", "seconds": 120.0, "result": timings}
     text = verify.summary(records, 7, verify._parse(["--out", "unused"]))
     assert "Gate (GPU-DESIGN.md §5): FAIL" in text and f"= {40 / 26:.3g} (<= " in text
+
+
+def test_the_train_step_stage_trains_its_encoder_classifier_at_a_tiny_size_on_this_backend():
+    """The model and the timing of stage train_step (examples/convert_pretrained.py's training step), here on
+    the CPU at a tiny size, with YOSO and with MultiHeadAttention: both train (finite loss, timed repeats)."""
+    shape = dict(verify.TRAIN_STEP, layers=1, width=16, heads=2, ffn=32, vocabulary=50, length=24, batch=3,
+                 num_hashes=4)
+
+    class Budget:
+        def remaining(self):
+            return 60.0
+
+    for attention in ("yoso", "mha"):
+        model = verify.encoder_classifier(attention, shape)
+        measured = verify.time_train_steps(model, shape, Budget(), repeats=2)
+        assert measured["repeats"] == 2 and measured["ms"] > 0 and math.isfinite(measured["loss"]), attention
+    assert (verify.TRAIN_STEP["layers"], verify.TRAIN_STEP["width"], verify.TRAIN_STEP["length"]) == (6, 384, 2048)
+    text = verify._headline_train_step({"shape": verify.TRAIN_STEP, "yoso": {"ms": 820.0}, "mha": {"error": "OOM"}})
+    assert "yoso: 820 ms a step" in text and "mha: – ms a step (OOM)" in text and "under 1,000 ms" in text

@@ -297,8 +297,8 @@ def render_state(records, key):
         lines.append(f"| {name} | {first.get('settings') or '-'} | {'—' if state is None else f'{state:,}'} | "
                      f"{chosen} | {interior} | {result} | "
                      + ("; ".join(_failed_run(r) for r in row["failed"]) or "none") + " | "
-                     + ("yes" if plot.config_key(first) in on_frontier else "—" if first["status"] == "floor" else "no")
-                     + " |")
+                     + ("yes" if plot.config_key(first) in on_frontier
+                        else "—" if first["status"] == "floor" else "no") + " |")
     return "\n".join(lines)
 
 

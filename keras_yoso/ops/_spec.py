@@ -81,15 +81,15 @@ def transposed_direction(direction):
 class Primitive(collections.namedtuple("Primitive", "name inputs attributes outputs output_shapes raw_op composite "
                                                     "raw_op_attributes in_place devices causal_devices",
                                         defaults=({}, {}, DEVICES, ("cpu",)))):
-    """One native primitive `name` (`ky_run(name, ...)` of the C ABI): `inputs` (Input, in the ABI's order), `attributes` (Attribute,
-    after the inputs), `outputs` (Output, after the attributes), `output_shapes` (a function of
-    (input shapes by name, attributes by name) -> one shape per output), the TensorFlow raw op that
+    """One native primitive `name` (`ky_run(name, ...)` of the C ABI): `inputs` (Input, in the ABI's order),
+    `attributes` (Attribute, after the inputs), `outputs` (Output, after the attributes), `output_shapes` (a
+    function of (input shapes by name, attributes by name) -> one shape per output), the TensorFlow raw op that
     runs it, `composite`: its keras.ops reference, "family.function" in keras_yoso.ops.composite
-    (the composite provider runs it; same arguments), the raw-op attributes that select it there, `in_place`: input name -> output name
-    that may share its buffer (the output is that input updated), `devices`: the devices of `DEVICES`
-    it has a kernel on ("gpu": a CUDA kernel in the native library and the TensorFlow op library,
-    when they were built with nvcc), and `causal_devices`: those whose kernels take `causal` != 0 (on a
-    GPU: the Triton kernels, which a build may leave out)."""
+    (the composite provider runs it; same arguments), the raw-op attributes that select it there, `in_place`:
+    input name -> output name that may share its buffer (the output is that input updated), `devices`: the
+    devices of `DEVICES` it has a kernel on ("gpu": a CUDA kernel in the native library and the TensorFlow
+    op library, when they were built with nvcc), and `causal_devices`: those whose kernels take `causal` != 0
+    (on a GPU: the Triton kernels, which a build may leave out)."""
 
     def runs_on(self, device, causal=BIDIRECTIONAL):
         """True when the primitive has a kernel on `device` ("cpu", "gpu") for a call in the direction

@@ -88,6 +88,10 @@ written before the next stage starts:
   smoke_torch  smoke.json        the same on PyTorch: eager on CUDA and torch.compile(fullgraph=True)
                                  on CUDA against eager on the CPU, and the timing against
                                  MultiHeadAttention.
+  train_step   smoke.json        one training step (model.train_on_batch, JAX) of an encoder classifier
+                                 of examples/convert_pretrained.py's shape (all-MiniLM-L6-v2: 6 layers,
+                                 width 384, 12 heads; batch 16 x 2,048 tokens; random weights), YOSO
+                                 (m = 32) then MultiHeadAttention: the issue's target is under 1 s.
   sanitizer    sanitizer.json    compute-sanitizer memcheck and racecheck on one tiny case of every
                                  GPU primitive (a subprocess without keras or torch).
 
@@ -151,6 +155,7 @@ STAGES = (
     Stage("rates", 40, "rates.json", None, ("gpu",)),
     Stage("smoke_jax", 60, "smoke.json", "jax", ("gpu", "library")),
     Stage("smoke_torch", 60, "smoke.json", "torch", ("gpu", "library")),
+    Stage("train_step", 75, "smoke.json", "jax", ("gpu", "library")),
     Stage("sanitizer", 45, "sanitizer.json", None, ("gpu", "library")),
 )
 SUMMARY_FILE = "summary.md"
@@ -296,6 +301,12 @@ SMOKE_SHAPES = {"batch": 2, "query_length": 64, "value_length": 48, "width": 32,
 # hash bit flipped by a projection within rounding of zero.
 SMOKE_TOLERANCE = 1e-2
 # Layers timed against keras.layers.MultiHeadAttention: batch 1, width 512, 8 heads of 64.
+# The training step of examples/convert_pretrained.py (issue 40's target: under 1 s on JAX and PyTorch on a GPU):
+# all-MiniLM-L6-v2's shape (6 layers, width 384, 12 heads, feed-forward 1,536, its 30,522-token vocabulary),
+# converted to YOSO with m = 32 at 2,048 tokens, batch 16.
+TRAIN_STEP = {"layers": 6, "width": 384, "heads": 12, "ffn": 1536, "vocabulary": 30522, "length": 2048, "batch": 16,
+              "num_hashes": 32}
+TRAIN_STEP_TARGET_MS = 1000
 LAYER_TIMING = {"lengths": (8192, 16384), "num_heads": 8, "key_dim": 64, "num_hashes": 32, "hash_code_len": 8,
                 "dtype": "mixed_bfloat16"}
 # torch.compile's backend in smoke_torch: "aot_eager" traces the whole graph (fullgraph=True, fakes,
@@ -1052,9 +1063,21 @@ def _headline_sanitizer(result):
     return "; ".join(parts)
 
 
+def _headline_train_step(result):
+    if not result:
+        return "–"
+    shape = result.get("shape") or TRAIN_STEP
+    parts = [f"{name}: {_number((result.get(name) or {}).get('ms'), '{:.0f}')} ms a step"
+             + (f" ({(result.get(name) or {})['error']})" if "error" in (result.get(name) or {}) else "")
+             for name in ("yoso", "mha")]
+    return (f"an encoder classifier of all-MiniLM-L6-v2's shape ({shape['layers']} layers, {shape['heads']} heads, "
+            f"width {shape['width']}), batch {shape['batch']} x {shape['length']:,}, train_on_batch on JAX: "
+            + ", ".join(parts) + f" (target: YOSO under {TRAIN_STEP_TARGET_MS:,} ms)")
+
+
 HEADLINES = {"env": _headline_env, "load": _headline_load, "correctness": _headline_correctness,
              "rates": _headline_rates, "timings": _headline_timings, "smoke_jax": _headline_smoke,
-             "smoke_torch": _headline_smoke, "sanitizer": _headline_sanitizer}
+             "smoke_torch": _headline_smoke, "train_step": _headline_train_step, "sanitizer": _headline_sanitizer}
 
 
 def _headline(name, record):
@@ -2299,6 +2322,84 @@ def stage_smoke_jax(rec):
     r["layer_timings"] = _layer_timings(rec, time_layer)
 
 
+def encoder_classifier(attention, shape, num_classes=2):
+    """A BERT-shaped encoder classifier with random weights: token and position embeddings, `shape["layers"]`
+    post-norm blocks of self-attention (`attention`: "yoso", YosoAttention at m = 32 as
+    examples/convert_pretrained.py converts all-MiniLM-L6-v2, or "mha", keras.layers.MultiHeadAttention)
+    and a GELU feed-forward network, the masked mean of the tokens (padding id 0) and a softmax layer;
+    compiled with Adam and sparse cross-entropy. The training step of that example, whose pretrained
+    weights do not change its cost."""
+    import keras
+    from keras_yoso.layers import YosoAttention
+    width, heads = shape["width"], shape["heads"]
+    tokens = keras.Input((shape["length"],), dtype="int32")
+    mask = keras.ops.not_equal(tokens, 0)
+    positions = keras.ops.cumsum(keras.ops.ones_like(tokens), axis=1) - 1  # of the input: no constant in the graph
+    x = keras.layers.Embedding(shape["vocabulary"], width)(tokens)
+    x = x + keras.layers.Embedding(shape["length"], width)(positions)
+    pairs = keras.ops.logical_and(mask[:, None, :], mask[:, :, None])  # MultiHeadAttention's [B, T, S] mask
+    for _ in range(shape["layers"]):
+        if attention == "yoso":
+            attended = YosoAttention(num_heads=heads, key_dim=width // heads,
+                                     num_hashes=shape["num_hashes"])(x, x, value_mask=mask)
+        else:
+            attended = keras.layers.MultiHeadAttention(num_heads=heads, key_dim=width // heads)(
+                x, x, attention_mask=pairs)
+        x = keras.layers.LayerNormalization()(x + attended)
+        hidden = keras.layers.Dense(shape["ffn"], activation="gelu")(x)
+        x = keras.layers.LayerNormalization()(x + keras.layers.Dense(width)(hidden))
+    weights = keras.ops.cast(mask, x.dtype)[:, :, None]
+    pooled = keras.ops.sum(x * weights, axis=1) / keras.ops.maximum(keras.ops.sum(weights, axis=1), 1.0)
+    model = keras.Model(tokens, keras.layers.Dense(num_classes, activation="softmax")(pooled))
+    model.compile(optimizer=keras.optimizers.Adam(1e-4), loss="sparse_categorical_crossentropy")
+    return model
+
+
+def time_train_steps(model, shape, rec, repeats=3, seed=0):
+    """Median wall-clock ms of model.train_on_batch on one batch of random token ids (padded tails), after
+    a first call that compiles; {"ms", "first_call_s", "repeats", "loss"}."""
+    rng = np.random.default_rng(seed)
+    tokens = rng.integers(1, shape["vocabulary"], (shape["batch"], shape["length"])).astype(np.int32)
+    for row, kept in enumerate(rng.integers(shape["length"] // 2, shape["length"] + 1, shape["batch"])):
+        tokens[row, kept:] = 0
+    labels = rng.integers(0, 2, shape["batch"]).astype(np.int32)
+    began = time.perf_counter()
+    loss = model.train_on_batch(tokens, labels)
+    first = time.perf_counter() - began
+    times = []
+    for _ in range(repeats):
+        if rec.remaining() < 2 * first + 2:
+            break
+        began = time.perf_counter()
+        loss = model.train_on_batch(tokens, labels)  # returns host floats: the step has finished
+        times.append((time.perf_counter() - began) * 1e3)
+    loss = float(np.asarray(loss).ravel()[0])
+    return {"ms": statistics.median(times) if times else None, "first_call_s": first, "repeats": len(times),
+            "loss": loss}
+
+
+def stage_train_step(rec):
+    """JAX on the GPU: one training step (model.train_on_batch) of the encoder classifier of
+    examples/convert_pretrained.py's shape (`encoder_classifier`, TRAIN_STEP: all-MiniLM-L6-v2 at 2,048 tokens,
+    batch 16) with YOSO, then with MultiHeadAttention; the issue's target: YOSO's under TRAIN_STEP_TARGET_MS."""
+    import jax
+    r = rec.result
+    r["shape"] = TRAIN_STEP
+    r["device"] = str(jax.devices()[0])
+    for name in ("yoso", "mha"):
+        if rec.remaining() < 15:
+            r[name] = {"skipped": "stage budget"}
+            continue
+        try:
+            r[name] = time_train_steps(encoder_classifier(name, TRAIN_STEP), TRAIN_STEP, rec, seed=rec.seed)
+            rec.check(math.isfinite(r[name]["loss"]), f"train_step {name}: the loss is not finite")
+        except Exception as error:  # e.g. out of memory: recorded
+            r[name] = {"error": _first_line(error)}
+            rec.check(name != "yoso", f"train_step yoso: {r[name]['error']}")
+        print(f"train step {name}: {r[name]}", flush=True)
+        rec.save()
+
+
 def _sanitizer_cases(spec, built=lambda name: True):
     """One tiny float32 case per GPU primitive with a case builder (SANITIZER_CUMULATION, SANITIZER_HASH,
     SANITIZER_DECODING) for which `built(name)` holds (the library has its kernel)."""
@@ -2408,6 +2509,7 @@ def stage_sanitizer(rec):
 
 WORKERS = {"env": stage_env, "load": stage_load, "correctness": stage_correctness, "rates": stage_rates,
            "timings": stage_timings, "smoke_jax": stage_smoke_jax, "smoke_torch": stage_smoke_torch,
+           "train_step": stage_train_step,
            "sanitizer": stage_sanitizer, "sanitizer_case": stage_sanitizer_case}
 
 
