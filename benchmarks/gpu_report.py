@@ -48,14 +48,16 @@ def library(folder):
     rows = {(r["what"], r["n"], r["dtype"]): r.get("ms") for r in result.get("rows", []) if "ms" in r}
     sdpa = {(r["what"], r["n"]): r.get("ms") for r in result.get("sdpa", []) if "ms" in r}
     shape = result["shape"]
+    zipf = any(what == "library yoso fwd+bwd zipf" for what, _, _ in rows)  # timed since 2026-11-29's run
     lines = [f"B*H = {shape['batch_heads']}, d = D = {shape['dim']}, m = {shape['num_hashes']}, tau = "
              f"{shape['hash_code_len']}; ms, CUDA events, median of 10; the stage's status: {record['status']}. "
              "Forward: lsh_cumulation (eq. 2); eq. 4: lower_bound_gradients (dQ, dK); YOSO fwd+bwd: forward, dV and "
              "eq. 4 with the codes given; attention: the same with the two hashes (Hadamard, interleaved) first; "
              "causal: Y over keys j <= i and the causal eq. 4 (SDPA stays bidirectional).", "",
              "| n | dtype | forward | eq. 4 | hash (one side) | YOSO fwd+bwd | attention fwd+bwd | causal YOSO fwd+bwd "
-             "| SDPA flash bf16 fwd / fwd+bwd | forward / SDPA | YOSO fwd+bwd / SDPA | attention fwd+bwd / SDPA |",
-             "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "| SDPA flash bf16 fwd / fwd+bwd | forward / SDPA | YOSO fwd+bwd / SDPA | attention fwd+bwd / SDPA |"
+             + (" YOSO fwd+bwd, Zipf codes |" if zipf else ""),
+             "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|" + ("---:|" if zipf else "")]
     for n, dtype in sorted({(n, dtype) for _, n, dtype in rows}, key=lambda k: (k[0], k[1] != "bfloat16")):
         get = lambda what: rows.get((what, n, dtype))  # noqa: E731
         forward, backward = sdpa.get(("forward", n)), sdpa.get(("forward+backward", n))
@@ -65,7 +67,8 @@ def library(folder):
                      f"{_ms(get('library attention fwd+bwd'))} | {_ms(get('library causal yoso fwd+bwd'))} | "
                      f"{_ms(forward)} / {_ms(backward)} | {_ms(over(get('lsh_cumulation'), forward))} | "
                      f"{_ms(over(get('library yoso fwd+bwd'), backward))} | "
-                     f"{_ms(over(get('library attention fwd+bwd'), backward))} |")
+                     f"{_ms(over(get('library attention fwd+bwd'), backward))} |"
+                     + (f" {_ms(get('library yoso fwd+bwd zipf'))} |" if zipf else ""))
     steps = [r for r in result.get("decoding") or [] if "length" in r]
     if steps:
         lines += ["", "The decoding step (`lsh_cumulation_step`, float32 tables of 64 MiB), ms per call:", "",
@@ -113,6 +116,25 @@ def triton(folder):
     return "\n".join(lines)
 
 
+def train_step(folder):
+    """verify.py's stage train_step: one training step of examples/convert_pretrained.py's shape on JAX (None
+    where the run had no such stage)."""
+    result = (_load(folder, "smoke.json").get("train_step") or {}).get("result")
+    if not result:
+        return None
+    shape = result.get("shape") or {}
+    lines = [f"{shape.get('layers')} layers, width {shape.get('width')}, {shape.get('heads')} heads, batch "
+             f"{shape.get('batch')} x {shape.get('length')} tokens (all-MiniLM-L6-v2's shape, random weights), "
+             "model.train_on_batch, wall-clock median:", "", "| attention | ms a step | first call, s |",
+             "|---|---:|---:|"]
+    for name, label in (("yoso", "YOSO (m = 32)"), ("mha", "MultiHeadAttention")):
+        row = result.get(name) or {}
+        first = row.get("first_call_s")
+        lines.append(f"| {label} | {_ms(row.get('ms'), '{:.0f}') if 'ms' in row else row.get('error', '–')} | "
+                     f"{_ms(first, '{:.1f}')} |")
+    return "\n".join(lines)
+
+
 def rates(folder):
     result = _load(folder, "rates.json")["rates"]["result"]["rates"]
     lines = ["| rate | value | unit |", "|---|---:|---|"]
@@ -127,10 +149,12 @@ def main(argv):
             ("Correctness of the GPU kernels through torch.ops (against float64)", correctness, "correctness.json"),
             ("The kernels inside the package against SDPA flash", library, "timings.json"),
             ("The layer on JAX and PyTorch on the GPU", smoke, "smoke.json"),
+            ("A training step of the converted-checkpoint example on JAX", train_step, "smoke.json"),
             ("Bucket-sorted Triton kernels against SDPA flash", triton, "gpu_triton_kernels.json"),
             ("Rates (torch operations)", rates, "rates.json")):
-        if os.path.exists(os.path.join(folder, needs)):
-            print(f"### {title}\n\n{render(folder)}\n")
+        text = render(folder) if os.path.exists(os.path.join(folder, needs)) else None
+        if text is not None:
+            print(f"### {title}\n\n{text}\n")
 
 
 if __name__ == "__main__":

@@ -198,6 +198,29 @@ def _gpu_report(folder):
     return proc.stdout
 
 
+def test_gpu_report_renders_the_rows_a_later_verify_run_adds(tmp_path):
+    """verify.py's zipf row (the target "Zipf-skewed codes at most 2x uniform") and stage train_step, absent from
+    2026-11-29's records, get their column and table once a run records them."""
+    folder = os.path.join(REPO, "docs", "data", "gpu_2026-11-29")
+    for name in ("correctness.json", "rates.json", "smoke.json", "timings.json"):
+        with open(os.path.join(folder, name), encoding="utf-8") as f:
+            record = json.load(f)
+        if name == "smoke.json":
+            record["train_step"] = {"status": "ok", "result": {
+                "shape": {"layers": 6, "width": 384, "heads": 12, "batch": 16, "length": 2048},
+                "yoso": {"ms": 812.0, "first_call_s": 14.2}, "mha": {"error": "out of memory"}}}
+        if name == "timings.json":
+            record["timings"]["result"]["rows"].append(
+                {"what": "library yoso fwd+bwd zipf", "n": 16384, "dtype": "bfloat16", "ms": 26.0})
+        (tmp_path / name).write_text(json.dumps(record))
+    proc = subprocess.run([sys.executable, os.path.join("benchmarks", "gpu_report.py"), str(tmp_path)], cwd=REPO,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "| 0.95 | 1.50 | 26.00 |" in proc.stdout and "| YOSO fwd+bwd, Zipf codes |" in proc.stdout
+    assert "| YOSO (m = 32) | 812 | 14.2 |" in proc.stdout
+    assert "| MultiHeadAttention | out of memory | – |" in proc.stdout
+
+
 def test_gpu_report_renders_the_recorded_gpu_runs():
     """2026-11-28: the CUDA kernels through torch.ops and the Triton kernels timed on their own; 2026-11-29: the
     Triton kernels inside the package (verify.py's timings, a stage cut at its limit), no separate timing run."""
@@ -208,6 +231,7 @@ def test_gpu_report_renders_the_recorded_gpu_runs():
     assert "| 16,384 | bfloat16 | uniform |" in first
     second = _gpu_report("gpu_2026-11-29")
     assert "The kernels inside the package against SDPA flash" in second and "Triton kernels against" not in second
+    assert "Zipf codes" not in second and "A training step" not in second
     # n, dtype, forward, eq. 4, one hash, YOSO fwd+bwd, attention fwd+bwd: the records' medians
     assert "| 16,384 | bfloat16 | 4.45 | 16.98 | 7.78 | 25.16 | 39.94 |" in second
     assert "the stage's status: timeout" in second and "- error: `lower_bound_gradients-" in second
