@@ -179,3 +179,13 @@ def test_the_torch_ops_have_a_cuda_kernel_exactly_where_the_library_has_one():
         registered = torch._C._dispatch_has_kernel_for_dispatch_key(f"keras_yoso::{name}", "CUDA")
         assert registered == _library().has_device_kernel(name), name
         assert registered == ("gpu" in primitive.devices and (name not in TRITON_ONLY or _library().triton_cubins() > 0)), name
+
+
+def test_causal_gpu_calls_have_kernels_only_where_the_library_embeds_the_triton_cubins():
+    """gpu_kernel_names(causal), asked once per direction (the providers read it while torch.compile and jax.jit
+    trace, where a ctypes call would break the graph): on a GPU only the Triton kernels take causal != 0."""
+    library = _library()
+    both = library.gpu_kernel_names(_spec.BIDIRECTIONAL)
+    directed = library.gpu_kernel_names(_spec.CAUSAL)
+    assert directed == (both if library.triton_cubins() > 0 else frozenset())
+    assert library.gpu_kernel_names(_spec.ANTICAUSAL) is directed

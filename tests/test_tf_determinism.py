@@ -198,6 +198,7 @@ def test_a_causal_call_bound_for_a_gpu_runs_the_composite_under_auto_and_is_refu
     monkeypatch.setattr(tf_provider.tf.config, "list_physical_devices", lambda kind=None: ["GPU:0"])
     monkeypatch.setattr(tf_provider, "_library_devices", lambda: ("cpu", "gpu"))  # as when built with nvcc
     monkeypatch.setattr(native_library, "triton_cubins", lambda: 0)  # a build without the Triton cubins
+    monkeypatch.setattr(native_library, "_GPU_KERNEL_NAMES", {})  # asked again of this build
     primitives = ("lsh_cumulation",)
     with tf.device(device) if device else contextlib.nullcontext():
         assert _dispatch.provider("auto", (), 1, primitives).name == expected
@@ -209,5 +210,6 @@ def test_a_causal_call_bound_for_a_gpu_runs_the_composite_under_auto_and_is_refu
             assert _dispatch.provider("custom_op", (), 1, primitives).name == "custom_op"
     if native_library.library() is not None:  # with the cubins, the causal scan has a GPU kernel
         monkeypatch.setattr(native_library, "triton_cubins", lambda: 422)
+        monkeypatch.setattr(native_library, "_GPU_KERNEL_NAMES", {})
         with tf.device(device) if device else contextlib.nullcontext():
             assert _dispatch.provider("auto", (), 1, primitives).name == "custom_op"

@@ -215,4 +215,4 @@ class NativeLibraryProvider(Provider):
     supports_jit = True
 
     def builds_gpu_kernel(self, name, causal=_spec.BIDIRECTIONAL):
-        return name in native_library.gpu_kernel_names() and (not causal or native_library.triton_cubins() > 0)
+        return name in native_library.gpu_kernel_names(causal)

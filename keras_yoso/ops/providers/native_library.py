@@ -232,15 +232,18 @@ def has_device_kernel(name):
     return library() is not None and bool(library().ky_has_device_kernel(name.encode()))
 
 
-_GPU_KERNEL_NAMES = []
+_GPU_KERNEL_NAMES = {}
 
 
-def gpu_kernel_names():
-    """The primitives with a GPU kernel in the loaded library (empty without one), asked once per process: the
-    providers read it while torch.compile or jax.jit trace."""
-    if not _GPU_KERNEL_NAMES:
-        _GPU_KERNEL_NAMES.append(frozenset(n for n in _spec.PRIMITIVES if has_device_kernel(n)))
-    return _GPU_KERNEL_NAMES[0]
+def gpu_kernel_names(causal=_spec.BIDIRECTIONAL):
+    """The primitives with a GPU kernel in the loaded library for a call in the direction `causal` (empty without
+    one; on a GPU only the Triton kernels take causal != 0, so none for such a call where the library embeds no
+    cubins), asked once per process and direction: the providers read it while torch.compile or jax.jit trace."""
+    directed = bool(causal)
+    if directed not in _GPU_KERNEL_NAMES:
+        names = frozenset(n for n in _spec.PRIMITIVES if has_device_kernel(n))
+        _GPU_KERNEL_NAMES[directed] = names if not directed or triton_cubins() > 0 else frozenset()
+    return _GPU_KERNEL_NAMES[directed]
 
 
 def device_workspace_bytes(name, inputs, attributes):

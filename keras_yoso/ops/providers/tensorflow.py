@@ -105,7 +105,7 @@ class TensorFlowProvider(base.Provider):
         kernels take on a GPU, needs it to say so)."""
         if native_library.library() is None:
             return not causal
-        return name in native_library.gpu_kernel_names() and (not causal or native_library.triton_cubins() > 0)
+        return name in native_library.gpu_kernel_names(causal)
 
     def run(self, name, *arguments):
         """`_spec.PRIMITIVES[name]` as one call of its raw op: masks, codes and parameters in the

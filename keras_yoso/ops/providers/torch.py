@@ -191,7 +191,8 @@ def _register_ops():
         if not hasattr(getattr(torch.ops, _NAMESPACE), primitive.name):
             _define(primitive)
     _DEVICES = ("cpu", "gpu") if native_library.device_kernels() else ("cpu",)
-    native_library.gpu_kernel_names()  # asked now, read while torch.compile traces (builds_gpu_kernel)
+    for causal in (_spec.BIDIRECTIONAL, _spec.CAUSAL):  # asked now, read while torch.compile traces
+        native_library.gpu_kernel_names(causal)
 
 
 def _op(name):
