@@ -640,18 +640,19 @@ def _codes(rng, distribution, shape, num_buckets):
     bucket second commonest (so the last bucket's edge is always used)."""
     if distribution == "uniform":
         return rng.integers(0, num_buckets, size=shape).astype(np.int32)
-    order = _zipf_order(rng, num_buckets)
-    weights = 1.0 / np.arange(1, num_buckets + 1) ** ZIPF_EXPONENT
-    return order[rng.choice(num_buckets, size=shape, p=weights / weights.sum())].astype(np.int32)
+    order, probabilities = _zipf(rng, num_buckets)
+    return order[rng.choice(num_buckets, size=shape, p=probabilities)].astype(np.int32)
 
 
-def _zipf_order(rng, num_buckets):
-    """The buckets from commonest to rarest of `_codes`' Zipf codes: a random order with the top bucket second."""
+def _zipf(rng, num_buckets):
+    """`_codes`' Zipf distribution: (the buckets from commonest to rarest, a random order with the top bucket
+    second; the probability of each rank)."""
     order = rng.permutation(num_buckets)
     if num_buckets > 1:
         top = int(np.flatnonzero(order == num_buckets - 1)[0])
         order[[1, top]] = order[[top, 1]]
-    return order
+    weights = 1.0 / np.arange(1, num_buckets + 1) ** ZIPF_EXPONENT
+    return order, weights / weights.sum()
 
 
 def _poison(values, mask):
@@ -1074,9 +1075,9 @@ def _headline_train_step(result):
     if not result:
         return "–"
     shape = result.get("shape") or TRAIN_STEP
-    parts = [f"{name}: {_number((result.get(name) or {}).get('ms'), '{:.0f}')} ms a step"
-             + (f" ({(result.get(name) or {})['error']})" if "error" in (result.get(name) or {}) else "")
-             for name in ("yoso", "mha")]
+    rows = {name: result.get(name) or {} for name in ("yoso", "mha")}
+    parts = [f"{name}: {_number(row.get('ms'), '{:.0f}')} ms a step" + (f" ({row['error']})" if "error" in row else "")
+             for name, row in rows.items()]
     return (f"an encoder classifier of all-MiniLM-L6-v2's shape ({shape['layers']} layers, {shape['heads']} heads, "
             f"width {shape['width']}), batch {shape['batch']} x {shape['length']:,}, train_on_batch on JAX: "
             + ", ".join(parts) + f" (target: YOSO under {TRAIN_STEP_TARGET_MS:,} ms)")
@@ -1950,9 +1951,8 @@ def _timing_launches(torch, n, dtype_name, built, causal=False):
 
     # Zipf-skewed codes (the issue's target: at most 2x the time of uniform ones): `_codes`' distribution, drawn on
     # the GPU (numpy takes seconds for the 67M codes of 65,536 tokens).
-    order = torch.as_tensor(_zipf_order(np.random.default_rng(1), 2 ** tau), device="cuda")
-    weights = torch.as_tensor(1.0 / np.arange(1, 2 ** tau + 1) ** ZIPF_EXPONENT, device="cuda")
-    zipf_qc, zipf_kc = (order[torch.multinomial(weights, batch_heads * m * n, replacement=True)].view(
+    order, probabilities = (torch.as_tensor(a, device="cuda") for a in _zipf(np.random.default_rng(1), 2 ** tau))
+    zipf_qc, zipf_kc = (order[torch.multinomial(probabilities, batch_heads * m * n, replacement=True)].view(
         batch_heads, m, n).to(torch.int32) for _ in range(2))
 
     def library_forward_backward(hash_first, zipf=False):
