@@ -8,6 +8,8 @@
 // type conversions happen only at loads (ToFloat) and stores (FromFloat).
 #include "yoso_gpu.h"
 
+#include "hadamard_rows.h"
+
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -169,7 +171,9 @@ __device__ void BlockFastHadamardTransform(double* y, int64_t n) {
   }
 }
 
-// Fast Hadamard LSH (appendix §1.2); one block per (b, n, q) unit:
+// Fast Hadamard LSH (appendix §1.2), the block form, for the calls the row form
+// (RowHadamardHashCodesKernel) does not take: padded_dim > 64, or too many hashes for its shared
+// memory. One block per (b, n, q) unit:
 // y = H D3 H D2 H D1 pad(x[b, n, :]) with D_p = diag(signs[q, p - 1, :]), and
 // sign bit g = HadamardBitOfRow(d, q, t) (g < m * tau; yoso_common.h) is ORed into bit
 // g % tau of codes[b, g / tau, n]. codes must be zero on entry. Dynamic shared memory:
@@ -207,6 +211,60 @@ __global__ void HadamardHashCodesKernel(HashDims d, const T* x, const float* sig
     }
     __syncthreads();
   }
+}
+
+// Element i of x as a float: the loader of StageRows (hadamard_rows.h).
+template <typename T>
+struct DeviceLoad {
+  const T* x;
+  __device__ float operator()(int64_t i) const { return ToFloat(x[i]); }
+};
+
+// The row form of the Hadamard hash (hadamard_rows.h): one thread per row, the transform in
+// registers, each code word stored once. Blocks of kRowHadamardRows threads; dynamic shared
+// memory RowHadamardSharedBytes(P, m). P = padded_dim.
+template <typename T, int P>
+__global__ void __launch_bounds__(kRowHadamardRows)
+    RowHadamardHashCodesKernel(HashDims d, const T* x, const float* signs, int32_t* codes) {
+  extern __shared__ float shared[];
+  float* staged = shared;
+  int32_t* lane_codes = reinterpret_cast<int32_t*>(shared + P * (kRowHadamardRows + 1));
+  const int64_t rows = d.batch * d.length;
+  for (int64_t row0 = static_cast<int64_t>(blockIdx.x) * kRowHadamardRows; row0 < rows;
+       row0 += static_cast<int64_t>(gridDim.x) * kRowHadamardRows) {
+    StageRows(d, DeviceLoad<T>{x}, row0, threadIdx.x, blockDim.x, staged);
+    __syncthreads();
+    HashStagedRow<P>(d, signs, staged, row0, threadIdx.x, lane_codes, codes);
+    __syncthreads();  // staged is overwritten by the next group of rows
+  }
+}
+
+template <typename T, int P>
+cudaError_t LaunchRowHadamard(const HashDims& d, const T* x, const float* signs, int32_t* codes,
+                              cudaStream_t stream) {
+  const int64_t groups = (d.batch * d.length + kRowHadamardRows - 1) / kRowHadamardRows;
+  const unsigned int blocks = static_cast<unsigned int>(std::min(groups, kMaxBlocks));
+  RowHadamardHashCodesKernel<T, P><<<blocks, kRowHadamardRows,
+                                     static_cast<size_t>(RowHadamardSharedBytes(P, d.num_hashes)),
+                                     stream>>>(d, x, signs, codes);
+  return cudaGetLastError();
+}
+
+// The row form for padded_dim p (a power of two <= kRowHadamardMaxPaddedDim).
+template <typename T>
+cudaError_t RowHadamardHashCodes(const HashDims& d, const T* x, const float* signs, int32_t* codes,
+                                 cudaStream_t stream) {
+  static_assert(kRowHadamardMaxPaddedDim == 64, "one case per power of two up to the limit");
+  switch (d.padded_dim) {
+    case 1: return LaunchRowHadamard<T, 1>(d, x, signs, codes, stream);
+    case 2: return LaunchRowHadamard<T, 2>(d, x, signs, codes, stream);
+    case 4: return LaunchRowHadamard<T, 4>(d, x, signs, codes, stream);
+    case 8: return LaunchRowHadamard<T, 8>(d, x, signs, codes, stream);
+    case 16: return LaunchRowHadamard<T, 16>(d, x, signs, codes, stream);
+    case 32: return LaunchRowHadamard<T, 32>(d, x, signs, codes, stream);
+    case 64: return LaunchRowHadamard<T, 64>(d, x, signs, codes, stream);
+  }
+  return cudaErrorInvalidValue;
 }
 
 // ---------------------------------------------------------------------------
@@ -602,6 +660,12 @@ cudaError_t HadamardHashCodesGpu(const HashDims& dims, ScalarType dtype, const v
   }
   const int64_t num_codes = dims.batch * dims.num_hashes * dims.length;
   if (num_codes == 0) return cudaSuccess;
+  if (UsesRowHadamard(dims, kDefaultSharedBytes)) {
+    return DispatchScalarType(dtype, [&](auto tag) {
+      using T = typename decltype(tag)::type;
+      return RowHadamardHashCodes<T>(dims, static_cast<const T*>(x), signs, codes, stream);
+    });
+  }
   cudaError_t err =
       cudaMemsetAsync(codes, 0, static_cast<size_t>(num_codes) * sizeof(int32_t), stream);
   if (err != cudaSuccess) return err;
