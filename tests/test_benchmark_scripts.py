@@ -223,7 +223,8 @@ def test_gpu_report_renders_the_rows_a_later_verify_run_adds(tmp_path):
 
 def test_gpu_report_renders_the_recorded_gpu_runs():
     """2026-11-28: the CUDA kernels through torch.ops and the Triton kernels timed on their own; 2026-11-29: the
-    Triton kernels inside the package (verify.py's timings, a stage cut at its limit), no separate timing run."""
+    Triton kernels inside the package (verify.py's timings, a stage cut at its limit), no separate timing run;
+    2026-11-30: the same with every stage within its limit."""
     first = _gpu_report("gpu_2026-11-28")
     for title in ("Correctness of the GPU kernels", "The layer on JAX and PyTorch", "Triton kernels against SDPA",
                   "Rates"):
@@ -236,13 +237,20 @@ def test_gpu_report_renders_the_recorded_gpu_runs():
     assert "| 16,384 | bfloat16 | 4.45 | 16.98 | 7.78 | 25.16 | 39.94 |" in second
     assert "the stage's status: timeout" in second and "- error: `lower_bound_gradients-" in second
     with open(os.path.join(REPO, "docs", "gpu.md"), encoding="utf-8") as f:
-        assert second.strip() in f.read(), "docs/gpu.md quotes gpu_report.py docs/data/gpu_2026-11-29 verbatim"
+        gpu_md = f.read()
+    assert second.strip() in gpu_md, "docs/gpu.md quotes gpu_report.py docs/data/gpu_2026-11-29 verbatim"
+    # 2026-11-30: the Hadamard hash's row form (one hash 7.78 -> 1.44 ms at 16K bf16), the Zipf row, train_step
+    third = _gpu_report("gpu_2026-11-30")
+    assert "| 16,384 | bfloat16 | 4.35 | 17.05 | 1.44 | 25.14 | 27.79 |" in third
+    assert "| YOSO fwd+bwd, Zipf codes |" in third and "| YOSO (m = 32) | 157 | 14.4 |" in third
+    assert "the stage's status: ok" in third and "- error:" not in third
+    assert third.strip() in gpu_md, "docs/gpu.md quotes gpu_report.py docs/data/gpu_2026-11-30 verbatim"
 
 
 def test_the_readme_gpu_rows_are_the_recorded_gpu_run():
     """The README's GPU rows (one attention call against SDPA flash at 16K and 64K, the layer against
-    MultiHeadAttention on JAX) are docs/data/gpu_2026-11-29's medians."""
-    folder = os.path.join(REPO, "docs", "data", "gpu_2026-11-29")
+    MultiHeadAttention on JAX) are the medians of the latest GPU run, docs/data/gpu_2026-11-30."""
+    folder = os.path.join(REPO, "docs", "data", "gpu_2026-11-30")
     with open(os.path.join(folder, "timings.json"), encoding="utf-8") as f:
         timings = json.load(f)["timings"]["result"]
     with open(os.path.join(folder, "smoke.json"), encoding="utf-8") as f:
@@ -266,13 +274,13 @@ def test_quality_gpu_scale_dry_run_checks_every_stage_and_trains_the_first_at_a_
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", MPLBACKEND="Agg", KERAS_BACKEND=BACKEND)
     proc = subprocess.run([sys.executable, os.path.join("benchmarks", "quality", "gpu_scale.py"), "--dry-run",
                            "--out", str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=300, env=env)
-    _assert_wrote(proc, tmp_path, "environment.json", "summary.json", "mqar_2048_128.json")
+    _assert_wrote(proc, tmp_path, "environment.json", "summary.json", "mqar_512_64_width128.json")
     summary = json.loads((tmp_path / "summary.json").read_text())
     stage, = summary["stages"]
     assert stage["status"] == "done", stage["output_tail"]
     assert {r["attention"] for r in stage["records"]} == {"none", "yoso", "softmax"}
     assert all(r["steps_done"] == 2 and r["length"] == 24 for r in stage["records"])
-    assert "mqar_2048_128            yoso" in proc.stdout
+    assert "mqar_512_64_width128     yoso" in proc.stdout
 
 
 def test_quality_gpu_scale_renders_the_recorded_gpu_run_as_docs_quality_quotes_it():
@@ -284,7 +292,17 @@ def test_quality_gpu_scale_renders_the_recorded_gpu_run_as_docs_quality_quotes_i
     assert "| mqar_512_64_width64 | 512 | 64 | 64 | 1,500 x 64 | yoso | 0.9978 |" in proc.stdout
     assert "| mqar_2048_128 | 2,048 | 128 | 64 | 1,000 x 16 | softmax | – |" in proc.stdout
     with open(os.path.join(REPO, "docs", "quality.md"), encoding="utf-8") as f:
-        assert proc.stdout.strip() in f.read()
+        quality_md = f.read()
+    assert proc.stdout.strip() in quality_md
+    # 2026-11-30: a stage stopped by a missing module and one cut at the deadline name their attentions with no record
+    second = subprocess.run([sys.executable, os.path.join("benchmarks", "quality", "gpu_scale.py"), "--render",
+                             os.path.join("docs", "data", "quality_gpu_scale_2026-11-30.json")], cwd=REPO,
+                            capture_output=True, text=True, timeout=120)
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert "| performer | – | – | no record: stage failed (exit 1) |" in second.stdout
+    assert "| mqar_512_64_width128 | 512 | 64 | 128 | 1,500 x 64 | yoso | – | – | no record: stage cut at the deadline |" \
+        in second.stdout
+    assert second.stdout.strip() in quality_md
 
 
 def test_benchmark_scripts_import_without_editing_sys_path():

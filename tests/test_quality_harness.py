@@ -420,3 +420,41 @@ def test_gated_deltanet_is_causal():
     """keras-hub's layer (slow: importing keras_hub loads TensorFlow). Run with -m slow."""
     pytest.importorskip("keras_hub")
     test_causal_attention_shape_and_no_future_leak("gated_deltanet")
+
+
+def test_an_attention_whose_module_is_missing_is_refused_before_any_run_and_left_out_of_a_gpu_stage(
+        monkeypatch, tmp_path):
+    """run.py refuses an attention whose required module is not installed before training anything, the floor
+    included (on the GPU machine of 2026-11-30 gated_deltanet's ImportError stopped the baselines' stage after its
+    first run); gpu_scale.py leaves such an attention out of a stage, names it under not_run, and skips a stage
+    left with none."""
+    import dataclasses
+    import importlib.util
+    missing = dataclasses.replace(attentions.ATTENTIONS["gated_deltanet"], requires=("no_such_module_here",))
+    monkeypatch.setitem(attentions.ATTENTIONS, "gated_deltanet", missing)
+    assert attentions.unavailable(["yoso", "gated_deltanet"]) == {
+        "gated_deltanet": "needs no_such_module_here, not installed here"}
+    with pytest.raises(SystemExit):
+        run.main(["--attention", "yoso", "gated_deltanet", "--steps", "1", "--out", str(tmp_path)])
+    assert not os.path.exists(tmp_path / "results.json")
+
+    spec = importlib.util.spec_from_file_location("gpu_scale_under_test", os.path.join(QUALITY, "gpu_scale.py"))
+    gpu_scale = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gpu_scale)
+    commands = []
+
+    def fake_run(argv, **kwargs):
+        commands.append(argv)
+        return subprocess.CompletedProcess(argv, 0, "", "")
+
+    monkeypatch.setattr(gpu_scale.subprocess, "run", fake_run)
+    args = gpu_scale.argparse.Namespace(out=str(tmp_path), lr=3e-3, seeds=[0])
+    stage = next(s for s in gpu_scale.STAGES if "gated_deltanet" in s.attentions)
+    report = gpu_scale.run_stage(stage, args, 60, unavailable={"gated_deltanet": "needs keras_hub, not installed here"})
+    argv, = commands
+    listed = argv[argv.index("--attention") + 1:argv.index("--length")]
+    assert listed == [name for name in stage.attentions if name != "gated_deltanet"]
+    assert report["not_run"] == {"gated_deltanet": "needs keras_hub, not installed here"}
+    alone = dataclasses.replace(stage, attentions=("gated_deltanet",))
+    report = gpu_scale.run_stage(alone, args, 60, unavailable={"gated_deltanet": "needs keras_hub"})
+    assert report["status"] == "skipped: no attention can run here" and len(commands) == 1

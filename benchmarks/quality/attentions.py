@@ -39,6 +39,7 @@ class AttentionSpec:
     build(num_heads, key_dim, causal, length, seed, **kwargs) -> layer
     state_bytes(num_heads, key_dim, length, **kwargs) -> int | None
     defaults: the keyword arguments the entry accepts (from --attention-kwargs) and their defaults.
+    requires: the modules its layer imports beyond this package's own (an optional dependency).
     """
 
     name: str
@@ -48,18 +49,30 @@ class AttentionSpec:
     causal: bool = True
     bidirectional: bool = True
     description: str = ""
+    requires: tuple = ()
 
 
 ATTENTIONS = {}
 
 
-def register(name, defaults=None, causal=True, bidirectional=True, description="", state_bytes=None):
+def register(name, defaults=None, causal=True, bidirectional=True, description="", state_bytes=None, requires=()):
     """Decorator: registers `build` under `name`."""
     def wrap(build):
         ATTENTIONS[name] = AttentionSpec(name, build, state_bytes or (lambda *a, **k: None), dict(defaults or {}),
-                                         causal, bidirectional, description)
+                                         causal, bidirectional, description, tuple(requires))
         return build
     return wrap
+
+
+def unavailable(names=None):
+    """{name: why} for the attentions (of `names`, default all) whose required modules are not installed here."""
+    import importlib.util
+    missing = {}
+    for name in names or ATTENTIONS:
+        absent = [module for module in ATTENTIONS[name].requires if importlib.util.find_spec(module) is None]
+        if absent:
+            missing[name] = f"needs {', '.join(absent)}, not installed here"
+    return missing
 
 
 def resolve_kwargs(name, kwargs):
@@ -647,7 +660,7 @@ def _from_scratch(layer_class):
     return FromScratch
 
 
-register("gated_deltanet", {"conv_kernel": 4}, bidirectional=False,
+register("gated_deltanet", {"conv_kernel": 4}, bidirectional=False, requires=("keras_hub",),
          # recurrent state [key_dim, value_dim] per head + the conv history of q, k, v (kernel - 1 rows)
          state_bytes=lambda h, d, length, conv_kernel, **_: FLOAT_BYTES * h * (d * d + 3 * d * (conv_kernel - 1)),
          description="Gated DeltaNet, keras-hub's Qwen3.5 layer (optional dependency), initialised for training "

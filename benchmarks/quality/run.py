@@ -562,6 +562,10 @@ def main(argv=None):
             print(f"wrote {plot.plot_task(records, task, out)}")
         return records
     kwargs = kwargs_per_attention(parser, args)
+    import attentions
+
+    for name, why in attentions.unavailable(args.attention).items():  # before any run, the floor included
+        parser.error(f"--attention {name} {why}")
     command = ["benchmarks/quality/run.py"] + list(sys.argv[1:] if argv is None else argv)
     import keras
 
