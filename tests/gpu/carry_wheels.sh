@@ -2,8 +2,10 @@
 # Prepares the one verification run of tests/gpu/verify.py on a GPU machine that has no network and
 # no keras: downloads into the repository's .whl/ folder (ignored through .git/info/exclude) the
 # wheels for CPython 3.12 on manylinux x86_64 of keras (the version installed beside $PYTHON),
-# namex and optree, and of every other package they need (markers evaluated for that platform)
-# that the GPU image lacks, then prints what to carry and the command to run there.
+# namex, optree and keras-hub (benchmarks/quality/gpu_scale.py's Gated DeltaNet is keras-hub's layer),
+# and of every other package they need (markers evaluated for that platform) that the GPU image lacks
+# and that an import needs (IMPORT_OPTIONAL names those it does not), then prints what to carry and
+# the command to run there.
 #
 #   PYTHON=/path/to/venv/bin/python bash tests/gpu/carry_wheels.sh
 #
@@ -17,6 +19,9 @@ PYTHON=${PYTHON:-python3}
 GPU_IMAGE_PACKAGES=${GPU_IMAGE_PACKAGES:-/work/.library/device/KINDS.md}
 DEADLINE=${DEADLINE:-400}
 WHEELS=.whl
+# Requirements of keras-hub that `import keras_hub` and its Gated DeltaNet layer do without on the JAX
+# backend (checked 2026-11-30 with these modules blocked): TensorFlow's text ops, Kaggle's preset downloads.
+IMPORT_OPTIONAL="tensorflow-text kagglehub kagglesdk"
 
 cd "$(git rev-parse --show-toplevel)"
 exclude=$(git rev-parse --git-path info/exclude)
@@ -42,14 +47,18 @@ if [[ -z $keras_version ]]; then
   echo "carry_wheels.sh: $PYTHON has no keras; set PYTHON to the interpreter of the project's venv" >&2
   exit 1
 fi
-for name in keras namex optree; do
+if [[ -z $(installed_version keras-hub) ]]; then
+  echo "carry_wheels.sh: $PYTHON has no keras-hub; set PYTHON to the interpreter of the project's venv" >&2
+  exit 1
+fi
+for name in keras namex optree keras-hub; do
   download "$name" "$(installed_version "$name")"
 done
 
 # Every requirement of the carried wheels, for CPython 3.12 on Linux x86_64, that is neither carried
 # nor in the GPU image: carried too (the venv's version where it has one), until none is left.
 while true; do
-  missing=$("$PYTHON" - "$WHEELS" "$GPU_IMAGE_PACKAGES" <<'PY'
+  missing=$("$PYTHON" - "$WHEELS" "$GPU_IMAGE_PACKAGES" "$IMPORT_OPTIONAL" <<'PY'
 import glob, os, re, sys, zipfile
 from packaging.markers import default_environment
 from packaging.requirements import Requirement
@@ -74,7 +83,8 @@ for path in glob.glob(os.path.join(wheels, "*.whl")):
                 requirement = Requirement(line.split(":", 1)[1].strip())
                 if requirement.marker is None or requirement.marker.evaluate(environment):
                     needed.add(normal(requirement.name))
-print(" ".join(sorted(needed - carried - image)))
+optional = {normal(name) for name in sys.argv[3].split()}
+print(" ".join(sorted(needed - carried - image - optional)))
 PY
 )
   [[ -z $missing ]] && break
