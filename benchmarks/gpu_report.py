@@ -1,12 +1,12 @@
 """Renders docs/gpu.md's tables of a GPU run from its records (the files tests/gpu/verify.py and
 benchmarks/gpu_triton_kernels.py wrote, copied into docs/data/gpu_<date>/): the verification of the
 kernels through every framework, the kernels inside the package (verify.py's timings: the Triton path
-through the C ABI) and the bucket-sorted Triton kernels on their own (gpu_triton_kernels.py) against
-SDPA flash attention timed in the same process, the decoding step, the layer against
-MultiHeadAttention, and the measured rates. Prints Markdown; the page quotes it. A table whose
-records the folder lacks is left out.
+through the C ABI; its profile of one attention call, kernel by kernel) and the bucket-sorted Triton
+kernels on their own (gpu_triton_kernels.py) against SDPA flash attention timed in the same process,
+the decoding step, the layer against MultiHeadAttention, and the measured rates. Prints Markdown; the
+page quotes it. A table whose records the folder lacks is left out.
 
-    python3 benchmarks/gpu_report.py docs/data/gpu_2026-11-29
+    python3 benchmarks/gpu_report.py docs/data/gpu_2026-11-30
 """
 
 import json
@@ -135,6 +135,29 @@ def train_step(folder):
     return "\n".join(lines)
 
 
+def profile(folder, top=12):
+    """verify.py's stage profile: one attention forward+backward's GPU kernels under torch.profiler, the `top`
+    heaviest and the rest summed (None where the run had no such stage or it recorded no kernel)."""
+    result = (_load(folder, "timings.json").get("profile") or {}).get("result") or {}
+    kernels = result.get("kernels")
+    if not kernels:
+        return None
+    case, total = result["case"], result["kernel_ms"]
+    lines = [f"`{case['what']}` at n = {case['n']:,}, {case['dtype']}, B*H = {case['batch_heads']}, d = D = "
+             f"{case['dim']}, m = {case['num_hashes']}, tau = {case['hash_code_len']}: GPU time per call from "
+             f"torch.profiler over {case['repeats']} calls, {total:.2f} ms in {len(kernels)} kernels (wall time of a "
+             f"call under the profiler: {result['wall_ms']:.2f} ms)", "",
+             "| kernel | launches per call | ms per call | share |", "|---|---:|---:|---:|"]
+    for row in kernels[:top]:
+        name = row["kernel"] if len(row["kernel"]) <= 70 else row["kernel"][:67] + "..."
+        lines.append(f"| `{name}` | {row['launches']:g} | {row['ms']:.3f} | {row['ms'] / total:.0%} |")
+    rest = kernels[top:]
+    if rest:
+        ms = sum(row["ms"] for row in rest)
+        lines.append(f"| {len(rest)} others | {sum(row['launches'] for row in rest):g} | {ms:.3f} | {ms / total:.0%} |")
+    return "\n".join(lines)
+
+
 def rates(folder):
     result = _load(folder, "rates.json")["rates"]["result"]["rates"]
     lines = ["| rate | value | unit |", "|---|---:|---|"]
@@ -148,6 +171,7 @@ def main(argv):
     for title, render, needs in (
             ("Correctness of the GPU kernels through torch.ops (against float64)", correctness, "correctness.json"),
             ("The kernels inside the package against SDPA flash", library, "timings.json"),
+            ("Where one attention forward+backward's GPU time goes", profile, "timings.json"),
             ("The layer on JAX and PyTorch on the GPU", smoke, "smoke.json"),
             ("A training step of the converted-checkpoint example on JAX", train_step, "smoke.json"),
             ("Bucket-sorted Triton kernels against SDPA flash", triton, "gpu_triton_kernels.json"),
@@ -158,4 +182,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:] or ["docs/data/gpu_2026-11-29"])
+    main(sys.argv[1:] or ["docs/data/gpu_2026-11-30"])

@@ -199,8 +199,8 @@ def _gpu_report(folder):
 
 
 def test_gpu_report_renders_the_rows_a_later_verify_run_adds(tmp_path):
-    """verify.py's zipf row (the target "Zipf-skewed codes at most 2x uniform") and stage train_step, absent from
-    2026-11-29's records, get their column and table once a run records them."""
+    """verify.py's zipf row (the target "Zipf-skewed codes at most 2x uniform"), stage train_step and stage profile,
+    absent from 2026-11-29's records, get their column and table once a run records them."""
     folder = os.path.join(REPO, "docs", "data", "gpu_2026-11-29")
     for name in ("correctness.json", "rates.json", "smoke.json", "timings.json"):
         with open(os.path.join(folder, name), encoding="utf-8") as f:
@@ -212,6 +212,12 @@ def test_gpu_report_renders_the_rows_a_later_verify_run_adds(tmp_path):
         if name == "timings.json":
             record["timings"]["result"]["rows"].append(
                 {"what": "library yoso fwd+bwd zipf", "n": 16384, "dtype": "bfloat16", "ms": 26.0})
+            kernels = [{"kernel": f"kernel_{i}", "launches": 2.0, "ms": 1.0} for i in range(13)]
+            record["profile"] = {"status": "ok", "result": {
+                "case": {"what": "library attention fwd+bwd", "n": 16384, "dtype": "bfloat16", "repeats": 5,
+                         "batch_heads": 32, "dim": 64, "num_hashes": 32, "hash_code_len": 8},
+                "kernels": [{"kernel": "lower_bound_tables_kernel", "launches": 1.0, "ms": 7.0}] + kernels,
+                "kernel_ms": 20.0, "wall_ms": 21.5}}
         (tmp_path / name).write_text(json.dumps(record))
     proc = subprocess.run([sys.executable, os.path.join("benchmarks", "gpu_report.py"), str(tmp_path)], cwd=REPO,
                           capture_output=True, text=True, timeout=60)
@@ -219,6 +225,10 @@ def test_gpu_report_renders_the_rows_a_later_verify_run_adds(tmp_path):
     assert "| 0.95 | 1.50 | 26.00 |" in proc.stdout and "| YOSO fwd+bwd, Zipf codes |" in proc.stdout
     assert "| YOSO (m = 32) | 812 | 14.2 |" in proc.stdout
     assert "| MultiHeadAttention | out of memory | – |" in proc.stdout
+    assert "### Where one attention forward+backward's GPU time goes" in proc.stdout
+    assert "20.00 ms in 14 kernels" in proc.stdout
+    assert "| `lower_bound_tables_kernel` | 1 | 7.000 | 35% |" in proc.stdout
+    assert "| 2 others | 4 | 2.000 | 10% |" in proc.stdout
 
 
 def test_gpu_report_renders_the_recorded_gpu_runs():

@@ -617,3 +617,31 @@ def test_the_train_step_stage_trains_its_encoder_classifier_at_a_tiny_size_on_th
     assert (verify.TRAIN_STEP["layers"], verify.TRAIN_STEP["width"], verify.TRAIN_STEP["length"]) == (6, 384, 2048)
     text = verify._headline_train_step({"shape": verify.TRAIN_STEP, "yoso": {"ms": 820.0}, "mha": {"error": "OOM"}})
     assert "yoso: 820 ms a step" in text and "mha: – ms a step (OOM)" in text and "under 1,000 ms" in text
+
+
+def test_kernel_profile_sums_each_gpu_kernel_per_call_heaviest_first_and_leaves_host_events_out():
+    events = [("segment_scatter_kernel", True, 300.0), ("aten::mul_", False, 50.0), ("k6_tables", True, 2000.0),
+              ("segment_scatter_kernel", True, 500.0), ("k6_tables", True, 2200.0), ("void at::vectorized", True, 10.0)]
+    rows = verify.kernel_profile(events, repeats=2)
+    assert [row["kernel"] for row in rows] == ["k6_tables", "segment_scatter_kernel", "void at::vectorized"]
+    assert rows[0] == {"kernel": "k6_tables", "launches": 1.0, "ms": pytest.approx(2.1)}
+    assert rows[1]["ms"] == pytest.approx(0.4) and rows[2]["launches"] == 0.5
+
+
+def test_rehearsed_profile_stage_runs_the_attention_launch_under_the_profiler(cuda_on_cpu, monkeypatch, tmp_path):
+    """On the CPU the profiler records no GPU kernel, which is not a failure there (its activities say why); the
+    stage runs the timings stage's launch, records the case and the wall time, and its headline says so."""
+    torch, _ = cuda_on_cpu
+    monkeypatch.setattr(verify, "TIMING_SHAPE", {"batch_heads": 2, "dim": 8, "num_hashes": 4, "hash_code_len": 3})
+    monkeypatch.setattr(verify, "PROFILE_CASE", (16, "float32"))
+    monkeypatch.setattr(verify, "_cuda_torch", lambda: torch)
+    monkeypatch.setattr(verify, "_has_device_kernel", lambda native, name: True)
+    rec = verify.WorkerRecord(str(tmp_path / "record.json"), 60, 1, False)
+    verify.stage_profile(rec)
+    result = rec.result
+    assert result["case"]["what"] == verify.PROFILE_ROW and result["case"]["n"] == 16
+    assert result["kernels"] == [] and result["wall_ms"] > 0 and rec.checks["failed"] == 0
+    assert "no GPU kernel recorded" in verify._headline_profile(result)
+    result["kernels"] = [{"kernel": "lower_bound_tables_kernel", "launches": 1.0, "ms": 9.5}]
+    result["kernel_ms"] = 9.5
+    assert "1 kernels, 9.50 ms of GPU time per call" in verify._headline_profile(result)

@@ -77,6 +77,10 @@ written before the next stage starts:
                                  (keras_yoso.ops, custom_op) and the other GPU primitives (the old
                                  weighted and collision CUDA kernels at 16,384 only). The ratios to
                                  SDPA are computed from the rows when read, so a cut stage has them.
+  profile      timings.json      one attention forward+backward through the library (the two hashes,
+                                 forward, dV, eq. 4) at 16,384 tokens, bf16, under torch.profiler:
+                                 each GPU kernel's launches and ms per call (CUPTI sees the kernels
+                                 the library launches through the driver API), heaviest first.
   rates        rates.json        the rates the design rests on, with torch (CUDA events, median of
                                  >= 10): device-to-device copy, bf16 8192^3 GEMM, row gathers of
                                  128 / 256-byte rows from 16 MB (L2) and 1 GB (HBM) tables, fp32
@@ -153,6 +157,7 @@ STAGES = (
     Stage("load", 30, "setup.json", None, ("gpu",)),
     Stage("correctness", 90, "correctness.json", "torch", ("gpu", "library")),
     Stage("timings", 120, "timings.json", "torch", ("gpu",)),
+    Stage("profile", 30, "timings.json", "torch", ("gpu", "library")),
     Stage("rates", 40, "rates.json", None, ("gpu",)),
     Stage("smoke_jax", 60, "smoke.json", "jax", ("gpu", "library")),
     Stage("smoke_torch", 60, "smoke.json", "torch", ("gpu", "library")),
@@ -294,6 +299,13 @@ GATHER_TABLE_MIB = (16, 1024)
 REDUCTION_ACCUMULATOR_MIB = (8, 1024)
 RATE_ROW_BYTES = (128, 256)
 HOT_ROWS = 256
+
+# The profile stage: the timings stage's launch PROFILE_ROW at PROFILE_CASE (n, dtype), PROFILE_REPEATS times under
+# torch.profiler after a warm-up; the summary's table keeps the PROFILE_TOP heaviest kernels.
+PROFILE_ROW = "library attention fwd+bwd"
+PROFILE_CASE = (16384, "bfloat16")
+PROFILE_REPEATS = 5
+PROFILE_TOP = 12
 
 SMOKE_LAYER = {"num_heads": 2, "key_dim": 16, "num_hashes": 8, "hash_code_len": 6, "seed": 3,
                "implementation": "custom_op"}
@@ -1050,6 +1062,17 @@ def _headline_timings(result):
     return text
 
 
+def _headline_profile(result):
+    kernels = result.get("kernels") or []
+    if not kernels:
+        return f"no GPU kernel recorded (profiler activities: {', '.join(result.get('activities') or []) or '–'})"
+    case = result.get("case") or {}
+    top = ", ".join(f"{row['kernel'][:40]} {row['ms']:.2f} ms" for row in kernels[:3])
+    return (f"{case.get('what')} at {case.get('n')} {case.get('dtype')}: {len(kernels)} kernels, "
+            f"{result.get('kernel_ms', 0):.2f} ms of GPU time per call (wall {result.get('wall_ms', 0):.2f} ms); "
+            f"heaviest: {top}")
+
+
 def _headline_smoke(result):
     if not result:
         return "–"
@@ -1084,7 +1107,8 @@ def _headline_train_step(result):
 
 
 HEADLINES = {"env": _headline_env, "load": _headline_load, "correctness": _headline_correctness,
-             "rates": _headline_rates, "timings": _headline_timings, "smoke_jax": _headline_smoke,
+             "rates": _headline_rates, "timings": _headline_timings, "profile": _headline_profile,
+             "smoke_jax": _headline_smoke,
              "smoke_torch": _headline_smoke, "train_step": _headline_train_step, "sanitizer": _headline_sanitizer}
 
 
@@ -2137,6 +2161,53 @@ def stage_timings(rec):
     r["ratios"] = timing_ratios(r)
 
 
+def kernel_profile(events, repeats):
+    """[{kernel, launches, ms}] per GPU kernel name, heaviest first, per call of the profiled launch: `events` are
+    (name, on_the_gpu, microseconds) of everything the profiler recorded over `repeats` calls; the host-side
+    events are left out."""
+    totals = {}
+    for name, on_gpu, microseconds in events:
+        if on_gpu:
+            launches, total = totals.get(name, (0, 0.0))
+            totals[name] = (launches + 1, total + microseconds)
+    rows = [{"kernel": name, "launches": launches / repeats, "ms": total / repeats / 1e3}
+            for name, (launches, total) in totals.items()]
+    return sorted(rows, key=lambda row: -row["ms"])
+
+
+def stage_profile(rec):
+    """Where one attention forward+backward's GPU time goes, kernel by kernel (issue 40: a missed target is
+    reported with its profile): the timings stage's launch PROFILE_ROW (the two Hadamard hashes, the forward, dV
+    and eq. 4 through the library) at PROFILE_CASE, PROFILE_REPEATS times under torch.profiler after a warm-up.
+    CUPTI records every kernel of the device, the library's Triton and CUDA kernels (launched through the
+    driver API) with torch's own. `kernel_profile` per kernel name; their sum beside the wall time of the calls."""
+    torch = _cuda_torch()
+    from keras_yoso.ops import _spec
+    from keras_yoso.ops.providers import native_library
+    n, dtype = PROFILE_CASE
+    r = rec.result
+    r["case"] = {"what": PROFILE_ROW, "n": n, "dtype": dtype, "repeats": PROFILE_REPEATS, **TIMING_SHAPE}
+    built = [name for name in gpu_primitives(_spec) if _has_device_kernel(native_library, name)]
+    launch = _timing_launches(torch, n, dtype, built)[0][PROFILE_ROW]
+    launch()
+    torch.cuda.synchronize()
+    profiler = torch.profiler
+    activities = sorted(profiler.supported_activities(), key=str)
+    r["activities"] = [str(a) for a in activities]
+    begin = time.perf_counter()
+    with profiler.profile(activities=activities) as recorded:
+        for _ in range(PROFILE_REPEATS):
+            launch()
+        torch.cuda.synchronize()
+    r["wall_ms"] = (time.perf_counter() - begin) * 1e3 / PROFILE_REPEATS
+    gpu = torch.autograd.DeviceType.CUDA
+    r["kernels"] = kernel_profile([(e.name, e.device_type == gpu, e.time_range.elapsed_us())
+                                   for e in recorded.events()], PROFILE_REPEATS)
+    r["kernel_ms"] = sum(row["ms"] for row in r["kernels"])
+    rec.check(bool(r["kernels"]) or profiler.ProfilerActivity.CUDA not in activities,
+              "profile: torch.profiler recorded no GPU kernel")
+
+
 def timing_ratios(result):
     """{"n dtype": {forward, forward_backward, library_forward_backward, library_yoso_forward_backward}}: the
     attention calls' times over SDPA flash's at the same n (None where either was not timed), from the rows the
@@ -2524,7 +2595,8 @@ def stage_sanitizer(rec):
 
 
 WORKERS = {"env": stage_env, "load": stage_load, "correctness": stage_correctness, "rates": stage_rates,
-           "timings": stage_timings, "smoke_jax": stage_smoke_jax, "smoke_torch": stage_smoke_torch,
+           "timings": stage_timings, "profile": stage_profile, "smoke_jax": stage_smoke_jax,
+           "smoke_torch": stage_smoke_torch,
            "train_step": stage_train_step,
            "sanitizer": stage_sanitizer, "sanitizer_case": stage_sanitizer_case}
 
