@@ -9,9 +9,21 @@ page quotes it. A table whose records the folder lacks is left out.
     python3 benchmarks/gpu_report.py docs/data/gpu_2026-11-30
 """
 
+import importlib.util
 import json
 import os
 import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+VERIFY = os.path.join(os.path.dirname(HERE), "tests", "gpu", "verify.py")
+
+
+def _verify():
+    """tests/gpu/verify.py, loaded by path (it imports numpy only): its timing_ratios, computed once there."""
+    spec = importlib.util.spec_from_file_location("gpu_verify", VERIFY)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def _load(folder, name):
@@ -48,6 +60,7 @@ def library(folder):
     rows = {(r["what"], r["n"], r["dtype"]): r.get("ms") for r in result.get("rows", []) if "ms" in r}
     sdpa = {(r["what"], r["n"]): r.get("ms") for r in result.get("sdpa", []) if "ms" in r}
     shape = result["shape"]
+    ratios = _verify().timing_ratios(result)
     zipf = any(what == "library yoso fwd+bwd zipf" for what, _, _ in rows)  # timed since 2026-11-29's run
     lines = [f"B*H = {shape['batch_heads']}, d = D = {shape['dim']}, m = {shape['num_hashes']}, tau = "
              f"{shape['hash_code_len']}; ms, CUDA events, median of 10; the stage's status: {record['status']}. "
@@ -66,8 +79,8 @@ def library(folder):
                      f"{_ms(get('hadamard_interleaved_hash_codes'))} | {_ms(get('library yoso fwd+bwd'))} | "
                      f"{_ms(get('library attention fwd+bwd'))} | {_ms(get('library causal yoso fwd+bwd'))} | "
                      f"{_ms(forward)} / {_ms(backward)} | {_ms(over(get('lsh_cumulation'), forward))} | "
-                     f"{_ms(over(get('library yoso fwd+bwd'), backward))} | "
-                     f"{_ms(over(get('library attention fwd+bwd'), backward))} |"
+                     f"{_ms(ratios[f'{n} {dtype}']['library_yoso_forward_backward'])} | "
+                     f"{_ms(ratios[f'{n} {dtype}']['library_forward_backward'])} |"
                      + (f" {_ms(get('library yoso fwd+bwd zipf'))} |" if zipf else ""))
     steps = [r for r in result.get("decoding") or [] if "length" in r]
     if steps:

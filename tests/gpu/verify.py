@@ -104,7 +104,7 @@ The summary table is printed last (also summary.md): which kernels ran (the Trit
 library embeds and this GPU's family; "the Triton kernels were not checked" where it embeds none or
 the GPU runs none), each stage's status and headline, the timings against SDPA with the design's
 estimates, the decoding step's timings, and the design's gate. DIR holds at most 8 files, flat (as many as come back from the GPU
-machine): the six files above (setup.json and smoke.json hold two stages each), summary.md, and the
+machine): the six files above (setup.json and timings.json hold two stages each, smoke.json three), summary.md, and the
 console log the run command tees into DIR/log.txt.
 
 `--dry-run`, and any run where torch sees no CUDA GPU (or is not installed), records every stage
