@@ -236,7 +236,9 @@ def test_correctness_grid_takes_every_value_of_every_axis():
     for name in verify.HASHES:
         mine = [c for c in cases if c["primitive"] == name]
         assert {c["n"] for c in mine} == {1, 7, 1000, 4099}
-        assert {c["dim"] for c in mine} == {1, 64, 100}
+        # the row form's widths (one lane a row up to 64, two lanes for 100) and the block form's (300)
+        assert {c["dim"] for c in mine} == {1, 64, 100, 300}
+        assert {c["dtype"] for c in mine if c["dim"] == 300 and c["integer"]} == set(verify.DTYPES)
         assert {c["dtype"] for c in mine} == set(verify.DTYPES)
         assert {c["hash_code_len"] for c in mine} == {1, 6, 8, 12}
 

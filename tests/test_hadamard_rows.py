@@ -1,11 +1,13 @@
 """The row form of the GPU Hadamard hash (custom_ops/cc/kernels/hadamard_rows.h), run on the CPU.
 
-The CUDA kernel RowHadamardHashCodesKernel is a loop over groups of rows around two functions of
-that header, StageRows (every thread of the block) and HashStagedRow (thread r hashes row r), with a
-barrier between them. This module compiles the header with g++ and runs the same two functions thread
-by thread, group by group, as one block of the GPU would, then compares the codes with the float64
-reference bit for bit. The inputs are small integers and multiples of 1/8, on which every projection
-is exact in double, so ties at 0 (the structural zeros of padding) must match as well.
+The CUDA kernel RowHadamardHashCodesKernel is a loop over groups of rows around three functions of
+that header with a barrier between them: StageRows (every thread of the block), HashStagedRow (each
+thread its part of a row: a whole row up to padded_dim 64, a 64-value part of it above, exchanging
+values with the row's other lanes by warp shuffles) and WriteRowCodes. This module compiles the header
+with g++ and runs the same functions step by step, group by group, as one block of the GPU would, a
+row's parts as threads exchanging through a barrier, then compares the codes with the float64 reference
+bit for bit. The inputs are small integers and multiples of 1/8, on which every projection is exact in
+double, so ties at 0 (the structural zeros of padding) must match as well.
 """
 
 import ctypes
@@ -21,8 +23,10 @@ import numpy_reference as reference
 KERNELS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "custom_ops", "cc", "kernels")
 
 SHIM = r"""
+#include <barrier>
 #include <cmath>
 #include <cstdint>
+#include <thread>
 #include <vector>
 
 #include "hadamard_rows.h"
@@ -30,22 +34,56 @@ SHIM = r"""
 using namespace keras_yoso;
 
 namespace {
-// One block of the GPU, thread by thread: StageRows for every thread, (the barrier), then
-// HashStagedRow for every thread; staged starts as NaN so a read of an entry no thread staged
-// turns into a wrong bit.
+// The kParts lanes of one row, as threads: exchange(v, span) publishes v, waits for the row's other
+// parts, reads the value of part ^ span and waits again before the slot is reused, as a warp shuffle
+// among those lanes returns the partner's value of the same instruction.
+struct RowLanes {
+  explicit RowLanes(int parts) : slots(parts), sync(parts) {}
+  std::vector<double> slots;
+  std::barrier<> sync;
+};
+
+struct ThreadExchange {
+  RowLanes* lanes;
+  int part;
+  double operator()(double v, int span) {
+    lanes->slots[part] = v;
+    lanes->sync.arrive_and_wait();
+    const double other = lanes->slots[part ^ span];
+    lanes->sync.arrive_and_wait();
+    return other;
+  }
+};
+
+// One block of the GPU, step by step: StageRows for every thread, (a barrier), HashStagedRow for every
+// thread (a row's parts as threads of their own), (a barrier), WriteRowCodes for every thread. staged
+// starts as NaN and lane_codes as -1, so a read of an entry no thread wrote turns into wrong codes.
 template <int P>
 void RunBlocks(const HashDims& d, const float* x, const float* signs, int32_t* codes) {
-  std::vector<float> staged(P * (kRowHadamardRows + 1));
-  std::vector<int32_t> lane_codes(d.num_hashes * kRowHadamardRows);
+  constexpr int kParts = RowHadamardParts(P);
+  constexpr int kRows = RowHadamardRowsPerBlock(P);
+  std::vector<float> staged(P * (kRows + 1));
+  std::vector<int32_t> lane_codes(d.num_hashes * kRowHadamardThreads);
   const auto load = [x](int64_t i) { return x[i]; };
-  for (int64_t row0 = 0; row0 < d.batch * d.length; row0 += kRowHadamardRows) {
+  for (int64_t row0 = 0; row0 < d.batch * d.length; row0 += kRows) {
     staged.assign(staged.size(), NAN);
     lane_codes.assign(lane_codes.size(), -1);
-    for (int thread = 0; thread < kRowHadamardRows; ++thread) {
-      StageRows(d, load, row0, thread, kRowHadamardRows, staged.data());
+    for (int thread = 0; thread < kRowHadamardThreads; ++thread) {
+      StageRows(d, load, row0, thread, kRowHadamardThreads, staged.data());
     }
-    for (int r = 0; r < kRowHadamardRows; ++r) {
-      HashStagedRow<P>(d, signs, staged.data(), row0, r, lane_codes.data(), codes);
+    for (int r = 0; r < kRows; ++r) {
+      RowLanes lanes(kParts);
+      std::vector<std::thread> parts;
+      for (int part = 0; part < kParts; ++part) {
+        parts.emplace_back([&, part] {
+          ThreadExchange exchange{&lanes, part};
+          HashStagedRow<P>(d, signs, staged.data(), row0, r * kParts + part, lane_codes.data(), exchange);
+        });
+      }
+      for (auto& part : parts) part.join();
+    }
+    for (int thread = 0; thread < kRowHadamardThreads; ++thread) {
+      WriteRowCodes<P>(d, row0, thread, lane_codes.data(), codes);
     }
   }
 }
@@ -74,6 +112,8 @@ extern "C" int row_hadamard_codes(int64_t batch, int64_t length, int64_t dim, in
     case 16: RunBlocks<16>(d, x, signs, codes); return 0;
     case 32: RunBlocks<32>(d, x, signs, codes); return 0;
     case 64: RunBlocks<64>(d, x, signs, codes); return 0;
+    case 128: RunBlocks<128>(d, x, signs, codes); return 0;
+    case 256: RunBlocks<256>(d, x, signs, codes); return 0;
   }
   return 1;
 }
@@ -87,7 +127,7 @@ def rows_library(tmp_path_factory):
     folder = tmp_path_factory.mktemp("hadamard_rows")
     source, library = folder / "hadamard_rows_shim.cc", folder / "libhadamard_rows_shim.so"
     source.write_text(SHIM)
-    compiled = subprocess.run(["g++", "-std=c++17", "-O1", "-shared", "-fPIC", "-Wall", "-Werror", "-I", KERNELS,
+    compiled = subprocess.run(["g++", "-std=c++20", "-O1", "-shared", "-fPIC", "-pthread", "-Wall", "-Werror", "-I", KERNELS,
                                str(source), "-o", str(library)], capture_output=True, text=True, timeout=600)
     assert compiled.returncode == 0, compiled.stderr[-3000:]
     lib = ctypes.CDLL(str(library))
@@ -126,6 +166,10 @@ CASES = [
     (2, 64, 64, 32, 8, False),
     (1, 90, 64, 16, 30, True),
     (1, 40, 60, 127, 4, False),
+    (1, 70, 100, 32, 8, True),
+    (2, 40, 128, 16, 6, False),
+    (1, 35, 129, 32, 8, True),
+    (1, 20, 256, 8, 12, False),
 ]
 
 
@@ -146,13 +190,17 @@ def test_row_form_of_the_gpu_hadamard_hash_gives_the_reference_codes_bit_for_bit
     np.testing.assert_array_equal(got, expected)
 
 
-def test_row_form_takes_padded_dims_up_to_64_whose_code_words_fit_the_shared_memory(rows_library):
-    """Wider rows, and more hashes than the block's 48 KiB hold, go to the block form."""
+def test_row_form_takes_padded_dims_up_to_256_whose_code_words_fit_the_shared_memory(rows_library):
+    """Rows wider than 256, and more hashes than the block's 48 KiB hold, go to the block form."""
     limit = 48 * 1024
     assert rows_library.row_shared_bytes(64, 32) == 64 * 65 * 4 + 32 * 64 * 4
+    assert rows_library.row_shared_bytes(128, 32) == 128 * 33 * 4 + 32 * 64 * 4  # 2 lanes a row, 32 rows
+    assert rows_library.row_shared_bytes(256, 32) == 256 * 17 * 4 + 32 * 64 * 4  # 4 lanes a row, 16 rows
     assert rows_library.uses_row_form(64, 64, 32, limit) == 1
     assert rows_library.uses_row_form(1, 1, 1, limit) == 1
-    assert rows_library.uses_row_form(65, 128, 32, limit) == 0
+    assert rows_library.uses_row_form(65, 128, 32, limit) == 1
+    assert rows_library.uses_row_form(256, 256, 32, limit) == 1
+    assert rows_library.uses_row_form(257, 512, 32, limit) == 0
     assert rows_library.uses_row_form(64, 64, 126, limit) == 1
     assert rows_library.uses_row_form(64, 64, 127, limit) == 1
     assert rows_library.uses_row_form(64, 64, 128, limit) == 0

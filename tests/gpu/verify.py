@@ -328,14 +328,15 @@ TORCH_COMPILE_BACKEND = "aot_eager"
 
 SANITIZER_TOOLS = ("memcheck", "racecheck")
 SANITIZER_EXIT_CODE = 86
-# One tiny case per primitive. The hash shape needs 4 Hadamard blocks of 16 rows with either method
-# (keras_yoso.ops.hashing.hadamard_blocks: ceil(16 * 4 / 16) = 4 >= tau = 4), so the case is built
-# without importing keras.
+# One tiny case per primitive. The hash rows are 100 wide, so the Hadamard hash runs its row form with a
+# row split over two lanes (shuffles between them; hadamard_rows.h); 4 blocks of 128 rows serve either method
+# (keras_yoso.ops.hashing.hadamard_blocks: ceil(16 * 4 / 128) = 1 block contiguous, max(1, tau = 4) = 4
+# interleaved), so the case is built without importing keras.
 SANITIZER_CUMULATION = {"batch": 2, "num_hashes": 4, "nq": 50, "nk": 70, "width": 16, "weight_width": 8,
                         "hash_code_len": 6}
-SANITIZER_HASH = {"batch": 2, "n": 50, "dim": 16, "num_hashes": 16, "hash_code_len": 4}
+SANITIZER_HASH = {"batch": 2, "n": 50, "dim": 100, "num_hashes": 16, "hash_code_len": 4}
 SANITIZER_DECODING = {"batch": 2, "length": 50, "num_hashes": 4, "hash_code_len": 6, "width": 16, "in_place": False}
-SANITIZER_HADAMARD_BLOCKS = (4, 16)
+SANITIZER_HADAMARD_BLOCKS = (4, 128)
 
 
 # ---------------------------------------------------------------------------
@@ -579,7 +580,10 @@ def _cases_of(name):
         cases = [_hash_case(name, n, dim, dtype, HASH_NUM_HASHES[(k // 3) % len(HASH_NUM_HASHES)],
                             CODE_LENS[(k // 2) % len(CODE_LENS)], integer=True)
                  for k, (n, dim, dtype) in enumerate(itertools.product(HASH_LENGTHS, WIDTHS, DTYPES))]
-        return [], cases + [_hash_case(name, 1000, dim, "float32", 32, 8, integer=False) for dim in (64, 100)]
+        # 300 wide (padded to 512): the block form, which the row form leaves rows wider than 256 to
+        block_form = [_hash_case(name, 1000, 300, dtype, 32, 8, integer=True) for dtype in DTYPES]
+        return [], cases + block_form + [_hash_case(name, 1000, dim, "float32", 32, 8, integer=False)
+                                         for dim in (64, 100)]
     cases = [_cumulation_case(name, nq, nk, mask, codes, dtype, k, batch=2)
              for k, ((nq, nk), mask, codes, dtype) in enumerate(
                  itertools.product(LENGTH_PAIRS, MASKS, CODE_DISTRIBUTIONS, DTYPES))]

@@ -172,7 +172,7 @@ __device__ void BlockFastHadamardTransform(double* y, int64_t n) {
 }
 
 // Fast Hadamard LSH (appendix §1.2), the block form, for the calls the row form
-// (RowHadamardHashCodesKernel) does not take: padded_dim > 64, or too many hashes for its shared
+// (RowHadamardHashCodesKernel) does not take: padded_dim > 256, or too many hashes for its shared
 // memory. One block per (b, n, q) unit:
 // y = H D3 H D2 H D1 pad(x[b, n, :]) with D_p = diag(signs[q, p - 1, :]), and
 // sign bit g = HadamardBitOfRow(d, q, t) (g < m * tau; yoso_common.h) is ORed into bit
@@ -213,56 +213,80 @@ __global__ void HadamardHashCodesKernel(HashDims d, const T* x, const float* sig
   }
 }
 
-// Element i of x as a float: the loader of StageRows (hadamard_rows.h).
-template <typename T>
+// Element i of x as a float, whatever its dtype: the loader of StageRows (hadamard_rows.h). The dtype is a
+// kernel argument rather than a template parameter, so each padded_dim compiles one kernel, not three (the
+// transform, which does not depend on it, is most of the kernel's code and of its compile time).
 struct DeviceLoad {
-  const T* x;
-  __device__ float operator()(int64_t i) const { return ToFloat(x[i]); }
+  const void* x;
+  ScalarType dtype;
+  __device__ float operator()(int64_t i) const {
+    switch (dtype) {
+      case ScalarType::kFloat16: return ToFloat(static_cast<const __half*>(x)[i]);
+      case ScalarType::kBFloat16: return ToFloat(static_cast<const __nv_bfloat16*>(x)[i]);
+      default: return static_cast<const float*>(x)[i];
+    }
+  }
 };
 
-// The row form of the Hadamard hash (hadamard_rows.h): one thread per row, the transform in
-// registers, each code word stored once. Blocks of kRowHadamardRows threads; dynamic shared
-// memory RowHadamardSharedBytes(P, m). P = padded_dim.
-template <typename T, int P>
-__global__ void __launch_bounds__(kRowHadamardRows)
-    RowHadamardHashCodesKernel(HashDims d, const T* x, const float* signs, int32_t* codes) {
+// The partner's value for SplitHadamard (hadamard_rows.h): a shuffle among the kParts lanes of one row,
+// which run or return together.
+struct LaneExchange {
+  unsigned int mask;
+  __device__ double operator()(double v, int span) const { return __shfl_xor_sync(mask, v, span); }
+};
+
+// The row form of the Hadamard hash (hadamard_rows.h): the transform in registers, one thread per row
+// up to P = 64 and P / 64 lanes per row above, each code word stored once. Blocks of
+// kRowHadamardThreads threads; dynamic shared memory RowHadamardSharedBytes(P, m). P = padded_dim.
+template <int P>
+__global__ void __launch_bounds__(kRowHadamardThreads)
+    RowHadamardHashCodesKernel(HashDims d, DeviceLoad x, const float* signs, int32_t* codes) {
+  constexpr int kParts = RowHadamardParts(P);
+  constexpr int kRows = RowHadamardRowsPerBlock(P);
+  static_assert(kWarpSize % kParts == 0, "a row's lanes lie in one warp");
   extern __shared__ float shared[];
   float* staged = shared;
-  int32_t* lane_codes = reinterpret_cast<int32_t*>(shared + P * (kRowHadamardRows + 1));
+  int32_t* lane_codes = reinterpret_cast<int32_t*>(shared + P * (kRows + 1));
+  const unsigned int lane = threadIdx.x % kWarpSize;
+  LaneExchange exchange{((1u << kParts) - 1u) << (lane / kParts * kParts)};
   const int64_t rows = d.batch * d.length;
-  for (int64_t row0 = static_cast<int64_t>(blockIdx.x) * kRowHadamardRows; row0 < rows;
-       row0 += static_cast<int64_t>(gridDim.x) * kRowHadamardRows) {
-    StageRows(d, DeviceLoad<T>{x}, row0, threadIdx.x, blockDim.x, staged);
+  for (int64_t row0 = static_cast<int64_t>(blockIdx.x) * kRows; row0 < rows;
+       row0 += static_cast<int64_t>(gridDim.x) * kRows) {
+    StageRows(d, x, row0, threadIdx.x, blockDim.x, staged);
     __syncthreads();
-    HashStagedRow<P>(d, signs, staged, row0, threadIdx.x, lane_codes, codes);
-    __syncthreads();  // staged is overwritten by the next group of rows
+    HashStagedRow<P>(d, signs, staged, row0, threadIdx.x, lane_codes, exchange);
+    __syncthreads();
+    WriteRowCodes<P>(d, row0, threadIdx.x, lane_codes, codes);
+    __syncthreads();  // staged and lane_codes are overwritten by the next group of rows
   }
 }
 
-template <typename T, int P>
-cudaError_t LaunchRowHadamard(const HashDims& d, const T* x, const float* signs, int32_t* codes,
+template <int P>
+cudaError_t LaunchRowHadamard(const HashDims& d, DeviceLoad x, const float* signs, int32_t* codes,
                               cudaStream_t stream) {
-  const int64_t groups = (d.batch * d.length + kRowHadamardRows - 1) / kRowHadamardRows;
+  constexpr int kRows = RowHadamardRowsPerBlock(P);
+  const int64_t groups = (d.batch * d.length + kRows - 1) / kRows;
   const unsigned int blocks = static_cast<unsigned int>(std::min(groups, kMaxBlocks));
-  RowHadamardHashCodesKernel<T, P><<<blocks, kRowHadamardRows,
-                                     static_cast<size_t>(RowHadamardSharedBytes(P, d.num_hashes)),
-                                     stream>>>(d, x, signs, codes);
+  RowHadamardHashCodesKernel<P><<<blocks, kRowHadamardThreads,
+                                  static_cast<size_t>(RowHadamardSharedBytes(P, d.num_hashes)), stream>>>(
+      d, x, signs, codes);
   return cudaGetLastError();
 }
 
 // The row form for padded_dim p (a power of two <= kRowHadamardMaxPaddedDim).
-template <typename T>
-cudaError_t RowHadamardHashCodes(const HashDims& d, const T* x, const float* signs, int32_t* codes,
+cudaError_t RowHadamardHashCodes(const HashDims& d, DeviceLoad x, const float* signs, int32_t* codes,
                                  cudaStream_t stream) {
-  static_assert(kRowHadamardMaxPaddedDim == 64, "one case per power of two up to the limit");
+  static_assert(kRowHadamardMaxPaddedDim == 256, "one case per power of two up to the limit");
   switch (d.padded_dim) {
-    case 1: return LaunchRowHadamard<T, 1>(d, x, signs, codes, stream);
-    case 2: return LaunchRowHadamard<T, 2>(d, x, signs, codes, stream);
-    case 4: return LaunchRowHadamard<T, 4>(d, x, signs, codes, stream);
-    case 8: return LaunchRowHadamard<T, 8>(d, x, signs, codes, stream);
-    case 16: return LaunchRowHadamard<T, 16>(d, x, signs, codes, stream);
-    case 32: return LaunchRowHadamard<T, 32>(d, x, signs, codes, stream);
-    case 64: return LaunchRowHadamard<T, 64>(d, x, signs, codes, stream);
+    case 1: return LaunchRowHadamard<1>(d, x, signs, codes, stream);
+    case 2: return LaunchRowHadamard<2>(d, x, signs, codes, stream);
+    case 4: return LaunchRowHadamard<4>(d, x, signs, codes, stream);
+    case 8: return LaunchRowHadamard<8>(d, x, signs, codes, stream);
+    case 16: return LaunchRowHadamard<16>(d, x, signs, codes, stream);
+    case 32: return LaunchRowHadamard<32>(d, x, signs, codes, stream);
+    case 64: return LaunchRowHadamard<64>(d, x, signs, codes, stream);
+    case 128: return LaunchRowHadamard<128>(d, x, signs, codes, stream);
+    case 256: return LaunchRowHadamard<256>(d, x, signs, codes, stream);
   }
   return cudaErrorInvalidValue;
 }
@@ -661,10 +685,10 @@ cudaError_t HadamardHashCodesGpu(const HashDims& dims, ScalarType dtype, const v
   const int64_t num_codes = dims.batch * dims.num_hashes * dims.length;
   if (num_codes == 0) return cudaSuccess;
   if (UsesRowHadamard(dims, kDefaultSharedBytes)) {
-    return DispatchScalarType(dtype, [&](auto tag) {
-      using T = typename decltype(tag)::type;
-      return RowHadamardHashCodes<T>(dims, static_cast<const T*>(x), signs, codes, stream);
-    });
+    if (dtype != ScalarType::kFloat32 && dtype != ScalarType::kFloat16 && dtype != ScalarType::kBFloat16) {
+      return cudaErrorInvalidValue;
+    }
+    return RowHadamardHashCodes(dims, DeviceLoad{x, dtype}, signs, codes, stream);
   }
   cudaError_t err =
       cudaMemsetAsync(codes, 0, static_cast<size_t>(num_codes) * sizeof(int32_t), stream);

@@ -41,8 +41,9 @@ cudaError_t GaussianHashCodesGpu(const HashDims& dims, ScalarType dtype, const v
 // matrix of size padded_dim and D_p = diag(signs[q, p - 1, :]); bit g of the
 // concatenated sign vector [y_0 > 0, y_1 > 0, ...] is bit g % tau of hash g / tau.
 // x [B, N, d] (dtype), signs [num_blocks, 3, padded_dim] float32 (+-1). The
-// transform runs in double: in registers, one thread per row, for padded_dim <= 64
-// (hadamard_rows.h, when m's code words fit the block's shared memory); otherwise in
+// transform runs in double: in registers, one thread per row for padded_dim <= 64 and
+// padded_dim / 64 lanes per row up to 256 (hadamard_rows.h, when m's code words fit the
+// block's shared memory); otherwise in
 // shared memory, one block per row and block of signs (padded_dim * 8 bytes), so
 // padded_dim is limited by the device's opt-in shared memory: kMaxGpuHadamardPaddedDim
 // (8192) fits every target GPU, and the TF op rejects more; beyond the device's limit
