@@ -127,8 +127,9 @@ def rows_library(tmp_path_factory):
     folder = tmp_path_factory.mktemp("hadamard_rows")
     source, library = folder / "hadamard_rows_shim.cc", folder / "libhadamard_rows_shim.so"
     source.write_text(SHIM)
-    compiled = subprocess.run(["g++", "-std=c++20", "-O1", "-shared", "-fPIC", "-pthread", "-Wall", "-Werror", "-I", KERNELS,
-                               str(source), "-o", str(library)], capture_output=True, text=True, timeout=600)
+    compiled = subprocess.run(["g++", "-std=c++20", "-O1", "-shared", "-fPIC", "-pthread", "-Wall", "-Werror",
+                               "-I", KERNELS, str(source), "-o", str(library)],
+                              capture_output=True, text=True, timeout=600)
     assert compiled.returncode == 0, compiled.stderr[-3000:]
     lib = ctypes.CDLL(str(library))
     i64, pointer = ctypes.c_int64, ctypes.c_void_p

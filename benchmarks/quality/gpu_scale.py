@@ -72,8 +72,9 @@ BASELINES = ("linear", "gated_deltanet", "performer", "linear_relative")  # line
 # (docs/data/quality_gpu_scale_2026-11-30.json): the baselines' stage stopped at gated_deltanet (no keras-hub on
 # the GPU machine; such an attention is now left out, and said so, before the stage starts) after linear learned
 # nothing; (2,048, 128) learned nothing in 3,000 steps, softmax included, so the 2,048-token stage keeps the 64
-# pairs of the cell every model learns at 512 and changes only the length (4,096 and 8,192 too); width 128 was cut after YOSO's 1,500
-# steps (training accuracy 0.9999) before its evaluation, and runs first now, as it is the cheapest.
+# pairs of the cell every model learns at 512 and changes only the length (4,096 and 8,192 too); width 128 was
+# cut after YOSO's 1,500 steps (training accuracy 0.9999) before its evaluation, and runs first now, as it is the
+# cheapest.
 STAGES = (
     Stage("mqar_512_64_width128", 512, 64, 128, 1500, 64, ("yoso", "softmax"), 200),
     Stage("mqar_512_64_baselines", 512, 64, 64, 1500, 64, BASELINES, 330),

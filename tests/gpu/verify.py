@@ -301,11 +301,10 @@ RATE_ROW_BYTES = (128, 256)
 HOT_ROWS = 256
 
 # The profile stage: the timings stage's launch PROFILE_ROW at PROFILE_CASE (n, dtype), PROFILE_REPEATS times under
-# torch.profiler after a warm-up; the summary's table keeps the PROFILE_TOP heaviest kernels.
+# torch.profiler after a warm-up.
 PROFILE_ROW = "library attention fwd+bwd"
 PROFILE_CASE = (16384, "bfloat16")
 PROFILE_REPEATS = 5
-PROFILE_TOP = 12
 
 SMOKE_LAYER = {"num_heads": 2, "key_dim": 16, "num_hashes": 8, "hash_code_len": 6, "seed": 3,
                "implementation": "custom_op"}
@@ -1418,6 +1417,11 @@ def _poison_allocator(torch, specs):
     del blocks
 
 
+def _built_gpu_primitives(spec, native):
+    """The GPU primitives of the table that the loaded library has a device kernel for."""
+    return [name for name in gpu_primitives(spec) if _has_device_kernel(native, name)]
+
+
 def _has_device_kernel(native, name):
     if hasattr(native, "has_device_kernel"):
         return bool(native.has_device_kernel(name))
@@ -1790,7 +1794,7 @@ def stage_correctness(rec):
     reference = _numpy_reference()
     names = gpu_primitives(_spec)
     facts = _triton_facts(torch, native_library)
-    built = [n for n in names if _has_device_kernel(native_library, n)]
+    built = _built_gpu_primitives(_spec, native_library)
     cases = correctness_cases(built)
     r = rec.result
     r.update({"seed": rec.seed, "planned": len(cases), "tolerance": TOLERANCE, "tf32_tolerance": TF32_TOLERANCE,
@@ -2128,7 +2132,7 @@ def stage_timings(rec):
     r["shape"] = TIMING_SHAPE
     r.update(_triton_facts(torch, native_library))
     r["triton_checked"], r["triton"] = triton_coverage(r["triton_cubins"], r["capability"])
-    built = [n for n in gpu_primitives(_spec) if _has_device_kernel(native_library, n)]
+    built = _built_gpu_primitives(_spec, native_library)
     rows, sdpa = r["rows"], r["sdpa"] = [], []
     skipped = r["skipped_lengths"] = {}
     for position, (part, long_min_s) in enumerate((("library", LONG_TIMING_MIN_S), ("others", LONG_OTHER_TIMING_MIN_S))):
@@ -2191,7 +2195,7 @@ def stage_profile(rec):
     n, dtype = PROFILE_CASE
     r = rec.result
     r["case"] = {"what": PROFILE_ROW, "n": n, "dtype": dtype, "repeats": PROFILE_REPEATS, **TIMING_SHAPE}
-    built = [name for name in gpu_primitives(_spec) if _has_device_kernel(native_library, name)]
+    built = _built_gpu_primitives(_spec, native_library)
     launch = _timing_launches(torch, n, dtype, built)[0][PROFILE_ROW]
     launch()
     torch.cuda.synchronize()

@@ -685,10 +685,10 @@ cudaError_t HadamardHashCodesGpu(const HashDims& dims, ScalarType dtype, const v
   const int64_t num_codes = dims.batch * dims.num_hashes * dims.length;
   if (num_codes == 0) return cudaSuccess;
   if (UsesRowHadamard(dims, kDefaultSharedBytes)) {
-    if (dtype != ScalarType::kFloat32 && dtype != ScalarType::kFloat16 && dtype != ScalarType::kBFloat16) {
-      return cudaErrorInvalidValue;
-    }
-    return RowHadamardHashCodes(dims, DeviceLoad{x, dtype}, signs, codes, stream);
+    // DispatchScalarType only to refuse an unknown dtype: DeviceLoad reads the dtype at each load.
+    return DispatchScalarType(dtype, [&](auto) {
+      return RowHadamardHashCodes(dims, DeviceLoad{x, dtype}, signs, codes, stream);
+    });
   }
   cudaError_t err =
       cudaMemsetAsync(codes, 0, static_cast<size_t>(num_codes) * sizeof(int32_t), stream);
