@@ -263,7 +263,7 @@ def main(argv=None):
             report = {"stage": dataclasses.asdict(stage), "status": "skipped: no GPU", "records": []}
         elif left < estimate:
             report = {"stage": dataclasses.asdict(stage), "records": [],
-                      "status": f"skipped: {left:.0f} s left, estimated {estimate:.0f} s"}
+                      "status": f"skipped: {max(left, 0.0):.0f} s left, estimated {estimate:.0f} s"}
         else:
             report = run_stage(stage, args, left, unavailable=env.get("unavailable"))
             runs = len(report["records"]) or 1
