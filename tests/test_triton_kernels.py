@@ -564,10 +564,13 @@ def test_deterministic_plans_launch_each_hash_alone_without_atomic_variants():
     eq4 = [launch for launch in plan["launches"] if launch["variant"].startswith("lower_bound_")]
     assert len(eq4) == 3 * NUM_HASHES and all(launch["variant"].endswith("_det") for launch in eq4)
     assert [launch["args"][-3][1] for launch in eq4] == [h for h in range(NUM_HASHES) for _ in range(3)]
-    assert all(launch["grid"][0] == 2 for launch in eq4)  # the batch: one hash per launch
     default = native_library.device_launch_plan("lower_bound_gradients", inputs, attributes, 90)
-    assert [launch["args"][-3][1] for launch in default["launches"] if launch["variant"].startswith("lower_")] == \
-        [-1, -1]
+    default_eq4 = [launch for launch in default["launches"] if launch["variant"].startswith("lower_")]
+    assert [launch["args"][-3][1] for launch in default_eq4] == [-1, -1]
+    # One hash per launch: the grid's rows are the batch (2), where the default plan's are batch x hashes.
+    pairs, tables = ([launch["grid"][0] // NUM_HASHES, 1, 1] for launch in default_eq4)
+    assert [launch["grid"] for launch in eq4[0::3]] == [pairs] * NUM_HASHES
+    assert [launch["grid"] for launch in eq4[2::3]] == [tables] * NUM_HASHES
 
 
 @pytest.mark.parametrize("causal", [1, -1])
@@ -588,7 +591,8 @@ def test_causal_gradient_plans_pass_over_the_keys_in_the_causal_direction_and_ov
             (name, h) for h in hashes for name in (dq_pass, dk_pass)]
         # dQ accumulates dY . V K^T, dK accumulates V . dY Q^T: output_gradient (7), value (6), key (5) / query (2)
         assert [[a[1] for a in launch["args"][:3]] for launch in passes[:2]] == [[7, 6, 5], [6, 7, 2]]
-        assert all(launch["grid"] == [2 if deterministic else 2 * NUM_HASHES, 2, 2] for launch in passes)
+        # rows (batch, or batch x hashes) x 2 bucket groups on axis 0 (grid.py), 2 column blocks on axis 2
+        assert all(launch["grid"] == [(2 if deterministic else 2 * NUM_HASHES) * 2, 1, 2] for launch in passes)
 
 
 def test_launch_plans_take_tf32_products_only_when_asked():

@@ -95,19 +95,22 @@ _PARAMETERS = {
     "decode_update_kernel": "tables_ptr:*fp32 key_codes_ptr:*i32 key_mask_ptr:*fp32 value_ptr:*{dtype} "
                             "num_hashes:i32 length:i32 width:i32 num_buckets:i32",
 }
+# rows_grid(rows, blocks, z) is grid.py's (rows * blocks, 1, z): a row's blocks consecutive on axis 0.
 _GRIDS = {
     "segment_histograms_kernel": "(B * num_hashes, cdiv(length, SEGMENT), 1)",
     "segment_cursors_kernel": "(B * num_hashes, 1, 1)",
     "segment_scatter_kernel": "(B * num_hashes, cdiv(length, SEGMENT), 1)",
-    "bucket_tables_kernel": "(B * num_hashes, cdiv(num_buckets, BLOCK_C), cdiv(width, BLOCK_D))",
-    "gather_tables_kernel": "(B, cdiv(length, BLOCK_Q), cdiv(width, BLOCK_D))",
-    "lower_bound_pairs_kernel": "(B * num_hashes, cdiv(num_queries, BLOCK_Q), 1); deterministic: (B, ...) per hash",
-    "lower_bound_tables_kernel": "(B * num_hashes, cdiv(num_buckets, BUCKETS), 1); deterministic: (B, ...) per hash",
+    "bucket_tables_kernel": "rows_grid(B * num_hashes, cdiv(num_buckets, BLOCK_C), cdiv(width, BLOCK_D))",
+    "gather_tables_kernel": "rows_grid(B, cdiv(length, BLOCK_Q), cdiv(width, BLOCK_D))",
+    "lower_bound_pairs_kernel": "rows_grid(B * num_hashes, cdiv(num_queries, BLOCK_Q)); deterministic: "
+                                "rows_grid(B, ...) per hash",
+    "lower_bound_tables_kernel": "rows_grid(B * num_hashes, cdiv(num_buckets, BUCKETS)); deterministic: "
+                                 "rows_grid(B, ...) per hash",
     "finalize_rows_kernel": "(cdiv(num_elements, BLOCK), 1, 1)",
-    "causal_scan_kernel": "(B * num_hashes, cdiv(num_buckets, BUCKETS), cdiv(width, BLOCK_D)); deterministic: "
-                          "(B, ...) per hash",
-    "causal_lower_bound_kernel": "(B * num_hashes, cdiv(num_buckets, BUCKETS), cdiv(dim, BLOCK_OUT)); deterministic: "
-                                 "(B, ...) per hash",
+    "causal_scan_kernel": "rows_grid(B * num_hashes, cdiv(num_buckets, BUCKETS), cdiv(width, BLOCK_D)); "
+                          "deterministic: rows_grid(B, ...) per hash",
+    "causal_lower_bound_kernel": "rows_grid(B * num_hashes, cdiv(num_buckets, BUCKETS), cdiv(dim, BLOCK_OUT)); "
+                                 "deterministic: rows_grid(B, ...) per hash",
     "decode_outputs_kernel": "(B, cdiv(length, BLOCK_T), cdiv(width, BLOCK_D))",
     "decode_update_kernel": "(B * num_hashes, cdiv(width, BLOCK_D), 1)",
 }

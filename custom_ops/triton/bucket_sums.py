@@ -24,6 +24,7 @@ import triton
 import triton.language as tl
 
 from bucket_sort import bucket_sort
+from grid import row_and_block, rows_grid
 
 # K2: buckets and sorted rows per step; K3: queries per program; both: columns per program (rows wider than
 # BLOCK_D take several programs along the grid's last axis).
@@ -45,20 +46,20 @@ def bucket_tables_kernel(value_ptr, codes_ptr, offsets_ptr, perm_ptr, tables_ptr
     """value [B, N, D] (any float dtype), codes int32 [B, m, N], offsets int32 [B, m, num_buckets + 1] and
     perm int32 [B, m, N] of bucket_sort -> tables float32 [B, m, num_buckets, D].
 
-    Grid (B * m, cdiv(num_buckets, BLOCK_C), cdiv(D, BLOCK_D)).
+    Grid rows_grid(B * m, cdiv(num_buckets, BLOCK_C), cdiv(D, BLOCK_D)) (grid.py).
     """
-    bh = tl.program_id(0)
+    bh, block = row_and_block(tl.cdiv(num_buckets, BLOCK_C))
     batch = bh // num_hashes
-    first = tl.program_id(1) * BLOCK_C
+    first = block * BLOCK_C
     buckets = first + tl.arange(0, BLOCK_C)
     cols = tl.program_id(2) * BLOCK_D + tl.arange(0, BLOCK_D)
     in_cols = cols < width
-    offsets_row = offsets_ptr + bh.to(tl.int64) * (num_buckets + 1)
+    offsets_row = offsets_ptr + bh * (num_buckets + 1)
     begin = tl.load(offsets_row + first)
     end = tl.load(offsets_row + tl.minimum(first + BLOCK_C, num_buckets))
-    codes_row = codes_ptr + bh.to(tl.int64) * length
-    perm_row = perm_ptr + bh.to(tl.int64) * length
-    value_rows = value_ptr + batch.to(tl.int64) * length * width
+    codes_row = codes_ptr + bh * length
+    perm_row = perm_ptr + bh * length
+    value_rows = value_ptr + batch * length * width
 
     sums = tl.zeros([BLOCK_C, BLOCK_D], tl.float32)
     for start in range(begin, end, BLOCK_R):
@@ -70,7 +71,7 @@ def bucket_tables_kernel(value_ptr, codes_ptr, offsets_ptr, perm_ptr, tables_ptr
                     mask=inside[:, None] & in_cols[None, :], other=0.0).to(tl.float32)
         onehot = (buckets[:, None] == code[None, :]).to(tl.float32)
         sums = tl.dot(onehot, x, sums, input_precision="ieee")
-    tables_rows = tables_ptr + (bh.to(tl.int64) * num_buckets + buckets)[:, None] * width
+    tables_rows = tables_ptr + (bh * num_buckets + buckets)[:, None] * width
     tl.store(tables_rows + cols[None, :], sums, mask=(buckets < num_buckets)[:, None] & in_cols[None, :])
 
 
@@ -80,23 +81,24 @@ def gather_tables_kernel(tables_ptr, codes_ptr, mask_ptr, out_ptr, num_hashes, l
     """tables float32 [B, m, num_buckets, D], codes int32 [B, m, N], mask float32 [B, N] -> out [B, N, D]
     (its own dtype), out[b, i] = [mask != 0] * inv_num_hashes * sum_h tables[b, h, codes[b, h, i]].
 
-    Grid (B, cdiv(N, BLOCK_Q), cdiv(D, BLOCK_D)).
+    Grid rows_grid(B, cdiv(N, BLOCK_Q), cdiv(D, BLOCK_D)) (grid.py).
     """
-    batch = tl.program_id(0)
-    rows = tl.program_id(1) * BLOCK_Q + tl.arange(0, BLOCK_Q)
+    batch, block = row_and_block(tl.cdiv(length, BLOCK_Q))
+    rows = block * BLOCK_Q + tl.arange(0, BLOCK_Q)
     cols = tl.program_id(2) * BLOCK_D + tl.arange(0, BLOCK_D)
     inside = rows < length
     in_cols = cols < width
-    kept = tl.load(mask_ptr + batch.to(tl.int64) * length + rows, mask=inside, other=0.0) != 0
+    kept = tl.load(mask_ptr + batch * length + rows, mask=inside, other=0.0) != 0
+    codes = codes_ptr + batch * num_hashes * length + rows  # hash h's codes at codes + h * length
+    table = tables_ptr + batch * num_hashes * num_buckets * width + cols[None, :]  # this b's first table
     total = tl.zeros([BLOCK_Q, BLOCK_D], tl.float32)
     for h in range(num_hashes):
-        bh = batch.to(tl.int64) * num_hashes + h
-        code = tl.load(codes_ptr + bh * length + rows, mask=kept, other=-1)
+        code = tl.load(codes + h * length, mask=kept, other=-1)
         hit = kept & (code >= 0) & (code < num_buckets)
-        total += tl.load(tables_ptr + (bh * num_buckets + code)[:, None] * width + cols[None, :],
-                         mask=hit[:, None] & in_cols[None, :], other=0.0)
+        total += tl.load(table + code.to(tl.int64)[:, None] * width, mask=hit[:, None] & in_cols[None, :], other=0.0)
+        table += num_buckets.to(tl.int64) * width
     out = tl.where(kept[:, None], total * inv_num_hashes, 0.0)
-    tl.store(out_ptr + (batch.to(tl.int64) * length + rows)[:, None] * width + cols[None, :],
+    tl.store(out_ptr + (batch * length + rows)[:, None] * width + cols[None, :],
              out.to(out_ptr.dtype.element_ty), mask=inside[:, None] & in_cols[None, :])
 
 
@@ -109,7 +111,7 @@ def bucket_tables(value, codes, offsets, perm, num_buckets, tables=None):
         tables = torch.empty((batch, num_hashes, num_buckets, width), dtype=torch.float32, device=value.device)
     if tables.numel():
         bd = block_d(width)
-        grid = (batch * num_hashes, triton.cdiv(num_buckets, BLOCK_C), triton.cdiv(width, bd))
+        grid = rows_grid(batch * num_hashes, triton.cdiv(num_buckets, BLOCK_C), triton.cdiv(width, bd))
         bucket_tables_kernel[grid](value.contiguous(), codes.to(torch.int32).contiguous(), offsets, perm, tables,
                                    num_hashes, length, width, num_buckets, BLOCK_C=BLOCK_C, BLOCK_R=BLOCK_R,
                                    BLOCK_D=bd, num_warps=NUM_WARPS)
@@ -123,7 +125,7 @@ def gather_tables(tables, codes, mask, out):
     length = codes.shape[2]
     if out.numel():
         bd = block_d(width)
-        grid = (batch, triton.cdiv(length, BLOCK_Q), triton.cdiv(width, bd))
+        grid = rows_grid(batch, triton.cdiv(length, BLOCK_Q), triton.cdiv(width, bd))
         gather_tables_kernel[grid](tables, codes.to(torch.int32).contiguous(), mask.to(torch.float32).contiguous(),
                                    out, num_hashes, length, width, num_buckets, 1.0 / max(num_hashes, 1),
                                    BLOCK_Q=BLOCK_Q, BLOCK_D=bd, num_warps=NUM_WARPS)

@@ -22,6 +22,7 @@ import triton
 import triton.language as tl
 
 from bucket_sort import bucket_sort
+from grid import row_and_block, rows_grid
 from lower_bound import finalize_rows
 from lower_bound import _add_rows
 
@@ -36,12 +37,12 @@ DIRECTIONS = (1, -1)
 
 
 @triton.jit
-def _bucket_program(num_hashes, hash_index):
-    """(b * m + h, b) of this program: program_id(0) is b * m + h, or b in the deterministic mode's per-hash
-    launch (hash_index = h >= 0)."""
-    pid = tl.program_id(0).to(tl.int64)
-    bh = tl.where(hash_index >= 0, pid * num_hashes + hash_index, pid)
-    return bh, bh // num_hashes
+def _bucket_program(num_hashes, hash_index, num_buckets, BUCKETS: tl.constexpr):
+    """(b * m + h, b, first bucket) of this program in a grid rows_grid(rows, cdiv(num_buckets, BUCKETS), ...)
+    (grid.py) whose rows are b * m + h, or b in the deterministic mode's per-hash launch (hash_index = h >= 0)."""
+    row, block = row_and_block(tl.cdiv(num_buckets, BUCKETS))
+    bh = tl.where(hash_index >= 0, row * num_hashes + hash_index, row)
+    return bh, bh // num_hashes, block * BUCKETS
 
 
 @triton.jit
@@ -110,9 +111,9 @@ def causal_scan_kernel(value_ptr, q_offsets_ptr, q_perm_ptr, k_offsets_ptr, k_pe
                        length, width, num_buckets, hash_index, DIRECTION: tl.constexpr, DETERMINISTIC: tl.constexpr,
                        BUCKETS: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr):
     """value [B, N, D], the query and key sorts of bucket_sort -> acc float32 [B, N, D] += each hash's causal sums
-    (module docstring). Grid (B * m, cdiv(num_buckets, BUCKETS), cdiv(D, BLOCK_D)) with hash_index -1, or (B, ...)
-    per hash h = hash_index in the deterministic mode."""
-    bh, batch = _bucket_program(num_hashes, hash_index)
+    (module docstring). Grid rows_grid(B * m, cdiv(num_buckets, BUCKETS), cdiv(D, BLOCK_D)) (grid.py) with
+    hash_index -1, or rows_grid(B, ...) per hash h = hash_index in the deterministic mode."""
+    bh, batch, first_bucket = _bucket_program(num_hashes, hash_index, num_buckets, BUCKETS)
     cols = tl.program_id(2) * BLOCK_D + tl.arange(0, BLOCK_D)
     q_offsets = q_offsets_ptr + bh * (num_buckets + 1)
     k_offsets = k_offsets_ptr + bh * (num_buckets + 1)
@@ -120,7 +121,6 @@ def causal_scan_kernel(value_ptr, q_offsets_ptr, q_perm_ptr, k_offsets_ptr, k_pe
     k_perm = k_perm_ptr + bh * length
     value = value_ptr + batch * length * width
     acc = acc_ptr + batch * length * width
-    first_bucket = tl.program_id(1) * BUCKETS
     for bucket in range(first_bucket, tl.minimum(first_bucket + BUCKETS, num_buckets)):
         q_begin = tl.load(q_offsets + bucket)
         q_end = tl.load(q_offsets + bucket + 1)
@@ -167,7 +167,7 @@ def causal_lsh_cumulation(query_mask, query_codes, key_mask, key_codes, value, n
         block_k = BLOCK_K[{torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}[value.dtype]]
         for h in (range(num_hashes) if deterministic else [-1]):
             rows = batch if deterministic else batch * num_hashes
-            causal_scan_kernel[(rows, grid_buckets, grid_cols)](
+            causal_scan_kernel[rows_grid(rows, grid_buckets, grid_cols)](
                 value.contiguous(), q_offsets, q_perm, k_offsets, k_perm, acc, num_hashes, length, width, num_buckets,
                 h, DIRECTION=direction, DETERMINISTIC=deterministic, BUCKETS=BUCKETS, BLOCK_Q=BLOCK_Q,
                 BLOCK_K=block_k, BLOCK_D=BLOCK_D, num_warps=NUM_WARPS)

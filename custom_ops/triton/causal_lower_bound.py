@@ -32,6 +32,7 @@ import triton
 import triton.language as tl
 
 from bucket_sort import bucket_sort
+from grid import rows_grid
 from causal import _advance, _bucket_program, _chunk_rows, _first_cursor, _tile_rows
 from lower_bound import MAX_WIDTH, PRECISIONS, _add_rows, _dot, _load_rows, finalize_rows
 
@@ -70,9 +71,10 @@ def causal_lower_bound_kernel(x_ptr, a_ptr, b_ptr, x_offsets_ptr, x_perm_ptr, c_
                               BLOCK_OUT: tl.constexpr):
     """acc [B, N, d] fp32 += each hash's out_r = X_r . sum_{c <= r} A_c B_c^T (c >= r for DIRECTION -1) over the
     rows c of r's bucket (module docstring): X, A [B, N, D] and B [B, N, d] in one dtype; the bucket sorts (offsets,
-    perm) of X's side (x_) and of the other side (c_). Grid (B * m, cdiv(num_buckets, BUCKETS), cdiv(d, BLOCK_OUT))
-    with hash_index -1, or (B, ...) per hash h = hash_index in the deterministic mode."""
-    bh, batch = _bucket_program(num_hashes, hash_index)
+    perm) of X's side (x_) and of the other side (c_). Grid rows_grid(B * m, cdiv(num_buckets, BUCKETS), cdiv(d,
+    BLOCK_OUT)) (grid.py) with hash_index -1, or rows_grid(B, ...) per hash h = hash_index in the deterministic
+    mode."""
+    bh, batch, first_bucket = _bucket_program(num_hashes, hash_index, num_buckets, BUCKETS)
     vcols = tl.arange(0, BLOCK_VDIM)
     cols = tl.program_id(2) * BLOCK_OUT + tl.arange(0, BLOCK_OUT)
     x_offsets = x_offsets_ptr + bh * (num_buckets + 1)
@@ -83,7 +85,6 @@ def causal_lower_bound_kernel(x_ptr, a_ptr, b_ptr, x_offsets_ptr, x_perm_ptr, c_
     a = a_ptr + batch * length * value_dim
     b = b_ptr + batch * length * dim
     acc = acc_ptr + batch * length * dim
-    first_bucket = tl.program_id(1) * BUCKETS
     for bucket in range(first_bucket, tl.minimum(first_bucket + BUCKETS, num_buckets)):
         r_begin = tl.load(x_offsets + bucket)
         r_end = tl.load(x_offsets + bucket + 1)
@@ -146,7 +147,7 @@ def causal_lower_bound_gradients(query_mask, query_codes, query, key_mask, key_c
         for h in (range(num_hashes) if deterministic else [-1]):
             rows = batch if deterministic else batch * num_hashes
             for *tensors, direction in passes:
-                causal_lower_bound_kernel[(rows, grid_buckets, grid_cols)](
+                causal_lower_bound_kernel[rows_grid(rows, grid_buckets, grid_cols)](
                     *tensors, num_hashes, length, value_dim, dim, num_buckets, h, DIRECTION=direction, **constants)
     scale = 1.0 / max(num_hashes, 1)
     if query_gradient is None:

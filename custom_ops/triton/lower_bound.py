@@ -44,6 +44,7 @@ import triton
 import triton.language as tl
 
 from bucket_sort import bucket_sort
+from grid import row_and_block, rows_grid
 
 # Tiles per (arch, operands, widest row): pair form (BLOCK_Q queries, BLOCK_K keys, warps), table form (BLOCK_R
 # rows, warps); operands "16bit" (fp16, bf16), "tf32" (fp32 rows, tf32 products) or "ieee" (exact fp32, FMA).
@@ -181,17 +182,17 @@ def lower_bound_pairs_kernel(q_ptr, k_ptr, v_ptr, dy_ptr, q_codes_ptr, k_codes_p
     dY [B, Nq, D] (one dtype), codes int32 [B, m, N], the two sorts of bucket_sort, fp32 accumulators
     dQacc [B, Nq, d], dKacc [B, Nk, d].
 
-    Grid (B * m, cdiv(Nq, BLOCK_Q)) with hash_index -1. Deterministic mode (DETERMINISTIC): one hash per launch,
-    grid (B, cdiv(Nq, BLOCK_Q)) with hash_index = h, and dQ only (a query row belongs to one window), added with
+    Grid rows_grid(B * m, cdiv(Nq, BLOCK_Q)) (grid.py) with hash_index -1. Deterministic mode (DETERMINISTIC): one
+    hash per launch, grid rows_grid(B, cdiv(Nq, BLOCK_Q)) with hash_index = h, and dQ only (a query row belongs to one window), added with
     plain loads and stores; dK is the same kernel with the roles of the two sides exchanged (dK_j = sum_i
     <V_j, dY_i> Q_i is dQ's formula with (Q, dY) and (K, V) swapped; the form test is symmetric).
     """
-    pid = tl.program_id(0).to(tl.int64)
-    bh = tl.where(hash_index >= 0, pid * num_hashes + hash_index, pid)
+    row, block = row_and_block(tl.cdiv(num_queries, BLOCK_Q))
+    bh = tl.where(hash_index >= 0, row * num_hashes + hash_index, row)
     batch = bh // num_hashes
     q_offsets = q_offsets_ptr + bh * (num_buckets + 1)
     k_offsets = k_offsets_ptr + bh * (num_buckets + 1)
-    pos = tl.program_id(1) * BLOCK_Q + tl.arange(0, BLOCK_Q)
+    pos = block * BLOCK_Q + tl.arange(0, BLOCK_Q)
     inside = pos < tl.load(q_offsets + num_buckets)
     q_rows = tl.load(q_perm_ptr + bh * num_queries + pos, mask=inside, other=0)
     q_code = tl.load(q_codes_ptr + bh * num_queries + q_rows, mask=inside, other=0)
@@ -267,12 +268,13 @@ def lower_bound_tables_kernel(q_ptr, k_ptr, v_ptr, dy_ptr, q_offsets_ptr, q_perm
     """Table form of the buckets that take it among BUCKETS consecutive ones (arguments as
     lower_bound_pairs_kernel), one after another: T = V_c^T K_c, dQ_c += dY_c T; U = dY_c^T Q_c, dK_c += V_c U.
 
-    Grid (B * m, cdiv(num_buckets, BUCKETS)) with hash_index -1; deterministic mode: (B, cdiv(num_buckets,
-    BUCKETS)) per hash h = hash_index, plain adds (a bucket's rows have one writer in the launch).
+    Grid rows_grid(B * m, cdiv(num_buckets, BUCKETS)) (grid.py) with hash_index -1; deterministic mode:
+    rows_grid(B, cdiv(num_buckets, BUCKETS)) per hash h = hash_index, plain adds (a bucket's rows have one writer
+    in the launch).
     """
-    pid = tl.program_id(0).to(tl.int64)
-    bh = tl.where(hash_index >= 0, pid * num_hashes + hash_index, pid)
-    first = tl.program_id(1) * BUCKETS
+    row, block = row_and_block(tl.cdiv(num_buckets, BUCKETS))
+    bh = tl.where(hash_index >= 0, row * num_hashes + hash_index, row)
+    first = block * BUCKETS
     batch = bh // num_hashes
     q_offsets = q_offsets_ptr + bh * (num_buckets + 1)
     k_offsets = k_offsets_ptr + bh * (num_buckets + 1)
@@ -363,14 +365,14 @@ def lower_bound_accumulators(query_mask, query_codes, query, key_mask, key_codes
     for h in (range(num_hashes) if deterministic else [-1]):
         rows = batch if deterministic else batch * num_hashes
         if form != "table":
-            lower_bound_pairs_kernel[(rows, triton.cdiv(num_queries, pair_tiles["BLOCK_Q"]))](
+            lower_bound_pairs_kernel[rows_grid(rows, triton.cdiv(num_queries, pair_tiles["BLOCK_Q"]))](
                 *queries_side, h, **constants, **pair_tiles)
             if deterministic:
-                lower_bound_pairs_kernel[(rows, triton.cdiv(num_keys, pair_tiles["BLOCK_Q"]))](
+                lower_bound_pairs_kernel[rows_grid(rows, triton.cdiv(num_keys, pair_tiles["BLOCK_Q"]))](
                     *keys_side, h, **constants, **pair_tiles)
         if form != "pair":
-            lower_bound_tables_kernel[(rows, table_grid)](*tables, h, **constants, BUCKETS=TABLE_BUCKETS,
-                                                          **table_tiles)
+            lower_bound_tables_kernel[rows_grid(rows, table_grid)](*tables, h, **constants, BUCKETS=TABLE_BUCKETS,
+                                                                   **table_tiles)
     return dq_acc, dk_acc
 
 

@@ -166,6 +166,14 @@ class Builder {
     return v;
   }
 
+  // A launch of a kernel that walks `blocks` blocks (of buckets, queries or sorted rows) of each of `rows` rows
+  // (custom_ops/triton/grid.py): grid (rows * blocks, 1, z), a row's blocks consecutive on axis 0, so the
+  // programs in flight share one row's data in L2, and only the product is bounded (2^31 - 1).
+  const TritonVariant* LaunchRows(const std::string& name, int64_t rows, int64_t blocks, int64_t z,
+                                  std::vector<PlanArg> args) {
+    return Launch(name, rows * blocks, 1, z, std::move(args));
+  }
+
   // The tile constexpr `key` of variant `name` (1 when the variant is missing: Launch reports it).
   int64_t Tile(const std::string& name, const std::string& key) const {
     const TritonVariant* v = FindTritonVariant(name, arch_);
@@ -261,7 +269,7 @@ inline std::string PlanLshCumulation(const CumulationDims& d, ScalarType dtype, 
     const std::string scan = "causal_scan_kernel_" + std::string(DtypeName(dtype)) + (width % 16 == 0 ? "_a16" : "") +
                              (causal > 0 ? "_causal" : "_anticausal") + (options.deterministic ? "_det" : "");
     ForEachHashLaunch(d, options.deterministic, [&](int64_t rows, int64_t h) {
-      b.Launch(scan, rows, CeilDiv(nb, b.Tile(scan, "BUCKETS")), CeilDiv(width, b.Tile(scan, "BLOCK_D")),
+      b.LaunchRows(scan, rows, CeilDiv(nb, b.Tile(scan, "BUCKETS")), CeilDiv(width, b.Tile(scan, "BLOCK_D")),
                {In(4), Ws(q_offsets), Ws(q_perm), Ws(k_offsets), Ws(k_perm), Ws(acc), I32(d.num_hashes), I32(length),
                 I32(width), I32(nb), I32(h)});
     });
@@ -277,10 +285,10 @@ inline std::string PlanLshCumulation(const CumulationDims& d, ScalarType dtype, 
   const std::string tag = std::string(DtypeName(dtype)) + (width % 16 == 0 ? "_a16" : "");
   SortLaunch(&b, d, tau, 3, 2, d.num_keys, offsets, perm);
   const std::string sums = "bucket_tables_kernel_" + tag, gather = "gather_tables_kernel_" + tag;
-  b.Launch(sums, bm, CeilDiv(nb, b.Tile(sums, "BLOCK_C")), CeilDiv(width, b.Tile(sums, "BLOCK_D")),
+  b.LaunchRows(sums, bm, CeilDiv(nb, b.Tile(sums, "BLOCK_C")), CeilDiv(width, b.Tile(sums, "BLOCK_D")),
            {In(4), In(3), Ws(offsets), Ws(perm), Ws(tables), I32(d.num_hashes), I32(d.num_keys), I32(width),
             I32(nb)});
-  b.Launch(gather, d.batch, CeilDiv(d.num_queries, b.Tile(gather, "BLOCK_Q")),
+  b.LaunchRows(gather, d.batch, CeilDiv(d.num_queries, b.Tile(gather, "BLOCK_Q")),
            CeilDiv(width, b.Tile(gather, "BLOCK_D")),
            {Ws(tables), In(1), In(0), Out(0), I32(d.num_hashes), I32(d.num_queries), I32(width), I32(nb),
             F32(1.0f / static_cast<float>(d.num_hashes))});
@@ -354,10 +362,10 @@ inline std::string PlanLowerBoundGradients(const CumulationDims& d, ScalarType d
     const int64_t columns = CeilDiv(dim, b.Tile(dq_pass, "BLOCK_OUT"));
     // dQ_i = dY_i . sum V_j K_j^T over the keys j in causal order; dK_j = V_j . sum dY_i Q_i^T over the queries.
     ForEachHashLaunch(d, options.deterministic, [&](int64_t rows, int64_t h) {
-      b.Launch(dq_pass, rows, groups, columns,
+      b.LaunchRows(dq_pass, rows, groups, columns,
                {In(7), In(6), In(5), Ws(q_offsets), Ws(q_perm), Ws(k_offsets), Ws(k_perm), Ws(dq_acc),
                 I32(d.num_hashes), I32(d.num_queries), I32(width), I32(dim), I32(nb), I32(h)});
-      b.Launch(dk_pass, rows, groups, columns,
+      b.LaunchRows(dk_pass, rows, groups, columns,
                {In(6), In(7), In(2), Ws(k_offsets), Ws(k_perm), Ws(q_offsets), Ws(q_perm), Ws(dk_acc),
                 I32(d.num_hashes), I32(d.num_keys), I32(width), I32(dim), I32(nb), I32(h)});
     });
@@ -371,17 +379,17 @@ inline std::string PlanLowerBoundGradients(const CumulationDims& d, ScalarType d
     const std::string pairs = "lower_bound_pairs_kernel_" + variant, tables = "lower_bound_tables_kernel_" + variant;
     const int64_t block_q = b.Tile(pairs, "BLOCK_Q"), groups = CeilDiv(nb, b.Tile(tables, "BUCKETS"));
     ForEachHashLaunch(d, options.deterministic, [&](int64_t rows, int64_t h) {
-      b.Launch(pairs, rows, CeilDiv(d.num_queries, block_q), 1,
+      b.LaunchRows(pairs, rows, CeilDiv(d.num_queries, block_q), 1,
                {In(2), In(5), In(6), In(7), In(1), In(4), Ws(q_offsets), Ws(q_perm), Ws(k_offsets), Ws(k_perm),
                 Ws(dq_acc), Ws(dk_acc), I32(d.num_hashes), I32(d.num_queries), I32(d.num_keys), I32(dim),
                 I32(width), I32(nb), I32(h)});
       if (options.deterministic) {  // dK_j = sum_i <V_j, dY_i> Q_i: dQ's formula with the sides exchanged
-        b.Launch(pairs, rows, CeilDiv(d.num_keys, block_q), 1,
+        b.LaunchRows(pairs, rows, CeilDiv(d.num_keys, block_q), 1,
                  {In(5), In(2), In(7), In(6), In(4), In(1), Ws(k_offsets), Ws(k_perm), Ws(q_offsets), Ws(q_perm),
                   Ws(dk_acc), Ws(dq_acc), I32(d.num_hashes), I32(d.num_keys), I32(d.num_queries), I32(dim),
                   I32(width), I32(nb), I32(h)});
       }
-      b.Launch(tables, rows, groups, 1,
+      b.LaunchRows(tables, rows, groups, 1,
                {In(2), In(5), In(6), In(7), Ws(q_offsets), Ws(q_perm), Ws(k_offsets), Ws(k_perm), Ws(dq_acc),
                 Ws(dk_acc), I32(d.num_hashes), I32(d.num_queries), I32(d.num_keys), I32(dim), I32(width), I32(nb),
                 I32(h)});
