@@ -183,9 +183,9 @@ def lower_bound_pairs_kernel(q_ptr, k_ptr, v_ptr, dy_ptr, q_codes_ptr, k_codes_p
     dQacc [B, Nq, d], dKacc [B, Nk, d].
 
     Grid rows_grid(B * m, cdiv(Nq, BLOCK_Q)) (grid.py) with hash_index -1. Deterministic mode (DETERMINISTIC): one
-    hash per launch, grid rows_grid(B, cdiv(Nq, BLOCK_Q)) with hash_index = h, and dQ only (a query row belongs to one window), added with
-    plain loads and stores; dK is the same kernel with the roles of the two sides exchanged (dK_j = sum_i
-    <V_j, dY_i> Q_i is dQ's formula with (Q, dY) and (K, V) swapped; the form test is symmetric).
+    hash per launch, grid rows_grid(B, cdiv(Nq, BLOCK_Q)) with hash_index = h, and dQ only (a query row belongs to
+    one window), added with plain loads and stores; dK is the same kernel with the roles of the two sides exchanged
+    (dK_j = sum_i <V_j, dY_i> Q_i is dQ's formula with (Q, dY) and (K, V) swapped; the form test is symmetric).
     """
     row, block = row_and_block(tl.cdiv(num_queries, BLOCK_Q))
     bh = tl.where(hash_index >= 0, row * num_hashes + hash_index, row)

@@ -270,8 +270,8 @@ inline std::string PlanLshCumulation(const CumulationDims& d, ScalarType dtype, 
                              (causal > 0 ? "_causal" : "_anticausal") + (options.deterministic ? "_det" : "");
     ForEachHashLaunch(d, options.deterministic, [&](int64_t rows, int64_t h) {
       b.LaunchRows(scan, rows, CeilDiv(nb, b.Tile(scan, "BUCKETS")), CeilDiv(width, b.Tile(scan, "BLOCK_D")),
-               {In(4), Ws(q_offsets), Ws(q_perm), Ws(k_offsets), Ws(k_perm), Ws(acc), I32(d.num_hashes), I32(length),
-                I32(width), I32(nb), I32(h)});
+                   {In(4), Ws(q_offsets), Ws(q_perm), Ws(k_offsets), Ws(k_perm), Ws(acc), I32(d.num_hashes),
+                    I32(length), I32(width), I32(nb), I32(h)});
     });
     const std::string finalize = std::string("finalize_rows_kernel_") + DtypeName(dtype);
     const int64_t elements = d.batch * length * width;
@@ -286,12 +286,12 @@ inline std::string PlanLshCumulation(const CumulationDims& d, ScalarType dtype, 
   SortLaunch(&b, d, tau, 3, 2, d.num_keys, offsets, perm);
   const std::string sums = "bucket_tables_kernel_" + tag, gather = "gather_tables_kernel_" + tag;
   b.LaunchRows(sums, bm, CeilDiv(nb, b.Tile(sums, "BLOCK_C")), CeilDiv(width, b.Tile(sums, "BLOCK_D")),
-           {In(4), In(3), Ws(offsets), Ws(perm), Ws(tables), I32(d.num_hashes), I32(d.num_keys), I32(width),
-            I32(nb)});
+               {In(4), In(3), Ws(offsets), Ws(perm), Ws(tables), I32(d.num_hashes), I32(d.num_keys), I32(width),
+                I32(nb)});
   b.LaunchRows(gather, d.batch, CeilDiv(d.num_queries, b.Tile(gather, "BLOCK_Q")),
-           CeilDiv(width, b.Tile(gather, "BLOCK_D")),
-           {Ws(tables), In(1), In(0), Out(0), I32(d.num_hashes), I32(d.num_queries), I32(width), I32(nb),
-            F32(1.0f / static_cast<float>(d.num_hashes))});
+               CeilDiv(width, b.Tile(gather, "BLOCK_D")),
+               {Ws(tables), In(1), In(0), Out(0), I32(d.num_hashes), I32(d.num_queries), I32(width), I32(nb),
+                F32(1.0f / static_cast<float>(d.num_hashes))});
   return error;
 }
 
@@ -363,11 +363,11 @@ inline std::string PlanLowerBoundGradients(const CumulationDims& d, ScalarType d
     // dQ_i = dY_i . sum V_j K_j^T over the keys j in causal order; dK_j = V_j . sum dY_i Q_i^T over the queries.
     ForEachHashLaunch(d, options.deterministic, [&](int64_t rows, int64_t h) {
       b.LaunchRows(dq_pass, rows, groups, columns,
-               {In(7), In(6), In(5), Ws(q_offsets), Ws(q_perm), Ws(k_offsets), Ws(k_perm), Ws(dq_acc),
-                I32(d.num_hashes), I32(d.num_queries), I32(width), I32(dim), I32(nb), I32(h)});
+                   {In(7), In(6), In(5), Ws(q_offsets), Ws(q_perm), Ws(k_offsets), Ws(k_perm), Ws(dq_acc),
+                    I32(d.num_hashes), I32(d.num_queries), I32(width), I32(dim), I32(nb), I32(h)});
       b.LaunchRows(dk_pass, rows, groups, columns,
-               {In(6), In(7), In(2), Ws(k_offsets), Ws(k_perm), Ws(q_offsets), Ws(q_perm), Ws(dk_acc),
-                I32(d.num_hashes), I32(d.num_keys), I32(width), I32(dim), I32(nb), I32(h)});
+                   {In(6), In(7), In(2), Ws(k_offsets), Ws(k_perm), Ws(q_offsets), Ws(q_perm), Ws(dk_acc),
+                    I32(d.num_hashes), I32(d.num_keys), I32(width), I32(dim), I32(nb), I32(h)});
     });
   } else if (pairs_exist) {
     const std::string variant = dtype_tag + "_" + widths + mode;
@@ -380,19 +380,19 @@ inline std::string PlanLowerBoundGradients(const CumulationDims& d, ScalarType d
     const int64_t block_q = b.Tile(pairs, "BLOCK_Q"), groups = CeilDiv(nb, b.Tile(tables, "BUCKETS"));
     ForEachHashLaunch(d, options.deterministic, [&](int64_t rows, int64_t h) {
       b.LaunchRows(pairs, rows, CeilDiv(d.num_queries, block_q), 1,
-               {In(2), In(5), In(6), In(7), In(1), In(4), Ws(q_offsets), Ws(q_perm), Ws(k_offsets), Ws(k_perm),
-                Ws(dq_acc), Ws(dk_acc), I32(d.num_hashes), I32(d.num_queries), I32(d.num_keys), I32(dim),
-                I32(width), I32(nb), I32(h)});
+                   {In(2), In(5), In(6), In(7), In(1), In(4), Ws(q_offsets), Ws(q_perm), Ws(k_offsets), Ws(k_perm),
+                    Ws(dq_acc), Ws(dk_acc), I32(d.num_hashes), I32(d.num_queries), I32(d.num_keys), I32(dim),
+                    I32(width), I32(nb), I32(h)});
       if (options.deterministic) {  // dK_j = sum_i <V_j, dY_i> Q_i: dQ's formula with the sides exchanged
         b.LaunchRows(pairs, rows, CeilDiv(d.num_keys, block_q), 1,
-                 {In(5), In(2), In(7), In(6), In(4), In(1), Ws(k_offsets), Ws(k_perm), Ws(q_offsets), Ws(q_perm),
-                  Ws(dk_acc), Ws(dq_acc), I32(d.num_hashes), I32(d.num_keys), I32(d.num_queries), I32(dim),
-                  I32(width), I32(nb), I32(h)});
+                     {In(5), In(2), In(7), In(6), In(4), In(1), Ws(k_offsets), Ws(k_perm), Ws(q_offsets), Ws(q_perm),
+                      Ws(dk_acc), Ws(dq_acc), I32(d.num_hashes), I32(d.num_keys), I32(d.num_queries), I32(dim),
+                      I32(width), I32(nb), I32(h)});
       }
       b.LaunchRows(tables, rows, groups, 1,
-               {In(2), In(5), In(6), In(7), Ws(q_offsets), Ws(q_perm), Ws(k_offsets), Ws(k_perm), Ws(dq_acc),
-                Ws(dk_acc), I32(d.num_hashes), I32(d.num_queries), I32(d.num_keys), I32(dim), I32(width), I32(nb),
-                I32(h)});
+                   {In(2), In(5), In(6), In(7), Ws(q_offsets), Ws(q_perm), Ws(k_offsets), Ws(k_perm), Ws(dq_acc),
+                    Ws(dk_acc), I32(d.num_hashes), I32(d.num_queries), I32(d.num_keys), I32(dim), I32(width), I32(nb),
+                    I32(h)});
     });
   }
   const std::string finalize = std::string("finalize_rows_kernel_") + DtypeName(dtype);
