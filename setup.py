@@ -33,7 +33,7 @@ Environment:
   KERAS_YOSO_CUDA=0          build the CPU kernels only, even if nvcc is present
   KERAS_YOSO_CUDA_ARCHS=...  semicolon-separated SM versions, e.g. "80;90"
   CUDA_HOME=/path            CUDA toolkit root (default: from nvcc, else /usr/local/cuda)
-  KERAS_YOSO_JOBS=N          parallel compile jobs (default: CPU count)
+  KERAS_YOSO_JOBS=N          parallel compile jobs, and nvcc threads (default: CPU count)
   KERAS_YOSO_TRITON_CUBINS=DIR  embed the Triton kernels' cubins of an AOT build
                              (python custom_ops/triton/aot.py --out DIR; docs/build.md) in both libraries:
                              lsh_cumulation and lower_bound_gradients then run them on sm_80 / sm_90 GPUs
@@ -214,6 +214,11 @@ def _triton_sources(build_temp):
     return TRITON_SOURCES + [table]
 
 
+def _jobs():
+    """Parallel compile jobs (and nvcc threads): KERAS_YOSO_JOBS, default the CPU count."""
+    return max(1, int(os.environ.get("KERAS_YOSO_JOBS", os.cpu_count() or 1)))
+
+
 def _cxx():
     return os.environ.get("CXX", "g++")
 
@@ -271,7 +276,10 @@ class BuildLibraries(build_ext):
         jobs = {}
         for src in CUDA_SOURCES:
             obj = os.path.join(cuda_dir, os.path.basename(src) + ".o")
-            cmd = [nvcc, "-c", src, "-o", obj, "-O3", "-std=c++17", "-Xcompiler", "-fPIC",
+            # --threads: one SASS target per thread (about 30 s each on one core; serial, the five
+            # default targets were the build's longest job).
+            cmd = [nvcc, "-c", src, "-o", obj, "-O3", "-std=c++17", "-Xcompiler", "-fPIC", "--threads",
+                   str(_jobs()),
                    "-I" + os.path.join(HERE, KERNELS)] + _gencode_flags()
             jobs[src] = (cmd, obj)
         compiled = getattr(self, "_compiled_cuda", {})
@@ -316,7 +324,7 @@ class BuildLibraries(build_ext):
             if cmd is not None:
                 jobs[src] = cmd
             objects.append(obj)
-        _compile_all(jobs, max(1, int(os.environ.get("KERAS_YOSO_JOBS", os.cpu_count() or 1))))
+        _compile_all(jobs, _jobs())
         link = [_cxx(), "-shared", "-o", out_path] + objects + link_flags
         _say(f"linked {os.path.basename(out_path)} in {_run(link):.0f} s")
 

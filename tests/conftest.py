@@ -43,6 +43,15 @@ else:
 collect_ignore_glob = ["programs/*"] + ([] if TENSORFLOW else ["test_tf_*.py"])
 
 requires_tensorflow = pytest.mark.skipif(not TENSORFLOW, reason="TensorFlow backend only")
+
+
+def runs_on(*backends):
+    """Marks a test that trains a model or runs a script end to end to run on `backends` only: what it
+    proves is the model's or the script's, not the backend's (each backend's layers, ops and gradients
+    are tested on it elsewhere), and CI's 2 cores afford such a run once (docs/build.md, "CI")."""
+    return pytest.mark.skipif(BACKEND not in backends, reason=f"runs on {' and '.join(backends)} only: it tests "
+                                                              "no backend (CI time: docs/build.md, \"CI\")")
+
 # Skips only where the custom ops are not expected (KERAS_YOSO_DISABLE_CUSTOM_OPS=1):
 # where they are expected, a library that failed to load makes these tests fail.
 requires_custom_ops = pytest.mark.skipif(not CUSTOM_OPS_EXPECTED,
@@ -278,7 +287,7 @@ def rounded(array, dtype):
 # JAX_CASES_PER_TEST of its cases there, spread evenly over its grid (first and last included); the
 # full grids run on TensorFlow and torch. KERAS_YOSO_FULL_GRIDS=1 runs them all on JAX too; tests
 # marked `all_cases` (the README's code blocks) always run every case.
-JAX_CASES_PER_TEST = 4
+JAX_CASES_PER_TEST = 3
 
 
 def pytest_collection_modifyitems(config, items):

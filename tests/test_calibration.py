@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 import keras_yoso
+from conftest import runs_on
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SEQUENCE, FEATURES = 12, 8
@@ -179,6 +180,7 @@ def test_calibrates_a_keras_hub_bert_with_extended_positions():
     assert model(inputs)["sequence_output"].shape == (3, 32, 16)
 
 
+@runs_on("torch")  # measured 2026-11-30: 24 s on PyTorch, 59 s on TensorFlow, 53 s on JAX
 def test_benchmark_dry_run_calibrates_and_transfers_and_docs_quote_the_records(tmp_path):
     """benchmarks/calibration.py on a tiny random BERT, with transfer_attention; and docs/results.md holds what
     --render gives from each committed record."""

@@ -17,7 +17,7 @@ import keras
 import numpy as np
 import pytest
 
-from conftest import TENSORFLOW, requires_tensorflow, to_numpy
+from conftest import TENSORFLOW, requires_tensorflow, to_numpy, runs_on
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLES = os.path.join(ROOT, "examples")
@@ -128,6 +128,7 @@ def test_imdb_run_writes_metrics_and_history(trained, attention):
     assert os.path.exists(os.path.join(result.output_dir, "saved_model", "saved_model.pb")) == TENSORFLOW
 
 
+@runs_on("torch")  # the scripts' tasks, not the backend: 23-27 s on TensorFlow and JAX
 def test_builtin_task_and_listops_runs_train_and_say_what_they_train(trained, capsys):
     tags = trained("tags-yoso")
     assert tags.metrics["task"] == "tags" and tags.metrics["class_names"] == ["cool", "warm"]
@@ -241,6 +242,7 @@ def test_training_split_into_pieces_equals_the_unsplit_run(tmp_path):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
 
+@runs_on("torch")  # 12-19 s on TensorFlow and JAX
 def test_a_plot_that_cannot_be_drawn_only_warns_after_the_model_and_metrics_are_saved(tmp_path, monkeypatch,
                                                                                          capsys):
     def no_matplotlib(*args):
@@ -496,6 +498,7 @@ def test_invalid_options_are_rejected_naming_the_option(argv, match, capsys):
 import causal_lm  # noqa: E402
 
 
+@runs_on("torch")  # 7-20 s on TensorFlow and JAX
 def test_causal_lm_prints_each_phase_one_loss_per_step_and_how_many_test_sequences_it_evaluates(tmp_path, capsys):
     metrics = causal_lm.main(["--sequence-length", "512", "--steps", "6", "--train-sequences", "8",
                               "--test-sequences", "2", "--batch-size", "2", "--hidden-dim", "16", "--num-layers", "1",

@@ -31,10 +31,10 @@ SOFTMAX_SOLVES = 0.9  # softmax's accuracy that makes the cell a fair comparison
 YOSO_WITHIN = 0.05  # how far below softmax YOSO may recall
 
 
-# Each cell trains on some backends in CI, every cell on one at least: the harder cell on TensorFlow (about
-# 3-5 minutes on 2 cores on each backend), the easier one on JAX and PyTorch (2-3 minutes). Both cells passed
-# on all three backends, measured above; running both everywhere made this module a fifth of CI's time.
-CELL_BACKENDS = {(32, 4): ("jax", "torch"), (64, 8): ("tensorflow",)}
+# Each cell trains on one backend in CI: the harder cell on TensorFlow (about 3 minutes on 2 cores), the
+# easier one on PyTorch (2 minutes; 2.3 on JAX). Both cells passed on all three backends, measured above;
+# running both everywhere made this module a fifth of CI's time.
+CELL_BACKENDS = {(32, 4): ("torch",), (64, 8): ("tensorflow",)}
 
 
 @pytest.mark.parametrize("length, pairs", [(32, 4), (64, 8)], ids=["length_32_pairs_4", "length_64_pairs_8"])

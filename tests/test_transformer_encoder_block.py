@@ -196,8 +196,9 @@ def test_yoso_encoder_at_the_default_settings_learns_a_long_range_matching_task_
     # stayed at 0.76 (at 1e-3, seed 0 at 0.51). At 256 tokens seeds 0-5 reached 1.0 on one thread but seed 1
     # stayed at 0.51 in pytest's process (other threads, another summation order), so the length stays 512.
     # The old recipe (tau = 4, a constant rate) needed the best of 5 checkpoints and let one seed of three
-    # fail. A model whose attention does not work stays near 0.5.
-    accuracies = [_fit_matching_markers(length=512, steps=800, seed=seed) for seed in range(3)]
+    # fail. A model whose attention does not work stays near 0.5. Two seeds, as the MQAR test (CI time: each
+    # seed is about 2.5 minutes of CI's 2 cores).
+    accuracies = [_fit_matching_markers(length=512, steps=800, seed=seed) for seed in range(2)]
     assert min(accuracies) >= 0.9, accuracies
 
 
