@@ -284,10 +284,10 @@ def rounded(array, dtype):
 
 
 # On JAX every new shape is an XLA compilation (seconds each), so each parametrized test keeps at most
-# JAX_CASES_PER_TEST of its cases there, spread evenly over its grid (first and last included); the
+# JAX_CASES_PER_TEST of its cases there, the first and the last of its grid; the
 # full grids run on TensorFlow and torch. KERAS_YOSO_FULL_GRIDS=1 runs them all on JAX too; tests
 # marked `all_cases` (the README's code blocks) always run every case.
-JAX_CASES_PER_TEST = 3
+JAX_CASES_PER_TEST = 2
 
 
 def pytest_collection_modifyitems(config, items):

@@ -11,10 +11,10 @@ import pytest
 from conftest import check_program_case, run_program
 
 DEVICES = {"XLA_FLAGS": "--xla_force_host_platform_device_count=8", "OMP_NUM_THREADS": "1"}
-MESHES = ["1x8", "2x4", "8x1"]
-# Training under 8x1 (batch sharding alone) is keras.distribution.DataParallel's case, whose training equals
-# one device in test_keras_data_parallel_runs_native_kernels_on_each_batch_shard; its ops run on 8x1 below.
-FIT_MESHES = ["1x8", "2x4"]
+# 1x8 (the sequence alone) and 2x4 (batch and sequence). 8x1, batch sharding alone, is keras.distribution's
+# DataParallel, whose native calls and training equal one device in
+# test_keras_data_parallel_runs_native_kernels_on_each_batch_shard (a mesh is about 35 s of CI's 2 cores).
+MESHES = ["1x8", "2x4"]
 # Each case is a test of its own; one process a mesh runs the cases of a program (check_program_case).
 OPS_CASES = ["yoso_native", "yoso_composite", "yoso_causal_native", "yoso_causal_composite", "linear_relative",
              "linear_relative_causal", "linear_causal_no_horizon", "yoso_cross", "linear_cross",
@@ -37,7 +37,7 @@ def test_sequence_parallel_ops_equal_one_device_with_native_calls_per_block(mesh
 @pytest.mark.other_backends
 @pytest.mark.all_cases
 @pytest.mark.parametrize("kind", FIT_KINDS)
-@pytest.mark.parametrize("mesh", FIT_MESHES)
+@pytest.mark.parametrize("mesh", MESHES)
 def test_model_fit_predict_evaluate_under_sequence_parallel_equal_one_device(mesh, kind, tmp_path):
     """model.predict, two epochs of model.fit (fresh hash functions per step) and model.evaluate of
     YOSO-C, causal YOSO and LinearRelative models give the one-device numbers, padding included."""
