@@ -43,6 +43,10 @@ else:
 collect_ignore_glob = ["programs/*"] + ([] if TENSORFLOW else ["test_tf_*.py"])
 
 requires_tensorflow = pytest.mark.skipif(not TENSORFLOW, reason="TensorFlow backend only")
+# Skips only where the custom ops are not expected (KERAS_YOSO_DISABLE_CUSTOM_OPS=1):
+# where they are expected, a library that failed to load makes these tests fail.
+requires_custom_ops = pytest.mark.skipif(not CUSTOM_OPS_EXPECTED,
+                                         reason="no custom ops expected (backend or KERAS_YOSO_DISABLE_CUSTOM_OPS=1)")
 
 
 def runs_on(*backends):
@@ -52,10 +56,6 @@ def runs_on(*backends):
     return pytest.mark.skipif(BACKEND not in backends, reason=f"runs on {' and '.join(backends)} only: it tests "
                                                               "no backend (CI time: docs/build.md, \"CI\")")
 
-# Skips only where the custom ops are not expected (KERAS_YOSO_DISABLE_CUSTOM_OPS=1):
-# where they are expected, a library that failed to load makes these tests fail.
-requires_custom_ops = pytest.mark.skipif(not CUSTOM_OPS_EXPECTED,
-                                         reason="no custom ops expected (backend or KERAS_YOSO_DISABLE_CUSTOM_OPS=1)")
 
 # Hypothesis profiles of the property tests. "default" is bounded and reproducible (the same
 # examples on every run, nothing written to disk), so the default suite stays fast and stable;
@@ -284,9 +284,9 @@ def rounded(array, dtype):
 
 
 # On JAX every new shape is an XLA compilation (seconds each), so each parametrized test keeps at most
-# JAX_CASES_PER_TEST of its cases there, the first and the last of its grid; the
-# full grids run on TensorFlow and torch. KERAS_YOSO_FULL_GRIDS=1 runs them all on JAX too; tests
-# marked `all_cases` (the README's code blocks) always run every case.
+# JAX_CASES_PER_TEST of its cases there, the first and the last of its grid; the full grids run on
+# TensorFlow and torch. KERAS_YOSO_FULL_GRIDS=1 runs them all on JAX too; tests marked `all_cases`
+# (the README's code blocks) always run every case.
 JAX_CASES_PER_TEST = 2
 
 

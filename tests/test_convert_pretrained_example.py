@@ -14,8 +14,7 @@ import keras
 import numpy as np
 import pytest
 
-from conftest import to_numpy
-from conftest import runs_on
+from conftest import runs_on, to_numpy
 
 pytest.importorskip("keras_hub")
 safetensors_numpy = pytest.importorskip("safetensors.numpy")

@@ -17,7 +17,7 @@ import keras
 import numpy as np
 import pytest
 
-from conftest import TENSORFLOW, requires_tensorflow, to_numpy, runs_on
+from conftest import TENSORFLOW, requires_tensorflow, runs_on, to_numpy
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLES = os.path.join(ROOT, "examples")

@@ -24,24 +24,19 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[:0] = [os.path.join(REPO, "benchmarks", "quality"), os.path.join(REPO, "examples")]
 
 import run  # noqa: E402
-from conftest import BACKEND  # noqa: E402
+from conftest import runs_on  # noqa: E402
 
 SEEDS = (0, 1)
 SOFTMAX_SOLVES = 0.9  # softmax's accuracy that makes the cell a fair comparison
 YOSO_WITHIN = 0.05  # how far below softmax YOSO may recall
 
 
-# Each cell trains on one backend in CI: the harder cell on TensorFlow (about 3 minutes on 2 cores), the
-# easier one on PyTorch (2 minutes; 2.3 on JAX). Both cells passed on all three backends, measured above;
-# running both everywhere made this module a fifth of CI's time.
-CELL_BACKENDS = {(32, 4): ("torch",), (64, 8): ("tensorflow",)}
-
-
-@pytest.mark.parametrize("length, pairs", [(32, 4), (64, 8)], ids=["length_32_pairs_4", "length_64_pairs_8"])
+# Each cell trains on one backend: the harder cell on TensorFlow (about 3 minutes on 2 cores), the easier
+# one on PyTorch (2 minutes; 2.3 on JAX). Both cells passed on all three backends, measured above; running
+# both everywhere made this module a fifth of CI's time.
+@pytest.mark.parametrize("length, pairs", [pytest.param(32, 4, marks=runs_on("torch"), id="length_32_pairs_4"),
+                                           pytest.param(64, 8, marks=runs_on("tensorflow"), id="length_64_pairs_8")])
 def test_yoso_recalls_within_0_05_of_softmax_on_every_seed(length, pairs, tmp_path):
-    if BACKEND not in CELL_BACKENDS[length, pairs]:
-        pytest.skip(f"the ({length}, {pairs}) cell runs on {', '.join(CELL_BACKENDS[length, pairs])} "
-                    "(CI time; module docstring)")
     run.main(["--task", "mqar", "--attention", "softmax", "yoso", "--length", str(length), "--pairs", str(pairs),
               "--vocab", "256", "--width", "64", "--layers", "2", "--steps", "250", "--batch-size", "64",
               "--lr", "1e-2", "--seeds", *map(str, SEEDS), "--test-size", "256", "--no-floor",

@@ -12,7 +12,7 @@ import keras
 import numpy as np
 import pytest
 
-from conftest import run_python, to_numpy, runs_on
+from conftest import run_python, runs_on, to_numpy
 from keras_yoso import TransformerEncoderBlock
 from keras_yoso import YosoAttention
 from keras_yoso import replace_attention
