@@ -13,6 +13,7 @@ import sys
 import pytest
 
 from conftest import BACKEND
+from conftest import requires_custom_ops
 from conftest import requires_tensorflow
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -349,3 +350,48 @@ def test_conversion_error_dry_run_measures_every_variant_and_the_docs_quote_the_
     assert rendered.returncode == 0, rendered.stderr[-3000:]
     with open(os.path.join(REPO, "docs", "results.md"), encoding="utf-8") as f:
         assert rendered.stdout.strip() in f.read()
+
+
+@requires_custom_ops
+def test_native_ab_times_two_builds_side_by_side_and_finds_a_build_bitwise_equal_to_itself(tmp_path):
+    from keras_yoso.ops.providers import native_library
+
+    built = native_library.library()._name  # the package's native library, copied twice: two builds to load
+    libraries = []
+    for label in ("before", "after"):
+        path = tmp_path / f"{label}.so"
+        path.write_bytes(open(built, "rb").read())
+        libraries.append(str(path))
+    record = tmp_path / "record.json"
+    proc = _run("native_ab.py", tmp_path, "--libraries", *libraries, "--labels", "before", "after",
+                "--hash-code-lens", "2", "6", "--batch", "2", "--length", "64", "--num-hashes", "4", "--rounds", "2",
+                "--repeats", "1", "--record", str(record))
+    _assert_wrote(proc, tmp_path, "native_ab.png")
+    assert "| case | tau | before ms | after ms | after / before |" in proc.stdout
+    [run] = json.loads(record.read_text())
+    assert [(row["primitive"], row["tau"]) for row in run["rows"]] == [
+        (primitive, tau) for tau in (2, 6) for primitive in ("lower_bound_gradients", "weighted_lsh_cumulation",
+                                                             "lsh_cumulation")]
+    assert all(row["bitwise_equal_to_first"] == [True, True] and min(row["ms"]) > 0 for row in run["rows"])
+    assert [library["label"] for library in run["libraries"]] == ["before", "after"] and run["machine"]["cpu"]
+    rendered = _run("native_ab.py", tmp_path, "--render", str(record))
+    assert rendered.returncode == 0, rendered.stderr
+    assert rendered.stdout.split("\nwrote ")[0].strip() in proc.stdout
+    assert (tmp_path / "native_ab_0.png").stat().st_size > 10_000
+
+
+def test_native_ab_names_the_argument_it_refuses(tmp_path):
+    proc = _run("native_ab.py", tmp_path, "--libraries", "one.so")
+    assert proc.returncode == 2 and "--libraries: expected at least 2 paths" in proc.stderr, proc.stderr
+    proc = _run("native_ab.py", tmp_path, "--libraries", "a.so", "b.so", "--hash-code-lens", "0")
+    assert proc.returncode == 2 and "--hash-code-lens: expected values in [1, 20], got 0" in proc.stderr, proc.stderr
+
+
+def test_docs_benchmarks_quote_the_native_ab_records_as_rendered(tmp_path):
+    with open(os.path.join(REPO, "docs", "benchmarks.md"), encoding="utf-8") as f:
+        page = f.read()
+    record = "docs/data/native_ab_2026-11-30.json"
+    published = page.split(f"<!-- native-ab: {record} -->\n")[1].split("<!-- /native-ab -->")[0]
+    proc = _run("native_ab.py", tmp_path, "--render", record)
+    assert proc.returncode == 0, proc.stderr
+    assert published.strip() == proc.stdout.split("\nwrote ")[0].strip()

@@ -162,26 +162,63 @@ KY_CPU_CLONES KY_NOINLINE void MultiplyAccumulateTileCall(float* const* rows,
   MultiplyAccumulateTile<R, kVecs>(rows, coef, count, vals, c0);
 }
 
-// MultiplyAccumulate on the columns [c0, c0 + kVecs * kLanes), in row tiles of
-// up to 16 / kVecs rows (at most 8): about 16 vector registers of sums.
+// True where the tiles' x86-64-v4 clones run (32 vector registers of 16 floats); elsewhere (the v3
+// clones: AVX2, 16 registers of 8 floats; builds without KY_CPU_CLONES) a tile needs 2-4x the
+// registers for the same sums.
+inline bool WideVectorRegisters() {
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && !defined(KY_NO_CLONES)
+  static const bool wide = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("x86-64-v4") != 0;
+  }();
+  return wide;
+#else
+  return false;
+#endif
+}
+
+// Rows of one register tile of kVecs * kLanes columns. AVX-512 (wide): 8 rows up to 2 vectors (16
+// of 32 zmm hold sums), then 4. AVX2, for long products (kLongProduct): 8 rows of 1 vector (16 ymm),
+// 2 of 2 (8 ymm), then 1: 8 rows of 2 or more vectors would keep 32 or more ymm of sums, spilling
+// most of them to the stack, a load and a store per multiply-add.
 template <int kVecs>
-KY_CPU_INLINE void MultiplyAccumulateColumns(float* const* rows, const float* const* coef,
-                                             int64_t num_rows, int64_t count,
-                                             const float* const* vals, int64_t c0) {
-  constexpr int kRows = kVecs <= 2 ? 8 : 4;
+constexpr int TileRows(bool wide) {
+  return wide ? (kVecs <= 2 ? 8 : 4) : (kVecs == 1 ? 8 : (kVecs == 2 ? 2 : 1));
+}
+
+// Terms of a product (its `count`) from which AVX2 takes its own TileRows. Shorter products (a
+// bucket's 8-16 keys) keep AVX-512's rows: there the extra calls of smaller tiles cost more than the
+// spills (measured with benchmarks/native_ab.py, docs/benchmarks.md).
+constexpr int64_t kLongProduct = 32;
+
+// MultiplyAccumulate on the columns [c0, c0 + kVecs * kLanes) in row tiles of kRows rows, the
+// remaining rows in tiles of kRows / 2, kRows / 4, ..., 1.
+template <int kRows, int kVecs>
+KY_CPU_INLINE void MultiplyAccumulateRowTiles(float* const* rows, const float* const* coef, int64_t num_rows,
+                                              int64_t count, const float* const* vals, int64_t c0) {
   int64_t r = 0;
   for (; r + kRows <= num_rows; r += kRows) {
     MultiplyAccumulateTileCall<kRows, kVecs>(rows + r, coef + r, count, vals, c0);
   }
-  if (kRows == 8 && r + 4 <= num_rows) {
-    MultiplyAccumulateTileCall<4, kVecs>(rows + r, coef + r, count, vals, c0);
-    r += 4;
+  if constexpr (kRows > 1) {
+    if (r < num_rows) {
+      MultiplyAccumulateRowTiles<kRows / 2, kVecs>(rows + r, coef + r, num_rows - r, count, vals, c0);
+    }
   }
-  if (r + 2 <= num_rows) {
-    MultiplyAccumulateTileCall<2, kVecs>(rows + r, coef + r, count, vals, c0);
-    r += 2;
+}
+
+// MultiplyAccumulate on the columns [c0, c0 + kVecs * kLanes), in the row tiles of this CPU and
+// product length (TileRows, kLongProduct). Every element is summed over j in the same order whatever
+// the tile.
+template <int kVecs>
+KY_CPU_INLINE void MultiplyAccumulateColumns(float* const* rows, const float* const* coef,
+                                             int64_t num_rows, int64_t count,
+                                             const float* const* vals, int64_t c0) {
+  if (WideVectorRegisters() || count < kLongProduct) {
+    MultiplyAccumulateRowTiles<TileRows<kVecs>(true), kVecs>(rows, coef, num_rows, count, vals, c0);
+  } else {
+    MultiplyAccumulateRowTiles<TileRows<kVecs>(false), kVecs>(rows, coef, num_rows, count, vals, c0);
   }
-  if (r < num_rows) MultiplyAccumulateTileCall<1, kVecs>(rows + r, coef + r, count, vals, c0);
 }
 
 // rows[r][c] += sum_{j < count} coef[r][j] * vals[j][c] for r < num_rows and

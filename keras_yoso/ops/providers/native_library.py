@@ -127,9 +127,10 @@ class LazyLibrary:
         return self._error
 
 
-def _open(path):
+def open_library(path):
     """The native library at `path` as ctypes, with the C ABI's signatures set (OSError if its ABI
-    version is not this keras_yoso's)."""
+    version is not this keras_yoso's). The package's own is `library()`; another build (e.g. to time
+    two builds side by side, benchmarks/native_ab.py) can be passed to `call`."""
     library = ctypes.CDLL(path)
     version = library.ky_abi_version()
     if version != ABI_VERSION:
@@ -155,8 +156,8 @@ def _open(path):
     return library
 
 
-_LIBRARY = LazyLibrary("native kernels", "_yoso_native*.so", "native library", _open, (OSError, AttributeError),
-                       REBUILD_HINT, stacklevel=5)
+_LIBRARY = LazyLibrary("native kernels", "_yoso_native*.so", "native library", open_library,
+                       (OSError, AttributeError), REBUILD_HINT, stacklevel=5)
 library = _LIBRARY.library
 load_error = _LIBRARY.load_error
 
@@ -204,16 +205,18 @@ def _raise_unless_ok(status, error):
     raise (ValueError if status == _INVALID_ARGUMENT else RuntimeError)(message)
 
 
-def call(name, inputs, attributes, outputs, num_threads=0):
-    """Runs primitive `name` of the table (_spec.PRIMITIVES) through the C ABI's ky_run: `inputs` and
-    `outputs` KyTensor views and `attributes` values, each in the table's order.
+def call(name, inputs, attributes, outputs, num_threads=0, native=None):
+    """Runs primitive `name` of the table (_spec.PRIMITIVES) through the C ABI's ky_run of `native` (an
+    `open_library`; default: the package's): `inputs` and `outputs` KyTensor views and `attributes`
+    values, each in the table's order.
 
     Raises ValueError with the kernel's message for invalid inputs, RuntimeError otherwise.
     """
     primitive = _spec.PRIMITIVES[name]
     error = ctypes.create_string_buffer(_ERROR_SIZE)
-    status = library().ky_run(name.encode(), _views(inputs), len(inputs), _attributes(primitive, attributes),
-                              len(attributes), _views(outputs), len(outputs), int(num_threads), error, _ERROR_SIZE)
+    status = (native or library()).ky_run(name.encode(), _views(inputs), len(inputs),
+                                          _attributes(primitive, attributes), len(attributes), _views(outputs),
+                                          len(outputs), int(num_threads), error, _ERROR_SIZE)
     _raise_unless_ok(status, error)
 
 
