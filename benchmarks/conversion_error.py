@@ -397,8 +397,8 @@ def plot(record, path):
 
 
 def append_record(path, record):
-    """Appends `record` to the JSON list in `path` (created when missing). benchmarks/calibration.py's records
-    are appended the same way."""
+    """Appends `record` to the JSON list in `path` (created when missing). benchmarks/calibration.py's and
+    benchmarks/native_ab.py's records are appended the same way."""
     records = []
     if os.path.exists(path):
         with open(path, encoding="utf-8") as f:

@@ -32,6 +32,7 @@ import time
 
 import numpy as np
 
+import conversion_error  # beside this script: its append_record()
 import decoding  # beside this script: its machine()
 from keras_yoso.ops.providers import native_library
 
@@ -189,17 +190,13 @@ def _labels(record):
     return [library["label"] for library in record["libraries"]]
 
 
-def render(path):
-    """The heading and table of each record in `path`, as main printed them, a blank line between."""
-    with open(path, encoding="utf-8") as f:
-        records = json.load(f)
+def render(records):
+    """The heading and table of each of `records`, as main printed them, a blank line between."""
     return "\n\n".join(heading(r["shapes"], r["machine"]) + "\n" + table(r["rows"], _labels(r)) for r in records)
 
 
-def draw(path, out_dir):
-    """Record i of `path` as out_dir/native_ab_<i>.png, as main drew it; the paths."""
-    with open(path, encoding="utf-8") as f:
-        records = json.load(f)
+def draw(records, out_dir):
+    """Record i of `records` as out_dir/native_ab_<i>.png, as main drew it; the paths."""
     os.makedirs(out_dir, exist_ok=True)
     paths = [os.path.join(out_dir, f"native_ab_{i}.png") for i in range(len(records))]
     for record, figure in zip(records, paths):
@@ -211,8 +208,10 @@ def draw(path, out_dir):
 def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
     if args.render:
-        print(render(args.render))
-        for figure in draw(args.render, args.out_dir):
+        with open(args.render, encoding="utf-8") as f:
+            records = json.load(f)
+        print(render(records))
+        for figure in draw(records, args.out_dir):
             print(f"wrote {figure}")
         return
     natives = [native_library.open_library(os.path.abspath(path)) for path in args.libraries]
@@ -236,12 +235,7 @@ def main(argv=None):
                   "libraries": [{"label": label, "path": path, "build": native.ky_build_info().decode()}
                                 for label, path, native in zip(args.labels, args.libraries, natives)],
                   "shapes": shapes, "rows": rows}
-        records = []
-        if os.path.exists(args.record):
-            with open(args.record, encoding="utf-8") as f:
-                records = json.load(f)
-        with open(args.record, "w", encoding="utf-8") as f:
-            json.dump(records + [record], f, indent=1)
+        conversion_error.append_record(args.record, record)
         print(f"appended the record to {args.record}")
 
 

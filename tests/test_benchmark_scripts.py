@@ -7,6 +7,7 @@ temporary directory, as a user would run it.
 import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -359,11 +360,9 @@ def test_native_ab_times_two_builds_side_by_side_and_finds_a_build_bitwise_equal
     built = native_library.library()._name  # the package's native library, copied twice: two builds to load
     libraries = []
     for label in ("before", "after"):
-        path = tmp_path / f"{label}.so"
-        path.write_bytes(open(built, "rb").read())
-        libraries.append(str(path))
+        libraries.append(shutil.copyfile(built, tmp_path / f"{label}.so"))
     record = tmp_path / "record.json"
-    proc = _run("native_ab.py", tmp_path, "--libraries", *libraries, "--labels", "before", "after",
+    proc = _run("native_ab.py", tmp_path, "--libraries", *map(str, libraries), "--labels", "before", "after",
                 "--hash-code-lens", "2", "6", "--batch", "2", "--length", "64", "--num-hashes", "4", "--rounds", "2",
                 "--repeats", "1", "--record", str(record))
     _assert_wrote(proc, tmp_path, "native_ab.png")
