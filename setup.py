@@ -34,6 +34,8 @@ Environment:
   KERAS_YOSO_CUDA_ARCHS=...  semicolon-separated SM versions, e.g. "80;90"
   CUDA_HOME=/path            CUDA toolkit root (default: from nvcc, else /usr/local/cuda)
   KERAS_YOSO_JOBS=N          parallel compile jobs, and nvcc threads (default: CPU count)
+  KERAS_YOSO_COMPILE_CACHE=DIR  reuse the object files an earlier build made from the same command
+                             and the same files (custom_ops/compile_cache.py; CI's wheel build)
   KERAS_YOSO_TRITON_CUBINS=DIR  embed the Triton kernels' cubins of an AOT build
                              (python custom_ops/triton/aot.py --out DIR; docs/build.md) in both libraries:
                              lsh_cumulation and lower_bound_gradients then run them on sm_80 / sm_90 GPUs
@@ -74,6 +76,7 @@ DEFAULT_ARCHS = "75;80;86;89;90"
 HEARTBEAT_SECONDS = 15
 
 sys.path.insert(0, os.path.join(HERE, "custom_ops"))
+from compile_cache import compile_object  # noqa: E402
 from pep517_backend import OLDEST_JAX, TENSORFLOW_REQUIREMENT  # noqa: E402  (their one home: build and extras)
 
 TENSORFLOW_TEXT = "tensorflow-text>=2.21,<2.22"
@@ -134,12 +137,21 @@ def _run(cmd):
     return time.perf_counter() - start
 
 
+def _compile(cmd):
+    """Runs the compile command `cmd`, or with KERAS_YOSO_COMPILE_CACHE=DIR takes its object from
+    DIR when the same command already compiled the same files (custom_ops/compile_cache.py)."""
+    cache = os.environ.get("KERAS_YOSO_COMPILE_CACHE")
+    if not cache:
+        return _run(cmd)
+    return compile_object(cmd, HERE, os.path.abspath(cache), _run, _say)
+
+
 def _compile_all(jobs, workers):
     """Runs the compile commands {source: cmd} on `workers` threads, saying when each starts and
     ends and, every HEARTBEAT_SECONDS, which are still running."""
     start = time.perf_counter()
     with ThreadPoolExecutor(max_workers=workers) as pool:
-        running = {pool.submit(_run, cmd): source for source, cmd in jobs.items()}
+        running = {pool.submit(_compile, cmd): source for source, cmd in jobs.items()}
         _say(f"compiling {', '.join(jobs)} ({workers} parallel job(s); up to 4 minutes on 2 cores)")
         while running:
             done, _ = wait(running, timeout=HEARTBEAT_SECONDS, return_when=FIRST_COMPLETED)

@@ -263,7 +263,13 @@ def run_tests_with_a_failed_native_library(module, deselect):
 
 def _run_interpreter(arguments, cwd, backend, env, timeout):
     _skip_unless_backend_installed(backend or BACKEND)
-    environment = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", KERAS_BACKEND=backend or BACKEND, **(env or {}))
+    environment = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", KERAS_BACKEND=backend or BACKEND)
+    for name, value in (env or {}).items():
+        # The XLA flags a test sets follow those of this run (CI's compile-speed flags: .ci/run), which
+        # they keep; an empty value clears them.
+        if name == "XLA_FLAGS" and value and environment.get(name):
+            value = f"{environment[name]} {value}"
+        environment[name] = value
     return subprocess.run([sys.executable, *arguments], cwd=cwd, env=environment, capture_output=True, text=True,
                           timeout=timeout)
 
