@@ -118,6 +118,7 @@ def test_when_every_rate_fails_the_grid_grows_at_both_ends_then_no_seed_runs_and
     assert len(train.calls) == 5 and row["chosen_lr"] is None and row["test_mean"] is None
     assert len(row["failed"]) == 5 and row["complete"] and row["extensions"] == 2
     assert not protocol.summarize(records[:3])["complete"]  # both ends still to try
+    assert not protocol.summarize(records[:4])["complete"]  # one end tried, the other still to try
     # one end learns: the protocol goes on from there (here no extension is left: the best stays at the edge)
     rescued = FakeTrainer(lambda lr: lr, diverge={3e-3, 1e-2, 3e-2})
     row = protocol.summarize(protocol.run_protocol(rescued, [3e-3, 1e-2, 3e-2], max_extensions=2))

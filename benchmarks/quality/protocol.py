@@ -129,7 +129,10 @@ def summarize(records):
     extensions = sum(1 for r in seed0 if r.get("protocol", {}).get("phase") == "extension")
     grid_done = len({r["lr"] for r in seed0 if r.get("protocol", {}).get("phase", "grid") == "grid"}) >= GRID_MIN
     left = protocol.get("max_extensions", extensions) - extensions
-    extended = (chosen is not None and edge == 0) or left < (2 if chosen is None else 1)  # as run_protocol stops
+    # As run_protocol stops: with a rate chosen, at an interior best or with no extension left; with every rate
+    # failed, with fewer than two left and no pair of ends half tried (it tries both ends at once).
+    extended = ((chosen is not None and (edge == 0 or left < 1))
+                or (chosen is None and left < 2 and extensions % 2 == 0))
     complete = grid_done and extended and (chosen is None or len(at_chosen) == len(SEEDS))
     return {
         "metric": name, "higher_is_better": higher, "chosen_lr": chosen, "interior": chosen is not None and edge == 0, "edge": edge, "extensions": extensions,
