@@ -35,8 +35,8 @@ YOSO_WITHIN = 0.05  # how far below softmax YOSO may recall
 @pytest.mark.parametrize("length, pairs", [pytest.param(32, 4, marks=runs_on("torch"), id="length_32_pairs_4"),
                                            pytest.param(64, 8, marks=runs_on("tensorflow"), id="length_64_pairs_8")])
 def test_yoso_recalls_within_0_05_of_softmax_on_every_seed(length, pairs, tmp_path):
-    # The harness's own command, in a fresh interpreter: in the suite's long-lived pytest process the same training
-    # took 1.5x as long (the (64, 8) cell on one core: 375 s there, 245 s in a fresh process; 2026-12-01).
+    # The harness's own command, in a fresh interpreter (docs/build.md, "Threads": the (64, 8) cell on one core took
+    # 375 s inside the suite's long-lived pytest process, 245 s in a fresh one; 2026-12-01).
     arguments = ["--task", "mqar", "--attention", "softmax", "yoso", "--length", str(length), "--pairs", str(pairs),
                  "--vocab", "256", "--width", "64", "--layers", "2", "--steps", "250", "--batch-size", "64",
                  "--lr", "1e-2", "--seeds", *map(str, SEEDS), "--test-size", "256", "--no-floor",

@@ -145,8 +145,8 @@ def test_yoso_encoder_at_the_default_settings_learns_a_long_range_matching_task_
     # stayed at 0.76 (at 1e-3, seed 0 at 0.51). At 256 tokens seeds 0-5 reached 1.0 on one thread but seed 1
     # stayed at 0.51 in pytest's process (other threads, another summation order), so the length stays 512.
     # The old recipe (tau = 4, a constant rate) needed the best of 5 checkpoints and let one seed of three
-    # fail. A model whose attention does not work stays near 0.5. Two seeds, as the MQAR test. It trains in a
-    # fresh interpreter: in the suite's long-lived process it took 560 s on one core (2026-12-01).
+    # fail. A model whose attention does not work stays near 0.5. Two seeds, as the MQAR test, in a fresh
+    # interpreter (docs/build.md, "Threads").
     output = run_program("matching_markers", 512, 800, *SEEDS, cwd=tmp_path, timeout=1800)
     accuracies = {int(seed): float(accuracy) for seed, accuracy in re.findall(r"^seed (\d+) accuracy (\S+)$", output, re.M)}
     assert sorted(accuracies) == list(SEEDS), output

@@ -4,8 +4,7 @@ sequences, evaluated once, at the end of training.
 
     KERAS_BACKEND=tensorflow python tests/programs/matching_markers.py LENGTH STEPS SEED [SEED ...]
 
-tests/test_transformer_encoder_block.py runs it in a fresh interpreter: inside the suite's long-lived
-pytest process the same training took about 1.5x as long (docs/build.md, "Threads").
+tests/test_transformer_encoder_block.py runs it in a fresh interpreter (docs/build.md, "Threads").
 """
 
 import sys
