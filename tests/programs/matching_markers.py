@@ -70,4 +70,4 @@ if __name__ == "__main__":
         sys.exit(f"usage: {sys.argv[0]} LENGTH STEPS SEED [SEED ...]")
     length, steps, *seeds = map(int, sys.argv[1:])
     for seed in seeds:
-        print(f"seed {seed} accuracy {fit_matching_markers(length, steps, seed):.4f}", flush=True)
+        print(f"seed {seed} accuracy {float(fit_matching_markers(length, steps, seed))!r}", flush=True)  # unrounded
