@@ -81,11 +81,14 @@ def parse_args(argv):
     parser.add_argument("--record", default=None, help="a JSON file to append the record to (docs/data/...)")
     parser.add_argument("--dry-run", action="store_true",
                         help="a tiny BERT with random weights and random tokens (lengths 16 and 32, 2 texts each)")
-    parser.add_argument("--render", metavar="RECORD", default=None,
-                        help="print the tables of the records in RECORD (a JSON list; runs of different lengths "
-                             "merge) and exit")
+    parser.add_argument("--render", metavar="RECORD", nargs="+", default=None,
+                        help="print the tables of the records in the RECORD files (JSON lists, read in order; runs "
+                             "of different lengths merge) and exit")
     parser.add_argument("--summary", action="store_true",
                         help="with --render: the README's conversion summary (converted, calibrated, transferred)")
+    parser.add_argument("--runs", metavar="LENGTH", type=int, default=None,
+                        help="with --render: one row per run that measured LENGTH tokens (its seed, calibration "
+                             "texts and transfer steps beside its held-out results), to compare budgets and seeds")
     args = parser.parse_args(argv)
     if not (args.dry_run or args.render or args.pretrained):
         parser.error("--pretrained is required (or --dry-run, or --render)")
@@ -409,12 +412,38 @@ def summary(records):
             cell(n, lambda r: f"{r['end_to_end_cosine']:.3f}") for n in lengths) + " |"])
 
 
+def runs(records, length):
+    """One row per run of `records` that measured `length` tokens: its seed (texts and hash functions), its
+    calibration texts and transfer steps per layer, and the held-out mean layer error and embedding cosine of
+    its converted, calibrated and transferred models ("-" for a model the run did not make)."""
+    lines = ["| seed | calibration texts | transfer steps per layer | mean layer error, "
+             + " / ".join(SUMMARY_MODELS) + " | embedding cosine, " + " / ".join(SUMMARY_MODELS) + " | date |",
+             "| ---: | ---: | ---: | ---: | ---: | --- |"]
+    for run in records:
+        if length not in run["lengths"]:
+            continue
+        rows = {r["model"]: r for r in run["rows"] if r["length"] == length and r["text"] == "held-out"}
+        value = lambda key, fmt: " / ".join(  # noqa: E731
+            fmt(rows[m][key]) if m in rows else "-" for m in SUMMARY_MODELS)
+        settings = run["settings"]
+        lines.append(f"| {settings['seed']} | {settings['calibration_texts']} | "
+                     f"{settings.get('transfer_steps') or '-'} | "
+                     f"{value('layer_error', lambda e: format(np.mean(e), '.3f'))} | "
+                     f"{value('end_to_end_cosine', lambda c: format(c, '.3f'))} | {run['date'][:10]} |")
+    return "\n".join(lines)
+
+
 def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
     if args.render:
-        with open(args.render, encoding="utf-8") as f:
-            records = json.load(f)
-        print(summary(records) if args.summary else render(records))
+        records = []
+        for name in args.render:
+            with open(name, encoding="utf-8") as f:
+                records += json.load(f)
+        if args.runs is not None:
+            print(runs(records, args.runs))
+        else:
+            print(summary(records) if args.summary else render(records))
         return
 
     load_before = os.getloadavg()

@@ -4,8 +4,10 @@ it), the default changes nothing, and bad arguments raise. Tiny models. Measured
 jobs: 24-25 s on TensorFlow and PyTorch, 79 s on JAX (each eager op compiles), the benchmark's dry run 18-36 s
 of it."""
 
+import glob
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -182,8 +184,8 @@ def test_calibrates_a_keras_hub_bert_with_extended_positions():
 
 @runs_on("torch")  # measured 2026-11-30: 24 s on PyTorch, 59 s on TensorFlow, 53 s on JAX
 def test_benchmark_dry_run_calibrates_and_transfers_and_docs_quote_the_records(tmp_path):
-    """benchmarks/calibration.py on a tiny random BERT, with transfer_attention; and docs/results.md holds what
-    --render gives from each committed record."""
+    """benchmarks/calibration.py on a tiny random BERT, with transfer_attention; docs/results.md holds what
+    --render gives from each committed record, and its and the README's per-run tables are what --runs gives."""
     proc = subprocess.run([sys.executable, os.path.join("benchmarks", "calibration.py"), "--dry-run", "--out-dir",
                            str(tmp_path), "--transfer-steps", "2", "--no-ceiling"], cwd=REPO, capture_output=True,
                           text=True, timeout=300, env={**os.environ, "PYTHONPATH": REPO})
@@ -197,12 +199,24 @@ def test_benchmark_dry_run_calibrates_and_transfers_and_docs_quote_the_records(t
     assert ("YOSO-E transferred", "held-out") in {(r["model"], r["text"]) for r in record["rows"]}
     with open(os.path.join(REPO, "docs", "results.md"), encoding="utf-8") as f:
         results = f.read()
-    for name in ("calibration_2026-11-28.json", "calibration_2026-11-29.json"):
-        rendered = subprocess.run([sys.executable, os.path.join("benchmarks", "calibration.py"), "--render",
-                                   os.path.join("docs", "data", name)], cwd=REPO,
-                                  capture_output=True, text=True, timeout=60)
+    names = sorted(glob.glob(os.path.join(REPO, "docs", "data", "calibration_*.json")))
+    assert len(names) >= 2
+    for name in names:
+        rendered = subprocess.run([sys.executable, os.path.join("benchmarks", "calibration.py"), "--render", name],
+                                  cwd=REPO, capture_output=True, text=True, timeout=60)
         assert rendered.returncode == 0, rendered.stderr[-3000:]
         assert rendered.stdout.strip() in results, name
+    with open(os.path.join(REPO, "README.md"), encoding="utf-8") as f:
+        readme = f.read()
+    blocks = re.findall(r"<!-- calibration-runs (\d+): (.+?) -->\n(.*?)\n<!-- /calibration-runs -->",
+                        results + readme, re.S)
+    assert len(blocks) >= 2, "docs/results.md and README.md each quote a per-run table"
+    for length, files, table in blocks:
+        rendered = subprocess.run([sys.executable, os.path.join("benchmarks", "calibration.py"), "--render",
+                                   *files.split(), "--runs", length], cwd=REPO, capture_output=True, text=True,
+                                  timeout=60)
+        assert rendered.returncode == 0, rendered.stderr[-3000:]
+        assert table.strip() == rendered.stdout.strip(), files
 
 
 def test_the_readme_conversion_summary_is_what_the_record_gives():
