@@ -92,6 +92,10 @@ def parse_args(argv):
     args = parser.parse_args(argv)
     if not (args.dry_run or args.render or args.pretrained):
         parser.error("--pretrained is required (or --dry-run, or --render)")
+    if (args.summary or args.runs is not None) and not args.render:
+        parser.error("--summary and --runs format records: give them with --render RECORD [RECORD ...]")
+    if args.summary and args.runs is not None:
+        parser.error(f"--summary and --runs {args.runs} are two different tables: give one of them")
     if args.dry_run:
         args.lengths, args.texts, args.cal_texts, args.num_hashes = [16, 32], 2, 2, 4
         args.expectation_lengths, args.sweep = [16], [4]

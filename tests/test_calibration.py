@@ -219,6 +219,15 @@ def test_benchmark_dry_run_calibrates_and_transfers_and_docs_quote_the_records(t
         assert table.strip() == rendered.stdout.strip(), files
 
 
+def test_the_benchmarks_table_options_without_render_or_together_raise_naming_them():
+    record = os.path.join("docs", "data", "calibration_2026-11-29.json")
+    for argv, match in ((["--pretrained", "unused", "--runs", "2048"], "--summary and --runs format records"),
+                        (["--render", record, "--summary", "--runs", "2048"], "--summary and --runs 2048 are two")):
+        proc = subprocess.run([sys.executable, os.path.join("benchmarks", "calibration.py"), *argv], cwd=REPO,
+                              capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 2 and match in proc.stderr, proc.stderr[-3000:]
+
+
 def test_the_readme_conversion_summary_is_what_the_record_gives():
     rendered = subprocess.run([sys.executable, os.path.join("benchmarks", "calibration.py"), "--render",
                                os.path.join("docs", "data", "calibration_2026-11-29.json"), "--summary"], cwd=REPO,
