@@ -70,6 +70,17 @@ def parse_args(argv):
                         help="also run keras_yoso.transfer_attention for this many steps per layer (0: not at all): "
                              "the converted model with its own sampled student, and at the --expectation-lengths "
                              "with a YOSO-E student and the YOSO-E model. Default: %(default)s")
+    parser.add_argument("--local-window", type=int, default=None,
+                        help="convert with YosoAttention(local_window=W): an exact softmax window beside YOSO whose "
+                             "per-head scale starts at 0 (so converted and calibrated are as without it) and is "
+                             "trained by the transfer. Default: none")
+    parser.add_argument("--locality", type=int, nargs="*", default=[],
+                        help="windows w: per layer and head, the share of the softmax model's attention within "
+                             "|i - j| < w, on the calibration texts of each length (what a local window could "
+                             "carry exactly). Default: none")
+    parser.add_argument("--no-calibrate", dest="calibrate", action="store_false",
+                        help="skip keras_yoso.calibrate (no calibrated rows; the transfer starts from the converted "
+                             "model either way)")
     parser.add_argument("--transfer-rate", type=float, default=2e-2,
                         help="transfer_attention's learning rate. Default: %(default)s")
     parser.add_argument("--machine-note", default="not stated",
@@ -255,6 +266,29 @@ def ceiling(reference, held_ids, cal_ids):
     return {"layer_error": rows, "chosen": chosen, "taus": list(CEILING_TAUS), "betas": list(CEILING_BETAS)}
 
 
+def locality(reference, ids, windows):
+    """{str(w): [layers][heads]} the mean over `ids`' texts and queries of the softmax attention mass on the keys
+    less than w positions from the query (the band `local_window=w` attends exactly)."""
+    layers = len(reference.transformer_layers)
+    weights = [ce._weights(reference.get_layer(f"transformer_layer_{i}")._self_attention_layer) for i in range(layers)]
+    totals = {w: [0.0] * layers for w in windows}
+    for row in ids:
+        states = ce.layer_inputs(reference, row)[0]
+        distance = np.abs(np.arange(len(row))[:, None] - np.arange(len(row))[None, :])
+        for i in range(layers):
+            x = states[i][0]
+            q, k = (np.einsum("nD,Dhd->hnd", x, weights[i][f"{n}_kernel"]) + weights[i][f"{n}_bias"][:, None, :]
+                    for n in ("query", "key"))
+            scores = np.einsum("hnd,hmd->hnm", q, k).astype(np.float32) / np.float32(np.sqrt(q.shape[-1]))
+            p = ce._softmax_rows(scores)
+            for w in windows:
+                totals[w][i] = totals[w][i] + (p * (distance < w)).sum(axis=-1).mean(axis=-1) / len(ids)
+    for i in range(layers):
+        print(f"  locality, layer {i}: " + ", ".join(f"w {w}: {np.mean(totals[w][i]):.3f}" for w in windows),
+              flush=True)
+    return {str(w): [[float(m) for m in totals[w][i]] for i in range(layers)] for w in windows}
+
+
 # ---------------------------------------------------------------------------------------------- the run
 
 
@@ -268,21 +302,27 @@ def measure(args):
     record = {"settings": {"num_hashes": args.num_hashes, "hash_code_len": args.hash_code_len,
                            "candidate_hash_code_lens": taus, "seed": args.seed, "batch_size": args.batch_size,
                            "calibration_texts": args.cal_texts, "held_out_texts": args.texts,
-                           "transfer_steps": args.transfer_steps, "transfer_rate": args.transfer_rate}}
+                           "transfer_steps": args.transfer_steps, "transfer_rate": args.transfer_rate,
+                           "local_window": args.local_window, "calibrated": args.calibrate}}
     for length in args.lengths:
         max_length = length if length > backbone.max_sequence_length else None
         reference = ce.softmax_reference(backbone, length)
+        if args.locality:
+            record.setdefault("locality", {})[str(length)] = locality(reference, cal[length], args.locality)
+        window = {} if args.local_window is None else {"local_window": args.local_window}
         converted = keras_yoso.replace_attention(backbone, "yoso", max_length=max_length, seed=args.seed,
-                                                 num_hashes=args.num_hashes, hash_code_len=args.hash_code_len)
+                                                 num_hashes=args.num_hashes, hash_code_len=args.hash_code_len,
+                                                 **window)
+        models = {"converted": converted}
         began = time.perf_counter()
-        print(f"length {length}: calibrating on {len(cal[length])} train texts", flush=True)
-        calibrated = keras_yoso.calibrate(converted, backbone, _inputs(cal[length]), hash_code_lens=taus,
-                                          batch_size=args.batch_size)
+        if args.calibrate:
+            print(f"length {length}: calibrating on {len(cal[length])} train texts", flush=True)
+            models["calibrated"] = keras_yoso.calibrate(converted, backbone, _inputs(cal[length]),
+                                                        hash_code_lens=taus, batch_size=args.batch_size)
         calibrate_seconds = time.perf_counter() - began
-        models = {"converted": converted, "calibrated": calibrated}
         if length in args.expectation_lengths:
             exact = keras_yoso.replace_attention(backbone, "yoso", max_length=max_length, seed=args.seed,
-                                                 use_expectation=True, hash_code_len=args.hash_code_len)
+                                                 use_expectation=True, hash_code_len=args.hash_code_len, **window)
             print(f"length {length}: calibrating YOSO-E", flush=True)
             models["YOSO-E converted"] = exact
             models["YOSO-E calibrated"] = keras_yoso.calibrate(exact, backbone, _inputs(cal[length]),
@@ -322,9 +362,13 @@ def measure(args):
         for model in ("calibrated", "YOSO-E calibrated", "transferred", "transferred, YOSO-E student",
                       "YOSO-E transferred"):
             for i in range(len(backbone.transformer_layers) if model in models else 0):
-                kwargs = models[model].get_layer(f"transformer_layer_{i}").attention_kwargs
+                unit = models[model].get_layer(f"transformer_layer_{i}")
+                kwargs = unit.attention_kwargs
                 layers.append({"length": length, "model": model, "layer": i, "hash_code_len": kwargs["hash_code_len"],
                                "output_scale": kwargs["output_scale"]})
+                if kwargs.get("local_window") is not None:
+                    scale = unit._self_attention_layer._local_window_scale
+                    layers[-1]["local_window_scale"] = [float(g) for g in ce._numpy(scale)]
         record.setdefault("calibrate_seconds", {})[str(length)] = calibrate_seconds
     if args.ceiling:
         shortest = min(args.lengths)
@@ -375,14 +419,25 @@ def render(records):
                          if r["length"] == length and r.get("model", "calibrated") == model), key=lambda r: r["layer"])
         lines.append(f"| {length:,} | {model} | " + " | ".join(
             f"tau {r['hash_code_len']}, scale {min(r['output_scale']):.2f}-{max(r['output_scale']):.2f}"
-            for r in chosen) + " |")
+            + (f", window {min(r['local_window_scale']):.2f}-{max(r['local_window_scale']):.2f}"
+               if "local_window_scale" in r else "") for r in chosen) + " |")
     lines.append("")
     transfer = (f"; transfer_attention: {settings['transfer_steps']} steps per layer at peak rate "
                 f"{settings['transfer_rate']:g}, on the calibration texts" if settings.get("transfer_steps") else "")
-    lines.append(f"Converted: m = {settings['num_hashes']}, tau = {settings['hash_code_len']} in every layer, seed "
-                 f"{settings['seed']}; calibrate's candidates tau = {settings['candidate_hash_code_lens']}, "
-                 f"{settings['calibration_texts']} calibration texts and {settings['held_out_texts']} held-out "
+    window = (f", an exact local window of {settings['local_window']} (its per-head scale, 0 when converted, trained "
+              "by the transfer)" if settings.get("local_window") else "")
+    lines.append(f"Converted: m = {settings['num_hashes']}, tau = {settings['hash_code_len']} in every layer"
+                 f"{window}, seed "
+                 f"{settings['seed']}; " + (f"calibrate's candidates tau = {settings['candidate_hash_code_lens']}, "
+                                            if settings.get("calibrated", True) else "not calibrated, ")
+                 + f"{settings['calibration_texts']} calibration texts and {settings['held_out_texts']} held-out "
                  f"texts per length{transfer}.")
+    for length, mass in sorted(records[-1].get("locality", {}).items(), key=lambda item: int(item[0])):
+        lines += ["", f"| at {int(length):,} tokens, calibration texts: softmax attention within the window | {cols} |",
+                  "| --- | " + " | ".join("---:" for _ in range(layers)) + " |"]
+        for window, per_layer in sorted(mass.items(), key=lambda item: int(item[0])):
+            lines.append(f"| \\|i - j\\| < {window}: mean, [min, max] over heads | " + " | ".join(
+                f"{np.mean(h):.3f} [{min(h):.2f}, {max(h):.2f}]" for h in per_layer) + " |")
     if "ceiling" in record:
         ceiling_record = record["ceiling"]
         lines += ["", f"| at {ceiling_record['length']:,} tokens, held-out texts | {cols} | mean |",
@@ -420,9 +475,9 @@ def runs(records, length):
     """One row per run of `records` that measured `length` tokens: its seed (texts and hash functions), its
     calibration texts and transfer steps per layer, and the held-out mean layer error and embedding cosine of
     its converted, calibrated and transferred models ("-" for a model the run did not make)."""
-    lines = ["| seed | calibration texts | transfer steps per layer | mean layer error, "
+    lines = ["| seed | calibration texts | transfer steps per layer | local window | mean layer error, "
              + " / ".join(SUMMARY_MODELS) + " | embedding cosine, " + " / ".join(SUMMARY_MODELS) + " | date |",
-             "| ---: | ---: | ---: | ---: | ---: | --- |"]
+             "| ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
     for run in records:
         if length not in run["lengths"]:
             continue
@@ -431,7 +486,7 @@ def runs(records, length):
             fmt(rows[m][key]) if m in rows else "-" for m in SUMMARY_MODELS)
         settings = run["settings"]
         lines.append(f"| {settings['seed']} | {settings['calibration_texts']} | "
-                     f"{settings.get('transfer_steps') or '-'} | "
+                     f"{settings.get('transfer_steps') or '-'} | {settings.get('local_window') or '-'} | "
                      f"{value('layer_error', lambda e: format(np.mean(e), '.3f'))} | "
                      f"{value('end_to_end_cosine', lambda c: format(c, '.3f'))} | {run['date'][:10]} |")
     return "\n".join(lines)

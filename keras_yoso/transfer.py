@@ -17,6 +17,10 @@ all-MiniLM-L6-v2), the projections, values and everything else frozen. The map i
 affine in the layer's input, so it folds into the query and key projections exactly (kernel W_h A_h, bias
 c_h A_h + a_h): the result is a plain YosoAttention layer, saved and loaded like any other.
 
+A layer converted with `local_window=w` (an exact softmax window beside YOSO, as LoLCATs keeps one) also
+trains its per-head window scale g_h (H more numbers, zero at the start): the window reads the same mapped
+queries and keys as YOSO, so the folded projections give it what the student had.
+
 The student is, by default, the layer itself: sampled YOSO drawing fresh hash functions at each step (as
 `training=True` does), so the loss it minimizes is the expected one over hash functions, the sampling noise
 included, through the layer's own gradient estimator (eq. 4 or the collision estimator). With
@@ -105,6 +109,8 @@ class _Student(YosoAttention):
             if self._use_bias:
                 bias = np.einsum("hd,hde->he", _numpy(dense.bias).astype(np.float64), matrix)
                 weights[f"{name}/bias"] = (bias + _numpy(offset)).astype("float32")
+        if self._local_window is not None:
+            weights["local_window_scale"] = _numpy(self._local_window_scale).astype("float32")
         return weights, [float(s) for s in _numpy(self.head_scale)]
 
 
@@ -203,11 +209,14 @@ def _train(attention, calls, steps, learning_rate, batch_size, verbose, label, e
 
 
 def _assign(attention, weights):
-    """`attention`'s query and key projections take the folded `weights` ({relative path: value})."""
+    """`attention`'s query and key projections (and its local window's per-head scale, if it has one) take
+    the folded `weights` ({relative path: value})."""
     for name, dense in (("query", attention.query_dense), ("key", attention.key_dense)):
         dense.kernel.assign(weights[f"{name}/kernel"])
         if attention.use_bias:
             dense.bias.assign(weights[f"{name}/bias"])
+    if "local_window_scale" in weights:
+        attention._local_window_scale.assign(weights["local_window_scale"])
 
 
 def transfer_attention(model, original, inputs, steps=100, learning_rate=2e-2, batch_size=4, student=None,
@@ -221,7 +230,8 @@ def transfer_attention(model, original, inputs, steps=100, learning_rate=2e-2, b
     per-head output scale is free (the module docstring: 2 H d (d + 1) + H numbers per layer, nothing else
     trained), is trained for `steps` Adam steps (cosine decay from `learning_rate`) to give the softmax
     layer's output on that input (the scale starts at `calibrate`'s least-squares fit). The map is folded into the layer's query and key projections and the
-    scale becomes its `output_scale`. A layer whose error on `inputs` (with its inference hash functions)
+    scale becomes its `output_scale`; a layer with a `local_window` also trains that window's per-head scale
+    (`local_window_scale`, from zero). A layer whose error on `inputs` (with its inference hash functions)
     ends above its start keeps the start (no map, the least-squares scale). Layers train one after another
     on the softmax model's hidden states.
 

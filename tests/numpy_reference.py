@@ -284,3 +284,26 @@ def linear_relative_attention_gradients(query, key, value, out_grad, relative_em
     d_query = d_phi_q * np.where(query > 0, 1.0, np.exp(np.minimum(query, 0.0)))
     d_key = d_phi_k * np.where(key > 0, 1.0, np.exp(np.minimum(key, 0.0)))
     return d_query, d_key, d_value, d_rel
+
+
+def local_attention(query, key, value, window, query_mask=None, key_mask=None, causal=False, key_offset=0):
+    """Softmax attention over the keys j with |key_offset + i - j| < window (and j <= key_offset + i when causal),
+    of the unmasked keys; 0 for a query with none and for masked queries. float64 [B, T, e]."""
+    q, k, v = (np.asarray(t, np.float64) for t in (query, key, value))
+    batch, length, dim = q.shape
+    qm, km = _mask(query_mask, batch, length), _mask(key_mask, batch, k.shape[1])
+    position = key_offset + np.arange(length)[:, None]
+    keys = np.arange(k.shape[1])[None, :]
+    allowed = np.abs(position - keys) < window
+    if causal:
+        allowed &= keys <= position
+    out = np.zeros((batch, length, v.shape[-1]))
+    for b in range(batch):
+        scores = q[b] @ k[b].T / np.sqrt(dim)
+        ok = allowed & (km[b][None, :] > 0)
+        scores = np.where(ok, scores, -np.inf)
+        top = np.max(scores, axis=1, keepdims=True)
+        weights = np.where(ok, np.exp(scores - np.where(np.isfinite(top), top, 0.0)), 0.0)
+        total = weights.sum(axis=1, keepdims=True)
+        out[b] = np.where(total > 0, weights / np.where(total > 0, total, 1.0), 0.0) @ v[b]
+    return out * qm[:, :, None]

@@ -219,6 +219,33 @@ def test_benchmark_dry_run_calibrates_and_transfers_and_docs_quote_the_records(t
         assert table.strip() == rendered.stdout.strip(), files
 
 
+@runs_on("torch")
+def test_benchmark_dry_run_with_a_local_window_records_locality_and_trains_the_window_scale(tmp_path):
+    """--local-window and --locality on a tiny random BERT: no calibrated rows with --no-calibrate, each layer's
+    share of softmax attention within each window (a fraction, larger for the larger window), and each transferred
+    layer's window scale in the record and the rendered tables."""
+    proc = subprocess.run([sys.executable, os.path.join("benchmarks", "calibration.py"), "--dry-run", "--out-dir",
+                           str(tmp_path), "--transfer-steps", "2", "--no-ceiling", "--no-calibrate",
+                           "--local-window", "2", "--locality", "2", "4", "--record", str(tmp_path / "record.json")],
+                          cwd=REPO, capture_output=True,
+                          text=True, timeout=300, env={**os.environ, "PYTHONPATH": REPO})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    record = json.loads((tmp_path / "calibration.json").read_text())
+    assert record["settings"]["local_window"] == 2 and record["settings"]["calibrated"] is False
+    assert "calibrated" not in {r["model"] for r in record["rows"]}
+    for length in ("16", "32"):
+        narrow, wide = (np.asarray(record["locality"][length][w]) for w in ("2", "4"))
+        assert narrow.shape == (2, 2) and np.all((0 < narrow) & (narrow < wide) & (wide <= 1 + 1e-6))
+    scales = [r["local_window_scale"] for r in record["layers"] if r["model"] == "transferred"]
+    assert len(scales) == 4 and all(len(s) == 2 and all(np.isfinite(s)) for s in scales)
+    rendered = subprocess.run([sys.executable, os.path.join("benchmarks", "calibration.py"), "--render",
+                               str(tmp_path / "record.json")], cwd=REPO, capture_output=True, text=True,
+                              timeout=60)
+    assert rendered.returncode == 0, rendered.stderr[-3000:]
+    assert "an exact local window of 2" in rendered.stdout and "not calibrated" in rendered.stdout
+    assert r"\|i - j\| < 4" in rendered.stdout and ", window " in rendered.stdout
+
+
 def test_the_benchmarks_table_options_without_render_or_together_raise_naming_them():
     record = os.path.join("docs", "data", "calibration_2026-11-29.json")
     for argv, match in ((["--pretrained", "unused", "--runs", "2048"], "--summary and --runs format records"),

@@ -13,6 +13,7 @@ from test_calibration import _original
 import keras_yoso
 from keras_yoso.calibration import _copy_weights
 from keras_yoso.transfer import _Student
+from keras_yoso.transfer import _assign
 
 
 @pytest.fixture(scope="module")
@@ -73,6 +74,40 @@ def test_a_transfer_that_does_not_help_keeps_the_start():
     calibrated = keras_yoso.calibrate(converted, original, inputs, hash_code_lens=[4], verbose=False)
     np.testing.assert_allclose(_layer_errors(original, states, model, inputs),
                                _layer_errors(original, states, calibrated, inputs), rtol=1e-4)
+
+
+def test_a_transfer_trains_the_local_window_scale_and_folds_it_with_the_map():
+    """A model converted with local_window=2: the transfer trains each layer's window scale from zero, the
+    transferred layers err less than the converted ones, and a student with random maps and window scale gives
+    the output of the plain layer with the folded projections and that scale (the window reads the mapped heads)."""
+    original, states = _original()
+    converted = keras_yoso.replace_attention(original, "yoso", num_hashes=8, hash_code_len=4, seed=1, local_window=2)
+    inputs = _inputs(8, seed=1)
+    model = keras_yoso.transfer_attention(converted, original, inputs, steps=40, learning_rate=2e-2, verbose=False)
+    assert np.all(_layer_errors(original, states, model, inputs) < _layer_errors(original, states, converted, inputs))
+    for i in range(2):
+        start = keras.ops.convert_to_numpy(converted.get_layer(f"attention_{i}").local_window_scale_weight())
+        trained = keras.ops.convert_to_numpy(model.get_layer(f"attention_{i}").local_window_scale_weight())
+        np.testing.assert_array_equal(start, np.zeros(2))
+        assert np.abs(trained).max() > 0.05, trained
+
+    x = _inputs(2, seed=5)
+    layer = keras_yoso.YosoAttention(2, 4, use_expectation=True, seed=3, local_window=2)
+    layer(x, x)
+    student = _Student.from_config(layer.get_config())
+    student(x, x)
+    _copy_weights(layer, student)
+    rng = np.random.default_rng(0)
+    for variable in (student.query_map, student.key_map, student.query_offset, student.key_offset,
+                     student.head_scale, student.local_window_scale_weight()):
+        variable.assign(rng.normal(size=variable.shape).astype("float32"))
+    weights, scale = student.folded()
+    plain = keras_yoso.YosoAttention.from_config({**layer.get_config(), "output_scale": scale})
+    plain(x, x)
+    plain.set_weights(layer.get_weights())
+    _assign(plain, weights)
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(plain(x, x)), keras.ops.convert_to_numpy(student(x, x)),
+                               rtol=1e-4, atol=1e-5)
 
 
 def test_the_transfer_is_kept_through_a_keras_file(transferred, tmp_path):

@@ -74,7 +74,10 @@ class YosoAttention(MultiHeadAttentionBase):
     4 * B * num_heads * num_hashes * 2**hash_code_len * value_dim bytes
     (512 KiB per head and sequence at the default m=32, tau=6, value_dim=64), plus, with
     `conv_window=w > 1`, cache["values"], the last w - 1 values `[B, w - 1, num_heads,
-    value_dim]`. Each call is one `keras_yoso.ops.lsh_cumulation_step` (native on every backend).
+    value_dim]`, and with `local_window=w > 1` the last w - 1 keys, values and whether each was a
+    position (cache["window_keys"] `[B, w - 1, num_heads, key_dim]`, cache["window_values"],
+    cache["window_mask"] `[B, w - 1]`). Each call is one `keras_yoso.ops.lsh_cumulation_step` (native on
+    every backend).
     Outputs equal the matching rows of the full causal forward (float32 rounding). Each
     decoding call costs O(T * num_hashes * head size) plus the tables' copy where a compiled loop
     does not update them in place.
@@ -102,7 +105,8 @@ class YosoAttention(MultiHeadAttentionBase):
 
     Settings. Each YOSO argument below (`num_hashes`, `hash_code_len`,
     `use_expectation`, `conv_window`, `backward`, `hash_method`,
-    `implementation`, `causal`) is a read-only property of the same name.
+    `implementation`, `causal`, `output_scale`, `local_window`) is a read-only
+    property of the same name.
 
     Args:
         num_heads: Number of attention heads.
@@ -174,6 +178,19 @@ class YosoAttention(MultiHeadAttentionBase):
             the output projection. `keras_yoso.calibrate` fits it (least
             squares against the softmax layer a model was converted from);
             kept in `get_config` as a list.
+        local_window: None (default) or a positive int w: beside YOSO, each
+            query attends exactly, with softmax(<q_i, k_j> / sqrt(key_dim)) of
+            the projected (not normalized) heads, to the keys j with
+            |i - j| < w (`MultiHeadAttention(sliding_window=w)`'s band; with
+            causal attention i - w < j <= i), and head h adds g_h times that
+            to its (scaled) N-YOSO output: the exact sliding window LoLCATs
+            (Zhang et al. 2025) keeps beside its linear attention. g is the
+            trainable weight `local_window_scale` `(num_heads,)`, zero when
+            built, so a layer with a window starts as the layer without one
+            (`keras_yoso.transfer_attention` trains it). O(T * w) more time
+            and memory (`keras_yoso.ops.local_attention`, `keras.ops` on
+            every backend); requires self-attention lengths (T == S).
+            Decoding keeps the last w - 1 keys and values (see above).
 
     Call arguments:
         query: Query tensor of shape `(B, T, dim)`.
@@ -209,7 +226,8 @@ class YosoAttention(MultiHeadAttentionBase):
         attention_scores: (only with `return_attention_scores=True`) the YOSO-E
             weights `(1 - arccos(<q_i, k_j>)/pi)^tau` (eq. 2's expectation),
             zero for masked pairs and, when causal, for keys j > i, of shape
-            `(B, num_heads, T, S)`.
+            `(B, num_heads, T, S)`; `local_window`'s softmax weights are not
+            included.
     """
 
     def __init__(
@@ -226,6 +244,7 @@ class YosoAttention(MultiHeadAttentionBase):
         implementation="auto",
         causal=False,
         output_scale=None,
+        local_window=None,
         **kwargs,
     ):
         self._causal = _validation.boolean(causal, "causal", layer=True)
@@ -233,6 +252,7 @@ class YosoAttention(MultiHeadAttentionBase):
         self._hash_code_len = _validation.hash_code_len(hash_code_len, cumulation=True, layer=True)
         self._use_expectation = _validation.boolean(use_expectation, "use_expectation", layer=True)
         self._conv_window = _validation.integer(conv_window, "conv_window", 1, allow_none=True, layer=True)
+        self._local_window = _validation.integer(local_window, "local_window", 1, allow_none=True, layer=True)
         self._backward = _validation.choice(backward, "backward", _validation.SAMPLED_BACKWARDS, layer=True)
         self._hash_method = _validation.choice(hash_method, "hash_method", _validation.HASH_METHODS, layer=True)
         self._implementation = _validation.choice(implementation, "implementation", _validation.IMPLEMENTATIONS,
@@ -266,6 +286,16 @@ class YosoAttention(MultiHeadAttentionBase):
     @property
     def conv_window(self):
         return self._conv_window
+
+    @property
+    def local_window(self):
+        """None, or w: each query also attends exactly (softmax) to the keys less than w positions away."""
+        return self._local_window
+
+    def local_window_scale_weight(self):
+        """The trainable per-head scale g `(num_heads,)` of the local window's term (a built layer with a
+        `local_window`; None otherwise)."""
+        return getattr(self, "_local_window_scale", None)
 
     @property
     def implementation(self):
@@ -302,6 +332,7 @@ class YosoAttention(MultiHeadAttentionBase):
             "implementation": self._implementation,
             "causal": self._causal,
             "output_scale": None if self._output_scale is None else list(self._output_scale),
+            "local_window": self._local_window,
         }
         return {**super().get_config(), **config}
 
@@ -315,6 +346,11 @@ class YosoAttention(MultiHeadAttentionBase):
                              "and adds them to the outputs at the same positions, so `query` and `value` must "
                              f"have the same length. Received: query_shape={tuple(query_shape)}, "
                              f"value_shape={tuple(value_shape)}")
+        if self._local_window is not None and tuple(query_shape[1:-1]) != tuple(value_shape[1:-1]) and not (
+                None in query_shape[1:-1] or None in value_shape[1:-1]):
+            raise ValueError(f"local_window={self._local_window} attends the keys near each query's own position, "
+                             "so `query` and `value` must have the same length (self-attention). Received "
+                             f"query_shape={tuple(query_shape)}, value_shape={tuple(value_shape)}")
 
     def _build_attention(self, query_shape, value_shape):
         """Creates the YOSO-C filters and the inference hash functions (a non-trainable weight drawn from
@@ -340,6 +376,11 @@ class YosoAttention(MultiHeadAttentionBase):
                 name="conv_kernel", shape=(self._conv_window, self._num_heads),
                 initializer=self._fresh_kernel_initializer(), regularizer=self._kernel_regularizer,
                 constraint=self._kernel_constraint, trainable=True)
+        if self._local_window is not None:
+            # Zero: a layer with a window starts as the layer without one (a converted model stays converted).
+            self._local_window_scale = self.add_weight(name="local_window_scale", shape=(self._num_heads,),
+                                                       dtype="float32", initializer="zeros", trainable=True,
+                                                       autocast=False)
 
     def _causal_by_default(self, cache):
         """use_causal_mask=None: the constructor's `causal`, and causal whenever the call decodes."""
@@ -428,7 +469,20 @@ class YosoAttention(MultiHeadAttentionBase):
         out = self._scaled(out)
         if self._conv_window is not None:
             out = out + self._depthwise_conv(value_heads, key_mask, causal=causal)
+        if self._local_window is not None:
+            out = out + self._local_term(query_heads, key_heads, value_heads, query_mask, key_mask, causal)
         return out, None
+
+    def _local_term(self, query_heads, key_heads, value_heads, query_mask, key_mask, causal, key_offset=0):
+        """g_h times head h's exact softmax attention over the keys within `local_window` positions
+        (`keras_yoso.ops.local_attention`): `[B, T, heads, Dv]` float32. Keys and values `[B, S, heads, .]`,
+        the first `key_offset` of them before the first query (decoding)."""
+        local = yoso_ops.local_attention(flatten_heads(query_heads), flatten_heads(key_heads),
+                                         flatten_heads(value_heads), self._local_window,
+                                         repeat_heads(query_mask, self._num_heads),
+                                         repeat_heads(key_mask, self._num_heads), causal=causal, key_offset=key_offset)
+        local = unflatten_heads(local, ops.shape(query_heads)[0], self._num_heads)
+        return local * ops.convert_to_tensor(self._local_window_scale)[None, None, :, None]
 
     def _scaled(self, heads):
         """`heads` `[B, T, num_heads, value_dim]` times the output scale of each head (unchanged without one)."""
@@ -463,7 +517,20 @@ class YosoAttention(MultiHeadAttentionBase):
         if self._conv_window is not None and self._conv_window > 1:
             cache["values"] = ops.zeros((batch_size, self._conv_window - 1, self._num_heads, self._value_dim),
                                         "float32")
+        if self._local_window is not None and self._local_window > 1:
+            kept = self._local_window - 1
+            cache["window_keys"] = ops.zeros((batch_size, kept, self._num_heads, self._key_dim), "float32")
+            cache["window_values"] = ops.zeros((batch_size, kept, self._num_heads, self._value_dim), "float32")
+            cache["window_mask"] = ops.zeros((batch_size, kept), "float32")  # 1: a position seen, 0: none yet
         return cache
+
+    def _cache_names(self):
+        names = {"tables"}
+        if self._conv_window is not None and self._conv_window > 1:
+            names.add("values")
+        if self._local_window is not None and self._local_window > 1:
+            names.update(("window_keys", "window_values", "window_mask"))
+        return names
 
     def _decode(self, heads, masks, cache):
         """Causal YOSO of T new positions over the bucket tables of the earlier ones
@@ -481,21 +548,29 @@ class YosoAttention(MultiHeadAttentionBase):
                                                         implementation=self._implementation)
         out = self._scaled(unflatten_heads(l2_normalize(out), batch, heads))
         new_cache = {"tables": tables}
-        if "values" not in cache:
-            if self._conv_window is not None:
-                out = out + self._depthwise_conv(value_heads, key_mask, causal=True)
-            return out, new_cache
-        history = cache["values"]
-        out = out + self._depthwise_conv(value_heads, key_mask, causal=True, history=history)
-        values = ops.concatenate([history, ops.where(key_mask[:, :, None, None], value_heads, 0.0)], axis=1)
-        keep = self._conv_window - 1
-        new_cache["values"] = ops.slice(values, (0, ops.shape(values)[1] - keep, 0, 0),
-                                        (batch, keep, heads, self._value_dim))
+        if "values" in cache:
+            history = cache["values"]
+            out = out + self._depthwise_conv(value_heads, key_mask, causal=True, history=history)
+            values = ops.concatenate([history, ops.where(key_mask[:, :, None, None], value_heads, 0.0)], axis=1)
+            new_cache["values"] = _last_rows(values, self._conv_window - 1)
+        elif self._conv_window is not None:
+            out = out + self._depthwise_conv(value_heads, key_mask, causal=True)
+        if "window_keys" in cache:  # the new positions attend the kept w - 1 before them and each other
+            kept = self._local_window - 1
+            f32 = lambda x: ops.cast(x, "float32")  # noqa: E731
+            keys = ops.concatenate([cache["window_keys"], f32(key_heads)], axis=1)
+            values = ops.concatenate([cache["window_values"], f32(value_heads)], axis=1)
+            seen = ops.concatenate([cache["window_mask"] > 0, key_mask], axis=1)
+            out = out + self._local_term(query_heads, keys, values, query_mask, seen, True, key_offset=kept)
+            new_cache["window_keys"], new_cache["window_values"] = _last_rows(keys, kept), _last_rows(values, kept)
+            new_cache["window_mask"] = _last_rows(ops.cast(seen, "float32"), kept)
+        elif self._local_window is not None:
+            out = out + self._local_term(query_heads, key_heads, value_heads, query_mask, key_mask, True)
         return out, new_cache
 
     def _check_cache(self, cache, batch):
         """ValueError when `cache` is not this layer's (the names and shapes of init_cache)."""
-        names = {"tables", "values"} if self._conv_window is not None and self._conv_window > 1 else {"tables"}
+        names = self._cache_names()
         if not isinstance(cache, dict) or set(cache) != names:
             raise ValueError(f"YosoAttention expects the `cache` of its own init_cache: a dict with the entries "
                              f"{sorted(names)}. Received {type(cache).__name__}"
@@ -518,6 +593,12 @@ class YosoAttention(MultiHeadAttentionBase):
         if causal:
             scores = ops.where(ops.tril(ops.ones(shape[2:], "bool")), scores, 0.0)
         return scores
+
+
+def _last_rows(x, count):
+    """The last `count` rows of `x` `[B, N, ...]` along axis 1."""
+    shape = ops.shape(x)
+    return ops.slice(x, (0, shape[1] - count) + (0,) * (len(shape) - 2), (shape[0], count) + tuple(shape[2:]))
 
 
 def _output_scale(value):

@@ -16,6 +16,7 @@ from keras_yoso.ops.hashing import hash_codes
 from keras_yoso.ops.hashing import hash_parameters
 from keras_yoso.ops.hashing import hash_parameters_shape
 from keras_yoso.ops.linear_relative import linear_relative_attention
+from keras_yoso.ops.local import local_attention
 from keras_yoso.ops.linear_relative import linear_relative_attention_step
 from keras_yoso.ops.linear_relative import linear_relative_decoding_state
 from keras_yoso.ops.yoso import collision_cumulation
@@ -55,6 +56,7 @@ __all__ = [
     "linear_relative_attention",
     "linear_relative_attention_step",
     "linear_relative_decoding_state",
+    "local_attention",
     "lsh_cumulation",
     "lsh_cumulation_step",
     "supports_jit",
