@@ -17,6 +17,8 @@ LAYERS = {
     "yoso": lambda **kw: YosoAttention(**{"num_hashes": 8, "hash_code_len": 4, "seed": 3, **kw}),
     "yoso_c": lambda **kw: YosoAttention(**{"num_hashes": 8, "hash_code_len": 4, "seed": 3, "conv_window": 3,
                                             **kw}),
+    "yoso_window": lambda **kw: YosoAttention(**{"num_hashes": 8, "hash_code_len": 4, "seed": 3, "local_window": 3,
+                                                 **kw}),
     "linear_relative": lambda **kw: LinearRelativeAttention(**{"horizon": 3, **kw}),
 }
 
