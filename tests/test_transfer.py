@@ -25,26 +25,28 @@ def transferred():
     return original, states, converted, model, inputs
 
 
-def test_the_trained_map_and_scale_fold_into_a_plain_yoso_layer_exactly():
-    """A student with random maps, offsets and scales gives the output of a YosoAttention whose query and key
-    projections are the folded ones and whose output_scale is the student's scale (YOSO-E: no sampling)."""
+@pytest.mark.parametrize("local_window", [None, 2])
+def test_the_trained_map_and_scale_fold_into_a_plain_yoso_layer_exactly(local_window):
+    """A student with random maps, offsets and scales (and window scale) gives the output of a YosoAttention whose
+    query and key projections are the folded ones, whose output_scale is the student's scale and whose window
+    scale is the student's (YOSO-E: no sampling; the window reads the mapped heads)."""
     x = _inputs(2, seed=5)
-    layer = keras_yoso.YosoAttention(2, 4, use_expectation=True, seed=3)
+    layer = keras_yoso.YosoAttention(2, 4, use_expectation=True, seed=3, local_window=local_window)
     layer(x, x)
     student = _Student.from_config(layer.get_config())
     student(x, x)
     _copy_weights(layer, student)
     rng = np.random.default_rng(0)
-    for variable in (student.query_map, student.key_map, student.query_offset, student.key_offset,
-                     student.head_scale):
+    trained = [student.query_map, student.key_map, student.query_offset, student.key_offset, student.head_scale]
+    if local_window is not None:
+        trained.append(student.local_window_scale_weight())
+    for variable in trained:
         variable.assign(rng.normal(size=variable.shape).astype("float32"))
     weights, scale = student.folded()
     plain = keras_yoso.YosoAttention.from_config({**layer.get_config(), "output_scale": scale})
     plain(x, x)
     plain.set_weights(layer.get_weights())
-    for name, dense in (("query", plain.query_dense), ("key", plain.key_dense)):
-        dense.kernel.assign(weights[f"{name}/kernel"])
-        dense.bias.assign(weights[f"{name}/bias"])
+    _assign(plain, weights)
     np.testing.assert_allclose(keras.ops.convert_to_numpy(plain(x, x)), keras.ops.convert_to_numpy(student(x, x)),
                                rtol=1e-4, atol=1e-5)
 
@@ -76,10 +78,9 @@ def test_a_transfer_that_does_not_help_keeps_the_start():
                                _layer_errors(original, states, calibrated, inputs), rtol=1e-4)
 
 
-def test_a_transfer_trains_the_local_window_scale_and_folds_it_with_the_map():
-    """A model converted with local_window=2: the transfer trains each layer's window scale from zero, the
-    transferred layers err less than the converted ones, and a student with random maps and window scale gives
-    the output of the plain layer with the folded projections and that scale (the window reads the mapped heads)."""
+def test_a_transfer_trains_the_local_window_scale_from_zero():
+    """A model converted with local_window=2: the transfer trains each layer's window scale from zero, and the
+    transferred layers err less than the converted ones."""
     original, states = _original()
     converted = keras_yoso.replace_attention(original, "yoso", num_hashes=8, hash_code_len=4, seed=1, local_window=2)
     inputs = _inputs(8, seed=1)
@@ -91,23 +92,6 @@ def test_a_transfer_trains_the_local_window_scale_and_folds_it_with_the_map():
         np.testing.assert_array_equal(start, np.zeros(2))
         assert np.abs(trained).max() > 0.05, trained
 
-    x = _inputs(2, seed=5)
-    layer = keras_yoso.YosoAttention(2, 4, use_expectation=True, seed=3, local_window=2)
-    layer(x, x)
-    student = _Student.from_config(layer.get_config())
-    student(x, x)
-    _copy_weights(layer, student)
-    rng = np.random.default_rng(0)
-    for variable in (student.query_map, student.key_map, student.query_offset, student.key_offset,
-                     student.head_scale, student.local_window_scale_weight()):
-        variable.assign(rng.normal(size=variable.shape).astype("float32"))
-    weights, scale = student.folded()
-    plain = keras_yoso.YosoAttention.from_config({**layer.get_config(), "output_scale": scale})
-    plain(x, x)
-    plain.set_weights(layer.get_weights())
-    _assign(plain, weights)
-    np.testing.assert_allclose(keras.ops.convert_to_numpy(plain(x, x)), keras.ops.convert_to_numpy(student(x, x)),
-                               rtol=1e-4, atol=1e-5)
 
 
 def test_the_transfer_is_kept_through_a_keras_file(transferred, tmp_path):
