@@ -61,6 +61,7 @@ def test_local_attention_gradients_equal_the_references_finite_differences(causa
     ({"window": 0}, "window must be an integer >= 1, got 0"),
     ({"window": 2.5}, "window must be an integer >= 1, got 2.5"),
     ({"key_offset": -1}, "key_offset must be an integer >= 0, got -1"),
+    ({"causal": "yes"}, r"causal must be a bool \(or 0 / 1\), got 'yes'"),
     ({"value": np.zeros((2, 5, 3), "float32")}, "key lengths"),
 ])
 def test_local_attention_rejects_bad_arguments_naming_them(arguments, match):
