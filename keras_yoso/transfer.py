@@ -241,7 +241,8 @@ def transfer_attention(model, original, inputs, steps=100, learning_rate=2e-2, b
     then `steps` student steps per layer (a sampled student costs O(T) per step, a YOSO-E one O(T^2)).
     What it buys on all-MiniLM-L6-v2 (m = 32, tau = 8; docs/results.md): each layer's error against the
     softmax layer falls on held-out text (mean 0.81 to 0.65 at 512 tokens, 0.72 to 0.48 at 2,048); the
-    mean-pooled embedding's cosine to the original's rises at 2,048 tokens (0.862 to 0.947), not at 512.
+    mean-pooled embedding's cosine to the original's rises at 2,048 tokens (0.862 to 0.947), not at 512;
+    with 200 steps on 16 texts to 0.950 and 0.948 on two seeds, and with `local_window=64` to 0.971 and 0.968.
 
     Args:
         model: The converted `keras.Model`, Functional or Sequential, with one YosoAttention per converted
