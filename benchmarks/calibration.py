@@ -367,7 +367,7 @@ def measure(args):
                 layers.append({"length": length, "model": model, "layer": i, "hash_code_len": kwargs["hash_code_len"],
                                "output_scale": kwargs["output_scale"]})
                 if kwargs.get("local_window") is not None:
-                    scale = unit._self_attention_layer._local_window_scale
+                    scale = unit._self_attention_layer.local_window_scale_weight()
                     layers[-1]["local_window_scale"] = [float(g) for g in ce._numpy(scale)]
         record.setdefault("calibrate_seconds", {})[str(length)] = calibrate_seconds
     if args.ceiling:

@@ -16,9 +16,9 @@ from keras_yoso.ops.hashing import hash_codes
 from keras_yoso.ops.hashing import hash_parameters
 from keras_yoso.ops.hashing import hash_parameters_shape
 from keras_yoso.ops.linear_relative import linear_relative_attention
-from keras_yoso.ops.local import local_attention
 from keras_yoso.ops.linear_relative import linear_relative_attention_step
 from keras_yoso.ops.linear_relative import linear_relative_decoding_state
+from keras_yoso.ops.local import local_attention
 from keras_yoso.ops.yoso import collision_cumulation
 from keras_yoso.ops.yoso import lsh_cumulation
 from keras_yoso.ops.yoso import lsh_cumulation_step
