@@ -23,14 +23,22 @@ beyond it by --extend-factor while it is at the edge (at most --max-extensions t
 at the chosen rate. A run whose validation loss is not finite diverged; one whose validation accuracy does
 not beat answering the majority class by FLOOR_MARGIN learned nothing: both are failed runs, never chosen
 and never averaged. The table gives each mode's validation accuracy per rate, the chosen rate, whether it
-is interior, and test accuracy mean [min, max] over the seeds kept; <out>/protocol.json holds the records.
+is interior, and test accuracy mean [min, max] over the seeds kept; <out>/protocol.json holds the records,
+<out>/protocol.png draws them. With --record FILE every finished run's record is also appended to FILE (a
+JSON list in docs/data, with the command, the arguments after `--`, the machine, --machine-note and the
+date), and a run whose record FILE already holds (same mode, rate, seed and arguments) is reused, so a
+protocol stopped in one session resumes in the next from the records alone. --render FILE... prints the
+table of recorded runs (one per setting of the arguments after `--`) and, with --figure, draws it.
 """
 
 import argparse
+import datetime
+import hashlib
 import importlib.util
 import json
 import math
 import os
+import platform
 import subprocess
 import sys
 import time
@@ -47,6 +55,7 @@ def _load_protocol():
 
 
 protocol = _load_protocol()
+import run as quality_run  # noqa: E402  (benchmarks/quality/run.py, on sys.path once protocol.py is loaded)
 
 EXAMPLE = os.path.join(HERE, "..", "examples", "convert_pretrained.py")
 MODES = ("yoso", "transferred", "softmax", "scratch")
@@ -65,6 +74,9 @@ def run_one(args, mode, learning_rate, seed):
         command = [sys.executable, EXAMPLE, "--pretrained", args.pretrained, "--mode", mode,
                    "--learning-rate", str(learning_rate), "--seed", str(seed), "--output-dir", directory]
         command += ["--data-dir", args.data_dir] if args.data_dir else []
+        if mode == "transferred":  # one transfer per seed and setting, read back by the other rates' runs
+            setting = hashlib.sha256("\x00".join(args.example_args).encode("utf-8")).hexdigest()[:10]
+            command += ["--transfer-cache", os.path.join(args.out, f"transferred-seed{seed}-{setting}.keras")]
         print(f"== {mode} lr={learning_rate:g} seed={seed}: {' '.join(command[1:] + args.example_args)}", flush=True)
         start = time.perf_counter()
         subprocess.run(command + args.example_args, check=True, cwd=os.path.dirname(EXAMPLE))
@@ -137,7 +149,8 @@ def protocol_record(metrics, mode, learning_rate, seed, phase, args):
             "validation_accuracy": metrics["validation_accuracy"], "accuracy": metrics["test_accuracy"],
             "train_seconds": metrics["train_seconds"], "steps": metrics["steps"],
             "num_train_examples": metrics["num_train_examples"], "num_test_examples": metrics["num_test_examples"],
-            "keras_backend": metrics["keras_backend"],
+            "keras_backend": metrics["keras_backend"], "transfer_seconds": metrics["args"].get("transfer_seconds"),
+            "example_args": list(args.example_args),
             "protocol": {"phase": phase, "grid": sorted(args.learning_rates), "extend_factor": args.extend_factor,
                          "max_extensions": args.max_extensions, "floor_margin": FLOOR_MARGIN}}
 
@@ -164,21 +177,103 @@ def protocol_table(records_by_mode):
     return "\n".join(lines)
 
 
+def _recorded(args, mode, learning_rate, seed):
+    """The record of --record for this run (same mode, rate, seed and arguments after `--`), or None."""
+    for record in args.recorded:
+        if (record.get("mode"), record.get("lr"), record.get("seed"), record.get("example_args")) == (
+                mode, learning_rate, seed, list(args.example_args)):
+            return record
+    return None
+
+
 def run_protocols(args):
-    """--protocol: protocol.run_protocol per mode; prints the table and writes <out>/protocol.json."""
+    """--protocol: protocol.run_protocol per mode; prints the table, writes <out>/protocol.json and
+    <out>/protocol.png, and with --record appends each new run's record to that file as it finishes."""
     if len(set(args.learning_rates)) < protocol.GRID_MIN:
         raise SystemExit(f"--protocol needs at least {protocol.GRID_MIN} distinct --learning-rates, got "
                          f"{args.learning_rates}")
+    record_to = getattr(args, "record", None)
+    args.recorded = quality_run.plot.load([record_to]) if record_to and os.path.exists(record_to) else []
     records_by_mode = {}
     for mode in args.modes:
         def train(learning_rate, seed, phase, mode=mode):
-            return protocol_record(run_one(args, mode, learning_rate, seed), mode, learning_rate, seed, phase, args)
+            reused = _recorded(args, mode, learning_rate, seed)
+            if reused is not None:
+                print(f"== {mode} lr={learning_rate:g} seed={seed}: reusing the record of {reused['date']} in "
+                      f"{record_to}", flush=True)
+                return reused
+            record = protocol_record(run_one(args, mode, learning_rate, seed), mode, learning_rate, seed, phase, args)
+            if record_to:
+                record.update(command=" ".join(["benchmarks/convert_pretrained.py", *args.argv]),
+                              date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                              pretrained=os.path.basename(os.path.normpath(args.pretrained)),
+                              machine={**quality_run.machine(), "uname": " ".join(platform.uname()),
+                                       "quiet": args.machine_note.strip().lower() == "quiet",
+                                       "note": args.machine_note})
+                quality_run.append_results(record_to, [record])
+                args.recorded.append(record)
+            return record
 
         records_by_mode[mode] = protocol.run_protocol(train, args.learning_rates, args.extend_factor,
                                                       args.max_extensions)
         with open(os.path.join(args.out, "protocol.json"), "w", encoding="utf-8") as f:
             json.dump([r for records in records_by_mode.values() for r in records], f, indent=2)
     print(protocol_table(records_by_mode))
+    protocol_plot(records_by_mode, os.path.join(args.out, "protocol.png"))
+    print(f"figure: {os.path.join(args.out, 'protocol.png')}")
+
+
+def protocol_plot(records_by_mode, path, title="fine-tuning under the protocol"):
+    """Left: each mode's seed-0 validation accuracy per rate (a failed run as an x at the floor line);
+    right: test accuracy of each seed at the chosen rate (dots) and their mean (bar)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for n, (mode, records) in enumerate(records_by_mode.items()):
+        row = protocol.summarize(records)
+        rates = sorted(row["validation"])
+        left.plot(rates, [row["validation"][lr] if row["validation"][lr] is not None else float("nan") for lr in rates],
+                  "o-", color=f"C{n}", label=mode)
+        failed = [lr for lr in rates if row["validation"][lr] is None]
+        left.plot(failed, [0.5] * len(failed), "x", color=f"C{n}", markersize=9)
+        kept = [r["accuracy"] for r in records if r["lr"] == row["chosen_lr"] and not protocol.failed(r)]
+        if kept:
+            right.bar(n, sum(kept) / len(kept), color=f"C{n}", alpha=0.5)
+            right.plot([n] * len(kept), kept, "k.", markersize=8)
+    left.set_xscale("log")
+    left.set_xlabel("learning rate (seed 0)")
+    left.set_ylabel("validation accuracy (x: a failed run)")
+    left.legend()
+    right.set_xticks(range(len(records_by_mode)), list(records_by_mode))
+    right.set_ylabel("test accuracy at the chosen rate")
+    right.axhline(0.5, color="gray", linestyle=":", linewidth=1)
+    figure.suptitle(title)
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+
+
+def render(paths, figure=None):
+    """--render: the protocol table of the records in `paths`, one per setting of the example's arguments,
+    each headed by its command's settings, the machine and the dates; with `figure`, the first setting drawn."""
+    records = quality_run.plot.load(paths)
+    settings = {}
+    for record in records:
+        settings.setdefault(tuple(record["example_args"]), {}).setdefault(record["mode"], []).append(record)
+    blocks = []
+    for n, (example_args, by_mode) in enumerate(settings.items()):
+        every = [r for rs in by_mode.values() for r in rs]
+        dates = sorted(r["date"] for r in every)
+        machines = sorted({r["machine"].get("note", "") for r in every})
+        blocks.append(f"Arguments of every run: `{' '.join(example_args)}`; {len(every)} runs, {dates[0]} to "
+                      f"{dates[-1]}, backend {every[0]['keras_backend']}, {every[0]['num_test_examples']} test "
+                      f"reviews; machine: {'; '.join(machines)}\n\n" + protocol_table(by_mode))
+        if figure and n == 0:
+            protocol_plot(by_mode, figure, title=f"{every[0]['pretrained']} fine-tuned under the protocol")
+    return "\n\n".join(blocks)
 
 
 def fidelity(args):
@@ -189,11 +284,12 @@ def fidelity(args):
 
 
 def main(argv=None):
-    argv = sys.argv[1:] if argv is None else argv
+    argv = list(sys.argv[1:] if argv is None else argv)
+    full_argv = list(argv)
     example_args = argv[argv.index("--") + 1:] if "--" in argv else []
     argv = argv[:argv.index("--")] if "--" in argv else argv
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--pretrained", required=True, help="Hugging Face BERT checkpoint folder")
+    parser.add_argument("--pretrained", default=None, help="Hugging Face BERT checkpoint folder (required to train)")
     parser.add_argument("--data-dir", default=None, help="IMDB folder; default: the built-in long-range task")
     parser.add_argument("--learning-rates", type=float, nargs="+", default=[5e-5, 2e-4])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
@@ -205,14 +301,35 @@ def main(argv=None):
                         help="--protocol: the ratio of an extension to the edge rate. Default: %(default)s")
     parser.add_argument("--max-extensions", type=int, default=protocol.MAX_EXTENSIONS,
                         help="--protocol: extensions at most. Default: %(default)s")
+    parser.add_argument("--record", default=None, metavar="FILE",
+                        help="--protocol: a JSON list (docs/data/...) to append each run's record to, and to resume from")
+    parser.add_argument("--machine-note", default=None,
+                        help="--record: what else ran on the machine, recorded with every run ('quiet' if nothing)")
+    parser.add_argument("--render", nargs="+", default=None, metavar="FILE",
+                        help="instead of training: the protocol table of the records in these files")
+    parser.add_argument("--figure", default=None, help="--render: a PNG to draw the first setting's records in")
     parser.add_argument("--fidelity", type=int, default=None, metavar="N",
                         help="instead of training: the converted models' embeddings against softmax's on N texts")
     args = parser.parse_args(argv)
+    if args.render:
+        print(render(args.render, args.figure))
+        return None
+    if not args.pretrained:
+        parser.error("--pretrained is required (the checkpoint folder)")
+    if args.record and not args.protocol:
+        parser.error("--record needs --protocol (it records protocol runs)")
+    if args.record and not args.machine_note:
+        parser.error("--record needs --machine-note: what else ran on the machine ('quiet' if nothing)")
+    args.argv = full_argv
+    # Each run's process starts in examples/: the paths it is given are made absolute here.
+    args.pretrained = os.path.abspath(args.pretrained)
+    args.data_dir = args.data_dir and os.path.abspath(args.data_dir)
     if args.fidelity:
         return fidelity(args)
     if not args.out:
         parser.error("--out is required (the folder of the runs)")
     args.example_args = example_args
+    args.out = os.path.abspath(args.out)
     os.makedirs(args.out, exist_ok=True)
     if args.protocol:
         return run_protocols(args)

@@ -24,18 +24,24 @@ tokenizer.json or vocab.txt. Nothing is downloaded at run time. The script
     yoso         the pretrained model with YOSO attention at --max-length (default)
     transferred  the yoso model after `keras_yoso.transfer_attention` (each layer's queries and keys mapped
                  to reproduce the pretrained softmax layer) on the text of --transfer-texts training
-                 documents, --transfer-steps steps per layer, before fine-tuning
+                 documents, --transfer-steps steps per layer at --transfer-rate, before fine-tuning; with
+                 --transfer-cache FILE the transferred backbone is saved there and read back by later runs
+                 with the same settings (a learning-rate grid transfers once per seed)
     softmax  the same pretrained model as it is (softmax attention), inputs truncated to its 512 positions
     scratch  the YOSO model of `yoso` with random weights (no pretraining)
+--local-window W gives every YOSO layer (yoso, transferred, scratch) an exact softmax window of W positions
+beside its YOSO attention (YosoAttention(local_window=W), its per-head scale starting at zero).
 docs/results.md compares them ("Pretrained BERT converted to YOSO"; benchmarks/convert_pretrained.py
 runs the comparison, and with --fidelity measures the converted models before fine-tuning). Runs on
 TensorFlow, JAX and PyTorch (KERAS_BACKEND).
 """
 
 import argparse
+import hashlib
 import json
 import os
 import sys
+import time
 
 import numpy as np
 
@@ -88,16 +94,41 @@ def load_backbone(args):
     # Extended to --max-length positions when longer than the checkpoint's; a shorter one reads the first of them.
     max_length = args.max_length if args.max_length > backbone.max_sequence_length else None
     return keras_yoso.replace_attention(backbone, "yoso", max_length=max_length, num_hashes=args.num_hashes,
-                                        hash_code_len=args.hash_code_len, seed=args.seed)
+                                        hash_code_len=args.hash_code_len, local_window=args.local_window,
+                                        seed=args.seed)
+
+
+def transfer_settings(args, texts):
+    """What a transferred backbone depends on: --transfer-cache holds one only for the same settings."""
+    return {"pretrained": os.path.abspath(args.pretrained), "max_length": args.max_length,
+            "num_hashes": args.num_hashes, "hash_code_len": args.hash_code_len, "local_window": args.local_window,
+            "seed": args.seed, "transfer_steps": args.transfer_steps, "transfer_rate": args.transfer_rate,
+            "batch_size": min(4, args.batch_size), "texts": len(texts),
+            "texts_sha256": hashlib.sha256("\x00".join(texts).encode("utf-8")).hexdigest(),
+            "keras_backend": keras.backend.backend()}
 
 
 def transfer(converted, args, texts):
     """--mode transferred: `keras_yoso.transfer_attention` of the converted backbone against the checkpoint's
-    softmax layers, on `texts` (unlabelled) cut to --max-length tokens and padded to the longest."""
+    softmax layers, on `texts` (unlabelled) cut to --max-length tokens and padded to the longest. With
+    --transfer-cache FILE: read from FILE when FILE.json records the same settings (transfer_settings), else
+    transferred and written there."""
     import keras_hub
 
     import keras_yoso
 
+    settings = transfer_settings(args, texts)
+    cache = args.transfer_cache
+    if cache and os.path.exists(cache):
+        with open(cache + ".json", encoding="utf-8") as f:
+            cached = json.load(f)
+        differ = {k: (cached.get(k), v) for k, v in settings.items() if cached.get(k) != v}
+        if differ:
+            raise ValueError(f"--transfer-cache {cache} holds a backbone transferred with other settings "
+                             f"(cached, now): {differ}; give another file, or delete it to transfer again")
+        print(f"reading the transferred backbone from {cache} (transferred with the same settings)", flush=True)
+        args.transfer_seconds, args.transfer_cached = cached.get("transfer_seconds"), True
+        return keras.saving.load_model(cache)
     original = keras_hub.models.BertBackbone.from_preset(args.pretrained)
     rows = PretrainedTokenizer(args.pretrained, args.max_length).encode(texts)
     ids = np.full((len(rows), max(len(row) for row in rows)), PAD_ID, np.int32)
@@ -105,8 +136,18 @@ def transfer(converted, args, texts):
         ids[i, :len(row)] = row
     inputs = {"token_ids": ids, "segment_ids": np.zeros_like(ids), "padding_mask": ids != PAD_ID}
     print(f"transferring the attention on {len(ids)} training documents of up to {ids.shape[1]} tokens", flush=True)
-    return keras_yoso.transfer_attention(converted, original, inputs, steps=args.transfer_steps,
-                                         batch_size=min(4, args.batch_size))
+    start = time.perf_counter()
+    transferred = keras_yoso.transfer_attention(converted, original, inputs, steps=args.transfer_steps,
+                                                learning_rate=args.transfer_rate, batch_size=min(4, args.batch_size))
+    settings["transfer_seconds"] = time.perf_counter() - start
+    args.transfer_seconds = settings["transfer_seconds"]
+    if cache:
+        os.makedirs(os.path.dirname(os.path.abspath(cache)), exist_ok=True)
+        transferred.save(cache)
+        with open(cache + ".json", "w", encoding="utf-8") as f:
+            json.dump(settings, f, indent=2)
+        print(f"wrote the transferred backbone to {cache}", flush=True)
+    return transferred
 
 
 def build_classifier(backbone, num_classes, dropout):
@@ -199,6 +240,14 @@ def parse_args(argv):
                         help="--mode transferred: training documents whose text the transfer reads. Default: %(default)s")
     parser.add_argument("--transfer-steps", type=int, default=100,
                         help="--mode transferred: transfer_attention's steps per layer. Default: %(default)s")
+    parser.add_argument("--transfer-rate", type=float, default=2e-2,
+                        help="--mode transferred: transfer_attention's peak learning rate. Default: %(default)s")
+    parser.add_argument("--transfer-cache", default=None, metavar="FILE",
+                        help="--mode transferred: a .keras file for the transferred backbone, read when it holds "
+                             "one transferred with the same settings (FILE.json), else written")
+    parser.add_argument("--local-window", type=int, default=None, metavar="W",
+                        help="YOSO modes: an exact softmax window of W positions beside YOSO in every layer "
+                             "(YosoAttention(local_window=W)). Default: none")
     parser.add_argument("--fidelity", type=int, default=None, metavar="N",
                         help="instead of training: print how close the converted models' embeddings are to the "
                              "pretrained softmax model's on N texts (before fine-tuning), then exit")
@@ -206,7 +255,12 @@ def parse_args(argv):
     args = parser.parse_args(argv)
     check_training_arguments(parser, args)
     check_positive_arguments(parser, args, ("max_length", "num_hashes", "hash_code_len", "train_examples",
-                                            "test_examples", "fidelity", "transfer_texts", "transfer_steps"))
+                                            "test_examples", "fidelity", "transfer_texts", "transfer_steps",
+                                            "local_window"))
+    if not args.transfer_rate > 0:
+        parser.error(f"--transfer-rate must be > 0, got {args.transfer_rate}")
+    if args.transfer_cache and not args.transfer_cache.endswith(".keras"):
+        parser.error(f"--transfer-cache must name a .keras file, got {args.transfer_cache!r}")
     if not os.path.exists(os.path.join(args.pretrained, "config.json")):
         parser.error(f"--pretrained {args.pretrained} holds no config.json (a Hugging Face checkpoint folder)")
     return args

@@ -208,11 +208,11 @@ def test_benchmark_protocol_chooses_on_validation_extends_an_edge_and_fails_what
         return {"validation_accuracy": validation[learning_rate], "validation_majority_accuracy": 0.5,
                 "test_accuracy": test, "test_loss": loss, "history": {"val_loss": [0.6, loss]},
                 "train_seconds": 1.0, "steps": 10, "num_train_examples": 8, "num_test_examples": 4,
-                "keras_backend": keras.backend.backend()}
+                "keras_backend": keras.backend.backend(), "args": {}}
 
     benchmark.run_one = lambda args, mode, learning_rate, seed: metrics(mode, learning_rate, seed)
     args = argparse.Namespace(modes=["yoso", "softmax"], learning_rates=[1e-4, 3e-4, 1e-3], extend_factor=3.0,
-                              max_extensions=2, out=str(tmp_path), data_dir="imdb")
+                              max_extensions=2, out=str(tmp_path), data_dir="imdb", example_args=["--steps", "10"])
     benchmark.run_protocols(args)
     records = json.loads((tmp_path / "protocol.json").read_text())
     yoso = [(r["lr"], r["seed"]) for r in records if r["mode"] == "yoso"]
@@ -225,3 +225,88 @@ def test_benchmark_protocol_chooses_on_validation_extends_an_edge_and_fails_what
                      r"\(3 of 3\) \| lr 0\.0001 seed 0 learned_nothing \|$", table, re.M), table
     assert re.search(r"^\| softmax \| 0\.600 \| 0\.700 \| 0\.900 \| failed \| 0\.001 \| yes \| .* \| "
                      r"lr 0\.003 seed 0 diverged \|$", table, re.M), table
+
+
+def test_benchmark_protocol_records_each_run_resumes_from_the_records_and_renders_them(tmp_path, capsys):
+    """--record appends every finished run (with its command, machine note and date) to a JSON list; a second
+    invocation with the same arguments trains nothing (every run is reused from the records); other arguments
+    after `--` are another setting, trained anew; --render prints one table per setting from the records."""
+    benchmark = _benchmark()
+    trained = []
+
+    def run_one(args, mode, learning_rate, seed):
+        trained.append((mode, learning_rate, seed))
+        validation = {1e-4: 0.70, 3e-4: 0.80, 1e-3: 0.75}[learning_rate]
+        return {"validation_accuracy": validation, "validation_majority_accuracy": 0.5, "test_accuracy": 0.8 + 0.01 * seed,
+                "test_loss": 0.5, "history": {"val_loss": [0.6, 0.5]}, "train_seconds": 1.0, "steps": 10,
+                "num_train_examples": 8, "num_test_examples": 4, "keras_backend": keras.backend.backend(),
+                "args": {"transfer_seconds": 2.0 if mode == "transferred" else None}}
+
+    benchmark.run_one = run_one
+    record = tmp_path / "fine_tune.json"
+
+    def invoke(example_args):
+        args = argparse.Namespace(modes=["transferred"], learning_rates=[1e-4, 3e-4, 1e-3], extend_factor=3.0,
+                                  max_extensions=2, out=str(tmp_path), data_dir="imdb", example_args=example_args,
+                                  record=str(record), machine_note="quiet", pretrained="/x/all-MiniLM-L6-v2",
+                                  argv=["--protocol", "--", *example_args])
+        benchmark.run_protocols(args)
+
+    invoke(["--steps", "10"])
+    assert trained == [("transferred", 1e-4, 0), ("transferred", 3e-4, 0), ("transferred", 1e-3, 0),
+                       ("transferred", 3e-4, 1), ("transferred", 3e-4, 2)]
+    records = json.loads(record.read_text())
+    assert len(records) == 5 and all(r["machine"]["note"] == "quiet" and r["date"] for r in records)
+    assert records[0]["transfer_seconds"] == 2.0 and records[0]["command"].endswith("-- --steps 10")
+    invoke(["--steps", "10"])
+    assert len(trained) == 5 and len(json.loads(record.read_text())) == 5  # resumed: nothing trained again
+    invoke(["--steps", "20"])
+    assert len(trained) == 10 and len(json.loads(record.read_text())) == 10  # another setting
+    assert (tmp_path / "protocol.png").stat().st_size > 0
+    capsys.readouterr()
+    figure = tmp_path / "rendered.png"
+    benchmark.main(["--render", str(record), "--figure", str(figure)])
+    out = capsys.readouterr().out
+    assert "Arguments of every run: `--steps 10`" in out and "Arguments of every run: `--steps 20`" in out
+    assert len(re.findall(r"^\| transferred \| 0\.700 \| 0\.800 \| 0\.750 \| 0\.0003 \| yes \| 0\.810 "
+                          r"\[0\.800, 0\.820\] \(3 of 3\) \| none \|$", out, re.M)) == 2, out
+    assert figure.stat().st_size > 0
+
+
+def test_benchmark_record_without_protocol_or_machine_note_is_refused(tmp_path, capsys):
+    benchmark = _benchmark()
+    for argv, message in ((["--record", "x.json", "--machine-note", "quiet"], "--record needs --protocol"),
+                          (["--protocol", "--record", "x.json"], "--record needs --machine-note"),
+                          (["--protocol"], "--pretrained is required")):
+        with pytest.raises(SystemExit):
+            benchmark.main((["--pretrained", str(tmp_path)] if "required" not in message else []) + argv
+                           + ["--out", str(tmp_path)])
+        assert message in capsys.readouterr().err
+
+
+@runs_on("torch")  # two tiny transfers and fine-tunes: about 10 s on PyTorch
+def test_transferred_mode_with_a_window_caches_its_transfer_per_setting(checkpoint, tmp_path, capsys):
+    """--local-window gives the YOSO layers a window; --transfer-cache writes the transferred backbone once and
+    later runs with the same settings read it back (the same weights); other settings are refused by name."""
+    directory, _ = checkpoint
+    cache = str(tmp_path / "transferred.keras")
+    run = ["--pretrained", directory, "--mode", "transferred", "--max-length", "96", "--local-window", "8",
+           "--transfer-cache", cache] + TINY_RUN
+    first = convert_pretrained.main(run + ["--output-dir", str(tmp_path / "a")])
+    assert "wrote the transferred backbone" in capsys.readouterr().out
+    settings = json.loads(open(cache + ".json").read())
+    assert settings["local_window"] == 8 and settings["transfer_seconds"] > 0
+    convert_pretrained.main(run + ["--output-dir", str(tmp_path / "b")])
+    assert "reading the transferred backbone" in capsys.readouterr().out
+    with open(tmp_path / "b" / "metrics.json") as f:
+        assert json.load(f)["args"]["transfer_cached"] is True
+
+    def yoso_layers(result):
+        return [layer for layer in result.classifier._flatten_layers() if type(layer).__name__ == "YosoAttention"]
+
+    assert [layer.local_window for layer in yoso_layers(first)] == [8] * LAYERS
+    with pytest.raises(ValueError, match=r"--transfer-cache .* other settings .*'transfer_steps': \(2, 3\)"):
+        convert_pretrained.main(run + ["--transfer-steps", "3", "--output-dir", str(tmp_path / "c")])
+    with pytest.raises(SystemExit):
+        convert_pretrained.parse_args(["--pretrained", directory, "--transfer-rate", "0"])
+    assert "--transfer-rate must be > 0" in capsys.readouterr().err
