@@ -119,7 +119,7 @@ def transfer(converted, args, texts):
 
     settings = transfer_settings(args, texts)
     cache = args.transfer_cache
-    if cache and os.path.exists(cache):
+    if cache and os.path.exists(cache) and os.path.exists(cache + ".json"):  # else (never or half written) anew
         with open(cache + ".json", encoding="utf-8") as f:
             cached = json.load(f)
         differ = {k: (cached.get(k), v) for k, v in settings.items() if cached.get(k) != v}
