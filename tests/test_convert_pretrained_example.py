@@ -29,21 +29,21 @@ HIDDEN, LAYERS, HEADS, FFN, POSITIONS = 16, 2, 2, 32, 64
 VOCABULARY = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + list(long_range_data.VOCABULARY)
 
 
-def _hugging_face_bert(directory):
+def _hugging_face_bert(directory, vocabulary=VOCABULARY):
     """A BERT checkpoint as transformers writes one: its config, named tensors (random) and vocab.txt."""
     os.makedirs(directory, exist_ok=True)
     config = {"model_type": "bert", "architectures": ["BertModel"], "hidden_size": HIDDEN, "num_hidden_layers": LAYERS,
               "num_attention_heads": HEADS, "intermediate_size": FFN, "max_position_embeddings": POSITIONS,
-              "vocab_size": len(VOCABULARY), "type_vocab_size": 2, "hidden_act": "gelu", "layer_norm_eps": 1e-12,
+              "vocab_size": len(vocabulary), "type_vocab_size": 2, "hidden_act": "gelu", "layer_norm_eps": 1e-12,
               "hidden_dropout_prob": 0.1, "attention_probs_dropout_prob": 0.1, "pad_token_id": 0}
     with open(os.path.join(directory, "config.json"), "w") as f:
         json.dump(config, f)
     with open(os.path.join(directory, "vocab.txt"), "w") as f:
-        f.write("\n".join(VOCABULARY) + "\n")
+        f.write("\n".join(vocabulary) + "\n")
     with open(os.path.join(directory, "tokenizer_config.json"), "w") as f:
         json.dump({"do_lower_case": True}, f)
     rng = np.random.default_rng(0)
-    shapes = {"embeddings.word_embeddings.weight": (len(VOCABULARY), HIDDEN),
+    shapes = {"embeddings.word_embeddings.weight": (len(vocabulary), HIDDEN),
               "embeddings.position_embeddings.weight": (POSITIONS, HIDDEN),
               "embeddings.token_type_embeddings.weight": (2, HIDDEN),
               "embeddings.LayerNorm.weight": (HIDDEN,), "embeddings.LayerNorm.bias": (HIDDEN,),
@@ -168,6 +168,64 @@ def test_benchmark_sweep_prints_a_table_and_writes_results_and_figure(checkpoint
     with open(out / "results.json") as f:
         assert [(r["mode"], r["seed"]) for r in json.load(f)] == [("yoso", 0), ("softmax", 0)]
     assert (out / "convert_pretrained.png").stat().st_size > 0
+
+
+def _carry_checkpoint():
+    spec = importlib.util.spec_from_file_location("carry_checkpoint",
+                                                  os.path.join(ROOT, "tests", "gpu", "carry_checkpoint.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_carried_checkpoint_keeps_the_tasks_wordpieces_in_float16_and_computes_as_the_original(tmp_path):
+    """tests/gpu/carry_checkpoint.py: the word-embedding rows of wordpieces the built-in task never uses are
+    dropped, the rest renumbered in order; the copy's tokenizer gives the same tokens and its backbone the same
+    outputs as the original's, up to the float16 rounding."""
+    vocabulary = VOCABULARY[:5] + ["zebra", "##s"] + VOCABULARY[5:40] + ["quartz"] + VOCABULARY[40:]
+    source, copy = str(tmp_path / "source"), str(tmp_path / "copy")
+    tensors = _hugging_face_bert(source, vocabulary)
+    manifest = _carry_checkpoint().shrink(source, copy)
+    assert (manifest["vocab_size"], manifest["source_vocab_size"], manifest["dtype"]) == (
+        len(VOCABULARY), len(vocabulary), "float16")
+    with open(os.path.join(copy, "vocab.txt")) as f:
+        assert f.read().split() == VOCABULARY
+    with open(os.path.join(copy, "config.json")) as f:
+        assert json.load(f)["vocab_size"] == len(VOCABULARY)
+    copied = safetensors_numpy.load_file(os.path.join(copy, "model.safetensors"))
+    assert set(copied) == set(tensors) and {array.dtype for array in copied.values()} == {np.dtype("float16")}
+    kept = [vocabulary.index(token) for token in VOCABULARY]
+    np.testing.assert_array_equal(copied["embeddings.word_embeddings.weight"],
+                                  tensors["embeddings.word_embeddings.weight"][kept].astype("float16"))
+
+    texts, _ = long_range_data.generate_documents(2, 0, length=30)
+    outputs, ids = [], []
+    for directory in (source, copy):
+        backbone = convert_pretrained.load_backbone(convert_pretrained.parse_args(
+            ["--pretrained", directory, "--mode", "softmax", "--max-length", "32"]))
+        ids.append(np.stack(convert_pretrained.PretrainedTokenizer(directory, 32).encode(texts)))
+        outputs.append(to_numpy(backbone({"token_ids": ids[-1], "segment_ids": np.zeros_like(ids[-1]),
+                                          "padding_mask": np.ones_like(ids[-1], bool)})["sequence_output"]))
+    np.testing.assert_array_equal(np.asarray(kept)[ids[1]], ids[0])
+    np.testing.assert_allclose(outputs[1], outputs[0], atol=2e-3 * np.abs(outputs[0]).max())
+
+
+def test_carried_checkpoint_refuses_an_output_head_and_a_folder_it_did_not_write(tmp_path, capsys):
+    carry = _carry_checkpoint()
+    source = str(tmp_path / "source")
+    _hugging_face_bert(source)
+    tensors = safetensors_numpy.load_file(os.path.join(source, "model.safetensors"))
+    with pytest.raises(ValueError, match=r"cls\.predictions\.bias \(73,\).*prunes only the word embeddings"):
+        carry.shrink_tensors(dict(tensors, **{"cls.predictions.bias": np.zeros(len(VOCABULARY), "float32")}),
+                             np.arange(3), len(VOCABULARY), np.float16)
+    with pytest.raises(ValueError, match="does not fit float16"):
+        carry.shrink_tensors(dict(tensors, big=np.full(2, 1e5, "float32")), np.arange(3), len(VOCABULARY), np.float16)
+    occupied = tmp_path / "occupied"
+    occupied.mkdir()
+    (occupied / "notes.txt").write_text("mine")
+    with pytest.raises(SystemExit):
+        carry.main(["--pretrained", source, "--out", str(occupied)])
+    assert "--out" in capsys.readouterr().err and (occupied / "notes.txt").read_text() == "mine"
 
 
 @pytest.mark.slow
