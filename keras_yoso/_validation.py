@@ -378,3 +378,30 @@ def agree(entries, what):
     dims = [(label, _backend.static_shape(t)[axis]) for label, t, axis in entries]
     dims_agree(dims, what)
     return _backend.dims_equal_at_run_time(entries, what)
+
+
+def dense_attention_inputs(query, key, value, query_mask, key_mask):
+    """Checks dense attention inputs (YOSO-E, the local window) against each other (value may be None).
+
+    Returns (query, key, value, query_mask, key_mask), masks bool [B, N], made to depend on the
+    run-time checks of the dims unknown while a TensorFlow graph is built.
+    """
+    query = float_tensor(query, "query", 3)
+    key = float_tensor(key, "key", 3)
+    values = [] if value is None else [("value", float_tensor(value, "value", 3))]
+    masks = [(name, mask_tensor(mask, name))
+             for name, mask in (("query_mask", query_mask), ("key_mask", key_mask)) if mask is not None]
+    named = dict([("query", query), ("key", key)] + values + masks)
+    checks = agree([("query", query, 2), ("key", key, 2)], "query and key widths (axis 2)")
+    checks += agree([(name, t, 0) for name, t in named.items()], "batch sizes (axis 0)")
+    checks += agree([(f"{name} axis 1", named[name], 1) for name in ("query", "query_mask") if name in named],
+                    "query lengths")
+    checks += agree([(f"{name} axis 1", named[name], 1) for name in ("key", "value", "key_mask") if name in named],
+                    "key lengths")
+    named = dict(zip(named, _backend.after(checks, list(named.values()))))
+    query, key = named["query"], named["key"]
+    qm = named.get("query_mask")
+    km = named.get("key_mask")
+    qm = ops.ones((ops.shape(query)[0], ops.shape(query)[1]), "bool") if qm is None else qm
+    km = ops.ones((ops.shape(key)[0], ops.shape(key)[1]), "bool") if km is None else km
+    return query, key, named.get("value"), qm, km

@@ -6,7 +6,6 @@ from keras import ops
 
 from keras_yoso import _validation
 from keras_yoso.ops.composite import local as composite
-from keras_yoso.ops.yoso import _dense_inputs
 
 
 def local_attention(query, key, value, window, query_mask=None, key_mask=None, causal=False, key_offset=0):
@@ -30,7 +29,8 @@ def local_attention(query, key, value, window, query_mask=None, key_mask=None, c
     window = _validation.integer(window, "window", 1)
     causal = _validation.boolean(causal, "causal")
     key_offset = _validation.integer(key_offset, "key_offset", 0)
-    query, key, value, query_mask, key_mask = _dense_inputs(query, key, value, query_mask, key_mask)
+    query, key, value, query_mask, key_mask = _validation.dense_attention_inputs(query, key, value, query_mask,
+                                                                                 key_mask)
     f32 = lambda x: ops.cast(x, "float32")  # noqa: E731
     return composite.local_attention(f32(query), f32(key), f32(value), window, query_mask, key_mask, causal,
                                      key_offset)

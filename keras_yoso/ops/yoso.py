@@ -354,33 +354,6 @@ def collision_cumulation(query_codes, query, query_weight, key_codes, key, key_w
     return ops.cast(out, dtype)
 
 
-def _dense_inputs(query, key, value, query_mask, key_mask):
-    """Checks the inputs of the YOSO-E functions against each other (value may be None).
-
-    Returns (query, key, value, query_mask, key_mask), masks bool [B, N], made to depend on the
-    run-time checks of the dims unknown while a TensorFlow graph is built.
-    """
-    query = _validation.float_tensor(query, "query", 3)
-    key = _validation.float_tensor(key, "key", 3)
-    values = [] if value is None else [("value", _validation.float_tensor(value, "value", 3))]
-    masks = [(name, _validation.mask_tensor(mask, name))
-             for name, mask in (("query_mask", query_mask), ("key_mask", key_mask)) if mask is not None]
-    named = dict([("query", query), ("key", key)] + values + masks)
-    checks = _validation.agree([("query", query, 2), ("key", key, 2)], "query and key widths (axis 2)")
-    checks += _validation.agree([(name, t, 0) for name, t in named.items()], "batch sizes (axis 0)")
-    checks += _validation.agree([(f"{name} axis 1", named[name], 1) for name in ("query", "query_mask")
-                                 if name in named], "query lengths")
-    checks += _validation.agree([(f"{name} axis 1", named[name], 1) for name in ("key", "value", "key_mask")
-                                 if name in named], "key lengths")
-    named = dict(zip(named, _backend.after(checks, list(named.values()))))
-    query, key = named["query"], named["key"]
-    qm = named.get("query_mask")
-    km = named.get("key_mask")
-    qm = ops.ones((ops.shape(query)[0], ops.shape(query)[1]), "bool") if qm is None else qm
-    km = ops.ones((ops.shape(key)[0], ops.shape(key)[1]), "bool") if km is None else km
-    return query, key, named.get("value"), qm, km
-
-
 def yoso_expectation(query, key, value, hash_code_len, query_mask=None, key_mask=None,
                      backward="lower_bound", implementation="auto"):
     """YOSO-E: the expectation of YOSO over hash functions, E V (§3.1), in O(N^2).
@@ -399,7 +372,7 @@ def yoso_expectation(query, key, value, hash_code_len, query_mask=None, key_mask
     hash_code_len = _validation.hash_code_len(hash_code_len, cumulation=False)
     backward = _validation.choice(backward, "backward", _validation.EXPECTATION_BACKWARDS)
     _dispatch.provider(implementation)
-    query, key, value, qm, km = _dense_inputs(query, key, value, query_mask, key_mask)
+    query, key, value, qm, km = _validation.dense_attention_inputs(query, key, value, query_mask, key_mask)
     dtype = value.dtype
     pair_mask = ops.cast(ops.logical_and(qm[:, :, None], km[:, None, :]), "float32")
     tau = float(hash_code_len)
@@ -438,7 +411,7 @@ def yoso_expectation_weights(query, key, hash_code_len, query_mask=None, key_mas
     Returns float32 `[B, Nq, Nk]`; `yoso_expectation` computes E @ V with the same weights.
     """
     hash_code_len = _validation.hash_code_len(hash_code_len, cumulation=False)
-    query, key, _, qm, km = _dense_inputs(query, key, None, query_mask, key_mask)
+    query, key, _, qm, km = _validation.dense_attention_inputs(query, key, None, query_mask, key_mask)
     key32 = keep_rows(km, ops.cast(key, "float32"))
     weights = collision.expectation_weights(ops.cast(query, "float32"), key32, hash_code_len)[1]
     return weights * ops.cast(ops.logical_and(qm[:, :, None], km[:, None, :]), "float32")
