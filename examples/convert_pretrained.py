@@ -108,11 +108,11 @@ def transfer_settings(args, texts):
             "keras_backend": keras.backend.backend()}
 
 
-def transfer(converted, args, texts):
-    """--mode transferred: `keras_yoso.transfer_attention` of the converted backbone against the checkpoint's
-    softmax layers, on `texts` (unlabelled) cut to --max-length tokens and padded to the longest. With
-    --transfer-cache FILE: read from FILE when FILE.json records the same settings (transfer_settings), else
-    transferred and written there."""
+def transfer(args, texts):
+    """--mode transferred: `keras_yoso.transfer_attention` of the converted backbone (load_backbone) against the
+    checkpoint's softmax layers, on `texts` (unlabelled) cut to --max-length tokens and padded to the longest.
+    With --transfer-cache FILE: read from FILE when FILE.json records the same settings (transfer_settings; no
+    backbone is converted then), else transferred and written there."""
     import keras_hub
 
     import keras_yoso
@@ -129,7 +129,7 @@ def transfer(converted, args, texts):
         print(f"reading the transferred backbone from {cache} (transferred with the same settings)", flush=True)
         args.transfer_seconds, args.transfer_cached = cached.get("transfer_seconds"), True
         return keras.saving.load_model(cache)
-    original = keras_hub.models.BertBackbone.from_preset(args.pretrained)
+    converted, original = load_backbone(args), keras_hub.models.BertBackbone.from_preset(args.pretrained)
     rows = PretrainedTokenizer(args.pretrained, args.max_length).encode(texts)
     ids = np.full((len(rows), max(len(row) for row in rows)), PAD_ID, np.int32)
     for i, row in enumerate(rows):
@@ -273,7 +273,7 @@ def main(argv=None):
     if args.fidelity:
         return report_fidelity(args)
 
-    backbone = load_backbone(args)
+    backbone = None if args.mode == "transferred" else load_backbone(args)  # transfer() converts its own
     task, class_names, train, test = load_task(args, args.max_length)  # the same documents in every mode
     with open(os.path.join(args.pretrained, "config.json"), encoding="utf-8") as f:
         softmax_length = min(args.max_length, json.load(f)["max_position_embeddings"])  # the checkpoint's positions
@@ -286,7 +286,7 @@ def main(argv=None):
         args.max_length = softmax_length
     train, validation = hold_out(train, args.validation_fraction, args.seed)
     if args.mode == "transferred":  # on training text only: the validation and test documents stay unseen
-        backbone = transfer(backbone, args, train.texts[:args.transfer_texts])
+        backbone = transfer(args, train.texts[:args.transfer_texts])
     args.attention = f"{args.mode} (pretrained {os.path.basename(os.path.normpath(args.pretrained))})"
     args.output_dir = args.output_dir or os.path.join("runs", f"convert-{task}-{args.mode}-{keras.backend.backend()}")
     tokenizer = PretrainedTokenizer(args.pretrained, args.max_length)
