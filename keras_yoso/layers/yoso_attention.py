@@ -514,23 +514,23 @@ class YosoAttention(MultiHeadAttentionBase):
             "lower hash_code_len (each bit doubles the tables), num_hashes or batch_size")
         cache = {"tables": yoso_ops.yoso_decoding_state(batch_size * self._num_heads, self._num_hashes,
                                                         self._hash_code_len, self._value_dim)}
-        if self._conv_window is not None and self._conv_window > 1:
-            cache["values"] = ops.zeros((batch_size, self._conv_window - 1, self._num_heads, self._value_dim),
-                                        "float32")
-        if self._local_window is not None and self._local_window > 1:
-            kept = self._local_window - 1
-            cache["window_keys"] = ops.zeros((batch_size, kept, self._num_heads, self._key_dim), "float32")
-            cache["window_values"] = ops.zeros((batch_size, kept, self._num_heads, self._value_dim), "float32")
-            cache["window_mask"] = ops.zeros((batch_size, kept), "float32")  # 1: a position seen, 0: none yet
+        cache.update({name: ops.zeros(shape, "float32") for name, shape in self._history_shapes(batch_size).items()})
         return cache
 
-    def _cache_names(self):
-        names = {"tables"}
+    def _history_shapes(self, batch_size):
+        """{name: shape} of the cache's entries besides "tables", float32 zeros in init_cache: with
+        conv_window=w > 1 "values" (the last w - 1 values); with local_window=w > 1 "window_keys",
+        "window_values" (the last w - 1 keys and values) and "window_mask" `[batch_size, w - 1]` (1: a
+        position seen, 0: none yet)."""
+        shapes = {}
         if self._conv_window is not None and self._conv_window > 1:
-            names.add("values")
+            shapes["values"] = (batch_size, self._conv_window - 1, self._num_heads, self._value_dim)
         if self._local_window is not None and self._local_window > 1:
-            names.update(("window_keys", "window_values", "window_mask"))
-        return names
+            kept = self._local_window - 1
+            shapes["window_keys"] = (batch_size, kept, self._num_heads, self._key_dim)
+            shapes["window_values"] = (batch_size, kept, self._num_heads, self._value_dim)
+            shapes["window_mask"] = (batch_size, kept)
+        return shapes
 
     def _decode(self, heads, masks, cache):
         """Causal YOSO of T new positions over the bucket tables of the earlier ones
@@ -570,7 +570,7 @@ class YosoAttention(MultiHeadAttentionBase):
 
     def _check_cache(self, cache, batch):
         """ValueError when `cache` is not this layer's (the names and shapes of init_cache)."""
-        names = self._cache_names()
+        names = {"tables", *self._history_shapes(1)}
         if not isinstance(cache, dict) or set(cache) != names:
             raise ValueError(f"YosoAttention expects the `cache` of its own init_cache: a dict with the entries "
                              f"{sorted(names)}. Received {type(cache).__name__}"
