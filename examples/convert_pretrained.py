@@ -56,25 +56,32 @@ from imdb_data import IMDB_CLASS_NAMES, load_imdb  # noqa: E402
 MODES = ("yoso", "transferred", "softmax", "scratch")
 
 
+def load_wordpiece_tokenizer(directory):
+    """The checkpoint's tokenizer (Hugging Face `tokenizers`) as this script reads it: tokenizer.json, else
+    vocab.txt lower-cased as tokenizer_config.json's do_lower_case says; no padding. ValueError unless its
+    [PAD] token has id PAD_ID (BERT's)."""
+    import tokenizers
+
+    if os.path.exists(os.path.join(directory, "tokenizer.json")):
+        tokenizer = tokenizers.Tokenizer.from_file(os.path.join(directory, "tokenizer.json"))
+    else:
+        with open(os.path.join(directory, "tokenizer_config.json"), encoding="utf-8") as f:
+            lowercase = json.load(f).get("do_lower_case", True)
+        tokenizer = tokenizers.BertWordPieceTokenizer(os.path.join(directory, "vocab.txt"), lowercase=lowercase)
+    if tokenizer.token_to_id("[PAD]") != PAD_ID:
+        raise ValueError(f"{directory}: the checkpoint's [PAD] token must have id {PAD_ID} (BERT's); it has id "
+                         f"{tokenizer.token_to_id('[PAD]')}")
+    tokenizer.no_padding()
+    return tokenizer
+
+
 class PretrainedTokenizer:
     """The checkpoint's WordPiece tokenizer: `[CLS] wordpieces [SEP]` ids, truncated to `max_length`."""
 
     kind = "pretrained wordpiece"
 
     def __init__(self, directory, max_length):
-        import tokenizers
-
-        if os.path.exists(os.path.join(directory, "tokenizer.json")):
-            self._tokenizer = tokenizers.Tokenizer.from_file(os.path.join(directory, "tokenizer.json"))
-        else:
-            with open(os.path.join(directory, "tokenizer_config.json"), encoding="utf-8") as f:
-                lowercase = json.load(f).get("do_lower_case", True)
-            self._tokenizer = tokenizers.BertWordPieceTokenizer(os.path.join(directory, "vocab.txt"),
-                                                                lowercase=lowercase)
-        if self._tokenizer.token_to_id("[PAD]") != PAD_ID:
-            raise ValueError(f"{directory}: the checkpoint's [PAD] token must have id {PAD_ID} (BERT's); it has id "
-                             f"{self._tokenizer.token_to_id('[PAD]')}")
-        self._tokenizer.no_padding()
+        self._tokenizer = load_wordpiece_tokenizer(directory)
         self._tokenizer.enable_truncation(max_length)
         self.vocab_size = self._tokenizer.get_vocab_size()
 

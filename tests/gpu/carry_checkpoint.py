@@ -14,14 +14,17 @@ fair among its modes; the rounding changes each weight by at most 2^-11 of itsel
 
 Texts: the built-in task's words (examples/long_range_data.py: every document it can generate is made
 of them), or with --data-dir every review of the IMDB train and test splits there. The copy's vocab.txt
-lists the kept wordpieces in their original order, so [PAD] keeps id 0. Before writing, the copy's
-tokenizer encodes every text, and the ids must be the original ids renumbered: a text the copy would
-tokenize differently raises ValueError and nothing is written. --out gets config.json (vocab_size
+lists the kept wordpieces in their original order, so [PAD] keeps id 0. Both checkpoints' tokenizers are
+read as examples/convert_pretrained.py reads them (`load_wordpiece_tokenizer`), and before anything is
+written the copy's must give every text the original's ids renumbered: a text the copy would tokenize
+differently raises ValueError and nothing is written. --out gets config.json (vocab_size
 updated), vocab.txt, tokenizer_config.json, special_tokens_map.json, model.safetensors and
 carry_checkpoint.json (the source, its model.safetensors' SHA-256, the dtype, the texts, kept and
 original vocabulary sizes). --out is created, or must be empty or a copy this script wrote before.
 
-Ignored by git: the folder .ckpt/ is added to .git/info/exclude when --out is inside it.
+Ignored by git: the folder .ckpt/ is added to .git/info/exclude when --out is inside it. Needs what
+examples/convert_pretrained.py needs (keras_yoso importable, `tokenizers`, `safetensors`): it imports that
+script's tokenizer loader.
 """
 
 import argparse
@@ -34,6 +37,7 @@ import sys
 import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(ROOT, "examples"))  # the examples are scripts, not a package
 MANIFEST = "carry_checkpoint.json"
 WORD_EMBEDDINGS = "word_embeddings.weight"
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
@@ -42,7 +46,6 @@ DTYPES = {"float16": np.float16, "float32": np.float32}
 
 def task_texts(data_dir):
     """(description, texts): the built-in task's words, or every IMDB review under `data_dir`."""
-    sys.path.insert(0, os.path.join(ROOT, "examples"))  # the examples are scripts, not a package
     if data_dir is None:
         import long_range_data
 
@@ -54,39 +57,21 @@ def task_texts(data_dir):
     return f"every review of the IMDB train and test splits in {data_dir}", list(train.texts) + list(test.texts)
 
 
-def _source_tokenizer(directory):
-    """The checkpoint's tokenizer (tokenizer.json, else vocab.txt) and whether it lower-cases."""
-    import tokenizers
-
-    lowercase = True
-    config_path = os.path.join(directory, "tokenizer_config.json")
-    if os.path.exists(config_path):
-        with open(config_path, encoding="utf-8") as f:
-            lowercase = json.load(f).get("do_lower_case", True)
-    if os.path.exists(os.path.join(directory, "tokenizer.json")):
-        return tokenizers.Tokenizer.from_file(os.path.join(directory, "tokenizer.json")), lowercase
-    if os.path.exists(os.path.join(directory, "vocab.txt")):
-        return tokenizers.BertWordPieceTokenizer(os.path.join(directory, "vocab.txt"), lowercase=lowercase), lowercase
-    raise ValueError(f"--pretrained {directory}: expected tokenizer.json or vocab.txt there; found neither")
-
-
 def _encode(tokenizer, texts):
     tokenizer.no_truncation()
     tokenizer.no_padding()
     return [np.asarray(encoding.ids, np.int64) for encoding in tokenizer.encode_batch(texts, add_special_tokens=False)]
 
 
-def kept_ids(tokenizer, texts):
-    """Sorted original ids of the special tokens and of every wordpiece the texts encode to."""
-    vocabulary = tokenizer.get_vocab()
+def kept_ids(vocabulary, encoded):
+    """Sorted ids of the special tokens and of every wordpiece in `encoded` (the texts' ids) in `vocabulary`
+    ({token: id})."""
     missing = [token for token in SPECIAL_TOKENS if token not in vocabulary]
     if missing:
         raise ValueError(f"the checkpoint's vocabulary lacks the special tokens {missing} (expected BERT's "
                          f"{list(SPECIAL_TOKENS)})")
-    if vocabulary["[PAD]"] != 0:
-        raise ValueError(f"the checkpoint's [PAD] token must have id 0 (BERT's); it has id {vocabulary['[PAD]']}")
     used = {vocabulary[token] for token in SPECIAL_TOKENS}
-    for ids in _encode(tokenizer, texts):
+    for ids in encoded:
         used.update(ids.tolist())
     return np.array(sorted(used), np.int64)
 
@@ -148,6 +133,7 @@ def _prepare_out(out):
 
 def shrink(pretrained, out, data_dir=None, dtype="float16"):
     """Writes the copy (see the module docstring) and returns its manifest."""
+    from convert_pretrained import load_wordpiece_tokenizer
     from safetensors.numpy import load_file, save_file
 
     if dtype not in DTYPES:
@@ -159,8 +145,9 @@ def shrink(pretrained, out, data_dir=None, dtype="float16"):
     with open(os.path.join(pretrained, "config.json"), encoding="utf-8") as f:
         config = json.load(f)
     description, texts = task_texts(data_dir)
-    tokenizer, lowercase = _source_tokenizer(pretrained)
-    keep = kept_ids(tokenizer, texts)
+    tokenizer = load_wordpiece_tokenizer(pretrained)
+    encoded = _encode(tokenizer, texts)
+    keep = kept_ids(tokenizer.get_vocab(), encoded)
     tensors = shrink_tensors(load_file(os.path.join(pretrained, "model.safetensors")), keep, config["vocab_size"],
                              DTYPES[dtype])
 
@@ -170,12 +157,11 @@ def shrink(pretrained, out, data_dir=None, dtype="float16"):
     os.makedirs(staging)
     with open(os.path.join(staging, "vocab.txt"), "w", encoding="utf-8") as f:
         f.write("".join(by_id[int(index)] + "\n" for index in keep))
-    _check_same_tokens(tokenizer, staging, lowercase, keep, texts)
+    _copy_tokenizer_config(pretrained, staging)
+    _check_same_tokens(encoded, load_wordpiece_tokenizer(staging), keep, texts)
     save_file(tensors, os.path.join(staging, "model.safetensors"), metadata={"format": "pt"})
     with open(os.path.join(staging, "config.json"), "w", encoding="utf-8") as f:
         json.dump(dict(config, vocab_size=int(len(keep))), f, indent=2)
-    with open(os.path.join(staging, "tokenizer_config.json"), "w", encoding="utf-8") as f:
-        json.dump({"do_lower_case": lowercase, "tokenizer_class": "BertTokenizer"}, f)
     with open(os.path.join(staging, "special_tokens_map.json"), "w", encoding="utf-8") as f:
         json.dump({"unk_token": "[UNK]", "sep_token": "[SEP]", "pad_token": "[PAD]", "cls_token": "[CLS]",
                    "mask_token": "[MASK]"}, f)
@@ -191,14 +177,22 @@ def shrink(pretrained, out, data_dir=None, dtype="float16"):
     return manifest
 
 
-def _check_same_tokens(source, directory, lowercase, keep, texts):
-    """The copy's tokenizer must give every text the original ids renumbered."""
-    import tokenizers
+def _copy_tokenizer_config(pretrained, staging):
+    """The source's tokenizer_config.json (its do_lower_case, which the copy's vocab.txt is read with), or one
+    that lower-cases where the source has none (it read tokenizer.json; _check_same_tokens then decides)."""
+    source = os.path.join(pretrained, "tokenizer_config.json")
+    if os.path.exists(source):
+        shutil.copyfile(source, os.path.join(staging, "tokenizer_config.json"))
+    else:
+        with open(os.path.join(staging, "tokenizer_config.json"), "w", encoding="utf-8") as f:
+            json.dump({"do_lower_case": True, "tokenizer_class": "BertTokenizer"}, f)
 
+
+def _check_same_tokens(encoded, copy, keep, texts):
+    """The copy's tokenizer must give every text the original ids (`encoded`) renumbered."""
     renumber = np.full(int(keep[-1]) + 1, -1, np.int64)
     renumber[keep] = np.arange(len(keep))
-    copy = tokenizers.BertWordPieceTokenizer(os.path.join(directory, "vocab.txt"), lowercase=lowercase)
-    for index, (before, after) in enumerate(zip(_encode(source, texts), _encode(copy, texts))):
+    for index, (before, after) in enumerate(zip(encoded, _encode(copy, texts))):
         if not np.array_equal(renumber[before], after):
             raise ValueError(f"text {index} tokenizes differently in the copy ({len(after)} wordpieces against "
                              f"{len(before)}); the source tokenizer's normalisation is not BERT's, so this script "
