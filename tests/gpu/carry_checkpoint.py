@@ -100,7 +100,8 @@ def shrink_tensors(tensors, keep, vocab_size, dtype):
             with np.errstate(over="ignore"):  # a value too large is refused just below
                 cast = array.astype(dtype)
             if not np.all(np.isfinite(cast)):
-                raise ValueError(f"{name}: a value of magnitude {np.max(np.abs(array)):.4g} does not fit {dtype.__name__}")
+                raise ValueError(f"{name}: a value of magnitude {np.max(np.abs(array)):.4g} does not fit "
+                                 f"{dtype.__name__}")
             array = cast
         out[name] = np.ascontiguousarray(array)
     return out
