@@ -7,7 +7,7 @@
     python examples/convert_pretrained.py --pretrained /tmp/all-MiniLM-L6-v2
 
 --pretrained is a folder in Hugging Face's format: config.json (a BERT model), model.safetensors, and
-tokenizer.json or vocab.txt. Nothing is downloaded at run time. The script
+tokenizer.json or vocab.txt with tokenizer_config.json. Nothing is downloaded at run time. The script
 1. reads it into keras-hub's `BertBackbone` (keras-hub converts the weights) and its tokenizer (Hugging
    Face `tokenizers`, installed with keras-hub);
 2. calls `keras_yoso.replace_attention(backbone, "yoso", max_length=2048, ...)`: every layer's
@@ -56,12 +56,25 @@ from imdb_data import IMDB_CLASS_NAMES, load_imdb  # noqa: E402
 MODES = ("yoso", "transferred", "softmax", "scratch")
 
 
+def missing_tokenizer_files(directory):
+    """What the checkpoint folder lacks for load_wordpiece_tokenizer, in words; "" when nothing."""
+    if os.path.exists(os.path.join(directory, "tokenizer.json")):
+        return ""
+    missing = [name for name in ("vocab.txt", "tokenizer_config.json")
+               if not os.path.exists(os.path.join(directory, name))]
+    return ("" if not missing else "the tokenizer must be a tokenizer.json, or a vocab.txt with its "
+            f"tokenizer_config.json (whether it lower-cases); there is no tokenizer.json and no {' or '.join(missing)}")
+
+
 def load_wordpiece_tokenizer(directory):
     """The checkpoint's tokenizer (Hugging Face `tokenizers`) as this script reads it: tokenizer.json, else
-    vocab.txt lower-cased as tokenizer_config.json's do_lower_case says; no padding. ValueError unless its
-    [PAD] token has id PAD_ID (BERT's)."""
+    vocab.txt lower-cased as tokenizer_config.json's do_lower_case says; no padding. ValueError when the folder
+    holds neither, or unless its [PAD] token has id PAD_ID (BERT's)."""
     import tokenizers
 
+    missing = missing_tokenizer_files(directory)
+    if missing:
+        raise ValueError(f"{directory}: {missing}")
     if os.path.exists(os.path.join(directory, "tokenizer.json")):
         tokenizer = tokenizers.Tokenizer.from_file(os.path.join(directory, "tokenizer.json"))
     else:
@@ -229,7 +242,7 @@ def parse_args(argv):
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--pretrained", required=True,
                         help="folder of a Hugging Face BERT checkpoint: config.json, model.safetensors, "
-                             "tokenizer.json or vocab.txt")
+                             "tokenizer.json or vocab.txt with tokenizer_config.json")
     parser.add_argument("--mode", choices=MODES, default="yoso", help="Default: %(default)s (see above)")
     parser.add_argument("--max-length", type=int, default=2048,
                         help="tokens per document (yoso and scratch); softmax keeps the checkpoint's positions "
@@ -244,7 +257,8 @@ def parse_args(argv):
                         help="training documents (then --validation-fraction of them held out). Default: %(default)s")
     parser.add_argument("--test-examples", type=int, default=256, help="Default: %(default)s")
     parser.add_argument("--transfer-texts", type=int, default=8,
-                        help="--mode transferred: training documents whose text the transfer reads. Default: %(default)s")
+                        help="--mode transferred: training documents whose text the transfer reads. "
+                             "Default: %(default)s")
     parser.add_argument("--transfer-steps", type=int, default=100,
                         help="--mode transferred: transfer_attention's steps per layer. Default: %(default)s")
     parser.add_argument("--transfer-rate", type=float, default=2e-2,
@@ -270,6 +284,9 @@ def parse_args(argv):
         parser.error(f"--transfer-cache must name a .keras file, got {args.transfer_cache!r}")
     if not os.path.exists(os.path.join(args.pretrained, "config.json")):
         parser.error(f"--pretrained {args.pretrained} holds no config.json (a Hugging Face checkpoint folder)")
+    missing = missing_tokenizer_files(args.pretrained)
+    if missing:
+        parser.error(f"--pretrained {args.pretrained}: {missing}")
     return args
 
 

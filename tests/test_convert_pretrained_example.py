@@ -132,6 +132,21 @@ def test_pretrained_tokenizer_gives_cls_words_sep_truncated(checkpoint):
     assert len(ids[1]) == 6 and ids[1][-1] == 3
 
 
+def test_a_checkpoint_without_a_tokenizer_is_refused_naming_the_missing_files(checkpoint, tmp_path, capsys):
+    directory, _ = checkpoint
+    with pytest.raises(ValueError, match=r"no tokenizer\.json and no vocab\.txt or tokenizer_config\.json"):
+        convert_pretrained.PretrainedTokenizer(str(tmp_path), 6)
+    with open(os.path.join(directory, "vocab.txt")) as source, open(tmp_path / "vocab.txt", "w") as copy:
+        copy.write(source.read())
+    with pytest.raises(ValueError, match=r"there is no tokenizer\.json and no tokenizer_config\.json$"):
+        convert_pretrained.load_wordpiece_tokenizer(str(tmp_path))
+    (tmp_path / "config.json").write_text("{}")
+    with pytest.raises(SystemExit):
+        convert_pretrained.parse_args(["--pretrained", str(tmp_path)])
+    error = capsys.readouterr().err
+    assert f"--pretrained {tmp_path}: the tokenizer must be a tokenizer.json" in error, error
+
+
 def test_fidelity_prints_the_cosine_of_each_converted_attention_to_softmax(checkpoint, capsys):
     directory, _ = checkpoint
     convert_pretrained.main(["--pretrained", directory, "--fidelity", "3"])
@@ -295,7 +310,8 @@ def test_benchmark_protocol_records_each_run_resumes_from_the_records_and_render
     def run_one(args, mode, learning_rate, seed):
         trained.append((mode, learning_rate, seed))
         validation = {1e-4: 0.70, 3e-4: 0.80, 1e-3: 0.75}[learning_rate]
-        return {"validation_accuracy": validation, "validation_majority_accuracy": 0.5, "test_accuracy": 0.8 + 0.01 * seed,
+        return {"validation_accuracy": validation, "validation_majority_accuracy": 0.5,
+                "test_accuracy": 0.8 + 0.01 * seed,
                 "test_loss": 0.5, "history": {"val_loss": [0.6, 0.5]}, "train_seconds": 1.0, "steps": 10,
                 "num_train_examples": 8, "num_test_examples": 4, "keras_backend": keras.backend.backend(),
                 "args": {"transfer_seconds": 2.0 if mode == "transferred" else None}}
