@@ -141,6 +141,13 @@ def test_the_protocol_report_draws_each_cells_figure_from_its_rows(tmp_path, cap
     assert f"<!-- quality-protocol-table: {keys[0]} -->" in capsys.readouterr().out
 
 
+def test_the_report_prints_its_usage_on_help_and_refuses_an_unknown_option(capsys):
+    report.main(["--help"])
+    assert "python benchmarks/quality/report.py --write docs/quality.md" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="unknown option '--sate': the options are --write, --protocol, --state"):
+        report.main(["--sate"])
+
+
 def test_every_equal_state_cell_is_published_as_a_rendered_block():
     assert STATE_RECORDS, "no docs/data/quality_state_*.json"
     assert sorted(key for key, _ in STATE_TABLES) == sorted({report.cell_key(r) for r in STATE_RECORDS})

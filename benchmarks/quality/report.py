@@ -448,8 +448,17 @@ def _plot_option(argv):
     return argv[:at] + argv[at + 2:], argv[at + 1]
 
 
+OPTIONS = ("--write", "--protocol", "--state", "--plot")
+
+
 def main(argv=None):
     argv = list(sys.argv[1:] if argv is None else argv)
+    if any(arg in ("-h", "--help") for arg in argv):
+        print(__doc__)
+        return
+    unknown = [arg for arg in argv if arg.startswith("-") and arg not in OPTIONS]
+    if unknown:
+        raise SystemExit(f"unknown option {unknown[0]!r}: the options are {', '.join(OPTIONS)} (--help says more)")
     if argv[:1] == ["--write"]:
         if len(argv) != 2:
             raise SystemExit(f"--write takes one page (docs/quality.md), got {argv[1:]}")
