@@ -179,16 +179,28 @@ def rates(folder):
     return "\n".join(lines)
 
 
+# (title, renderer, the record file it needs), in the page's order.
+TABLES = (
+    ("Correctness of the GPU kernels through torch.ops (against float64)", correctness, "correctness.json"),
+    ("The kernels inside the package against SDPA flash", library, "timings.json"),
+    ("Where one attention forward+backward's GPU time goes", profile, "timings.json"),
+    ("The layer on JAX and PyTorch on the GPU", smoke, "smoke.json"),
+    ("A training step of the converted-checkpoint example on JAX", train_step, "smoke.json"),
+    ("Bucket-sorted Triton kernels against SDPA flash", triton, "gpu_triton_kernels.json"),
+    ("Rates (torch operations)", rates, "rates.json"))
+RECORD_FILES = tuple(dict.fromkeys(needs for _, _, needs in TABLES))
+
+
 def main(argv):
+    if any(arg in ("-h", "--help") for arg in argv):
+        print(__doc__)
+        return
+    if len(argv) != 1 or not os.path.isdir(argv[0]):
+        raise SystemExit(f"give one folder of a GPU run's records (docs/data/gpu_<date>), got {argv}")
     folder = argv[0]
-    for title, render, needs in (
-            ("Correctness of the GPU kernels through torch.ops (against float64)", correctness, "correctness.json"),
-            ("The kernels inside the package against SDPA flash", library, "timings.json"),
-            ("Where one attention forward+backward's GPU time goes", profile, "timings.json"),
-            ("The layer on JAX and PyTorch on the GPU", smoke, "smoke.json"),
-            ("A training step of the converted-checkpoint example on JAX", train_step, "smoke.json"),
-            ("Bucket-sorted Triton kernels against SDPA flash", triton, "gpu_triton_kernels.json"),
-            ("Rates (torch operations)", rates, "rates.json")):
+    if not any(os.path.exists(os.path.join(folder, name)) for name in RECORD_FILES):
+        raise SystemExit(f"{folder} holds none of a GPU run's records ({', '.join(RECORD_FILES)})")
+    for title, render, needs in TABLES:
         text = render(folder) if os.path.exists(os.path.join(folder, needs)) else None
         if text is not None:
             print(f"### {title}\n\n{text}\n")

@@ -233,6 +233,18 @@ def test_gpu_report_renders_the_rows_a_later_verify_run_adds(tmp_path):
     assert "| 2 others | 4 | 2.000 | 10% |" in proc.stdout
 
 
+def test_gpu_report_refuses_a_folder_without_records_and_prints_its_usage_on_help(tmp_path):
+    def report(*argv):
+        return subprocess.run([sys.executable, os.path.join("benchmarks", "gpu_report.py"), *argv], cwd=REPO,
+                              capture_output=True, text=True, timeout=60)
+    assert "python3 benchmarks/gpu_report.py docs/data/gpu_" in report("--help").stdout
+    for argv, message in (([str(tmp_path)], f"{tmp_path} holds none of a GPU run's records (correctness.json"),
+                          ([str(tmp_path / "absent")], "give one folder of a GPU run's records"),
+                          ([str(tmp_path), str(tmp_path)], "give one folder of a GPU run's records")):
+        proc = report(*argv)
+        assert proc.returncode != 0 and message in proc.stderr, (argv, proc.stderr)
+
+
 def test_gpu_report_renders_the_recorded_gpu_runs():
     """2026-11-28: the CUDA kernels through torch.ops and the Triton kernels timed on their own; 2026-11-29: the
     Triton kernels inside the package (verify.py's timings, a stage cut at its limit), no separate timing run;
