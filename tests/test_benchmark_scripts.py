@@ -193,9 +193,14 @@ def test_gpu_triton_kernels_dry_run_times_every_part_and_writes_its_record(tmp_p
     assert "| 48 | bfloat16 | uniform |" in proc.stdout
 
 
+def _run_gpu_report(*argv):
+    """benchmarks/gpu_report.py ARGV in a fresh process from the repository root: the CompletedProcess."""
+    return subprocess.run([sys.executable, os.path.join("benchmarks", "gpu_report.py"), *argv], cwd=REPO,
+                          capture_output=True, text=True, timeout=60)
+
+
 def _gpu_report(folder):
-    proc = subprocess.run([sys.executable, os.path.join("benchmarks", "gpu_report.py"),
-                           os.path.join("docs", "data", folder)], cwd=REPO, capture_output=True, text=True, timeout=60)
+    proc = _run_gpu_report(os.path.join("docs", "data", folder))
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc.stdout
 
@@ -221,8 +226,7 @@ def test_gpu_report_renders_the_rows_a_later_verify_run_adds(tmp_path):
                 "kernels": [{"kernel": "lower_bound_tables_kernel", "launches": 1.0, "ms": 7.0}] + kernels,
                 "kernel_ms": 20.0, "wall_ms": 21.5}}
         (tmp_path / name).write_text(json.dumps(record))
-    proc = subprocess.run([sys.executable, os.path.join("benchmarks", "gpu_report.py"), str(tmp_path)], cwd=REPO,
-                          capture_output=True, text=True, timeout=60)
+    proc = _run_gpu_report(str(tmp_path))
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "| 0.95 | 1.50 | 26.00 |" in proc.stdout and "| YOSO fwd+bwd, Zipf codes |" in proc.stdout
     assert "| YOSO (m = 32) | 812 | 14.2 |" in proc.stdout
@@ -234,14 +238,11 @@ def test_gpu_report_renders_the_rows_a_later_verify_run_adds(tmp_path):
 
 
 def test_gpu_report_refuses_a_folder_without_records_and_prints_its_usage_on_help(tmp_path):
-    def report(*argv):
-        return subprocess.run([sys.executable, os.path.join("benchmarks", "gpu_report.py"), *argv], cwd=REPO,
-                              capture_output=True, text=True, timeout=60)
-    assert "python3 benchmarks/gpu_report.py docs/data/gpu_" in report("--help").stdout
+    assert "python3 benchmarks/gpu_report.py docs/data/gpu_" in _run_gpu_report("--help").stdout
     for argv, message in (([str(tmp_path)], f"{tmp_path} holds none of a GPU run's records (correctness.json"),
                           ([str(tmp_path / "absent")], "give one folder of a GPU run's records"),
                           ([str(tmp_path), str(tmp_path)], "give one folder of a GPU run's records")):
-        proc = report(*argv)
+        proc = _run_gpu_report(*argv)
         assert proc.returncode != 0 and message in proc.stderr, (argv, proc.stderr)
 
 
