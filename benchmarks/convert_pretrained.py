@@ -28,7 +28,10 @@ is interior, and test accuracy mean [min, max] over the seeds kept; <out>/protoc
 JSON list in docs/data, with the command, the arguments after `--`, the machine, --machine-note and the
 date), and a run whose record FILE already holds (same mode, rate, seed and arguments) is reused, so a
 protocol stopped in one session resumes in the next from the records alone. --render FILE... prints the
-table of recorded runs (one per setting of the arguments after `--`) and, with --figure, draws it.
+table of recorded runs (one per setting of the arguments after `--`; a mode whose protocol has not run to
+its end says so) and, with --figure, draws it; with --write PAGE it also replaces the page's block
+`<!-- convert-protocol-table: FILE... -->` ... `<!-- /convert-protocol-table -->`, which
+tests/test_quality_records.py holds against the records.
 """
 
 import argparse
@@ -39,6 +42,7 @@ import json
 import math
 import os
 import platform
+import re
 import subprocess
 import sys
 import time
@@ -156,24 +160,19 @@ def protocol_record(metrics, mode, learning_rate, seed, phase, args):
 
 
 def protocol_table(records_by_mode):
-    """The markdown table of each mode's protocol summary (protocol.summarize)."""
+    """The markdown table of each mode's protocol summary (protocol.summarize; its cells protocol.seed0_cell
+    and protocol.outcome, as docs/quality.md's tables: a protocol not run to its end says so)."""
     rates = sorted({r["lr"] for records in records_by_mode.values() for r in records if r["seed"] == 0})
     lines = ["| mode | " + " | ".join(f"validation, lr {lr:g}" for lr in rates)
              + " | chosen lr | interior | test accuracy mean [min, max] (seeds kept of run) | failed runs |",
              "| --- | " + " | ".join("---:" for _ in rates) + " | ---: | --- | ---: | --- |"]
     for mode, records in records_by_mode.items():
         row = protocol.summarize(records)
-        cells = []
-        for lr in rates:
-            value = row["validation"].get(lr, "absent")
-            cells.append("—" if value == "absent" else ("failed" if value is None else f"{value:.3f}"))
-        test = ("—" if row["test_mean"] is None else
-                f"{row['test_mean']:.3f} [{row['test_min']:.3f}, {row['test_max']:.3f}] "
-                f"({row['seeds_kept']} of {row['seeds_run']})")
-        failed = ", ".join(f"lr {r['lr']:g} seed {r['seed']} {r['status']}" for r in row["failed"]) or "none"
-        chosen = "—" if row["chosen_lr"] is None else f"{row['chosen_lr']:g}"
-        lines.append(f"| {mode} | " + " | ".join(cells) + f" | {chosen} | {'yes' if row['interior'] else 'no'} | "
-                     f"{test} | {failed} |")
+        seed0 = {r["lr"]: r for r in records if r["seed"] == protocol.SEEDS[0]}
+        cells = ["—" if lr not in seed0 else protocol.seed0_cell(seed0[lr]) for lr in rates]
+        chosen, interior, test = protocol.outcome(row)
+        failed = "; ".join(protocol.failed_run(r) for r in row["failed"]) or "none"
+        lines.append(f"| {mode} | " + " | ".join(cells) + f" | {chosen} | {interior} | {test} | {failed} |")
     return "\n".join(lines)
 
 
@@ -276,6 +275,31 @@ def render(paths, figure=None):
     return "\n\n".join(blocks)
 
 
+BLOCK = re.compile(r"<!-- convert-protocol-table: (.+?) -->\n((?:(?!<!-- /convert-protocol-table -->).*\n)*)"
+                   r"<!-- /convert-protocol-table -->")
+
+
+def published_blocks(text):
+    """{record files (as the marker names them, space-separated): the Markdown between the markers} of a page."""
+    return {match.group(1): match.group(2).rstrip("\n") for match in BLOCK.finditer(text)}
+
+
+def write_block(page, paths, markdown):
+    """Replaces the block `<!-- convert-protocol-table: PATHS -->` ... `<!-- /convert-protocol-table -->` of the
+    file `page` by `markdown`; ValueError naming the marker when the page has no such block."""
+    key = " ".join(paths)
+    with open(page, encoding="utf-8") as f:
+        text = f.read()
+    found = [m for m in BLOCK.finditer(text) if m.group(1) == key]
+    if not found:
+        raise ValueError(f"--write: {page} has no block <!-- convert-protocol-table: {key} --> ... "
+                         f"<!-- /convert-protocol-table --> to replace (add the two markers where the table goes)")
+    for match in reversed(found):
+        text = text[:match.start(2)] + markdown + "\n" + text[match.end(2):]
+    with open(page, "w", encoding="utf-8") as f:
+        f.write(text)
+
+
 def fidelity(args):
     """examples/convert_pretrained.py --fidelity: the converted models before any fine-tuning."""
     command = [sys.executable, EXAMPLE, "--pretrained", args.pretrained, "--fidelity", str(args.fidelity)]
@@ -308,11 +332,23 @@ def main(argv=None):
     parser.add_argument("--render", nargs="+", default=None, metavar="FILE",
                         help="instead of training: the protocol table of the records in these files")
     parser.add_argument("--figure", default=None, help="--render: a PNG to draw the first setting's records in")
+    parser.add_argument("--write", default=None, metavar="PAGE",
+                        help="--render: put the table in PAGE, between <!-- convert-protocol-table: FILE... --> (the "
+                             "files as given to --render) and <!-- /convert-protocol-table -->")
     parser.add_argument("--fidelity", type=int, default=None, metavar="N",
                         help="instead of training: the converted models' embeddings against softmax's on N texts")
     args = parser.parse_args(argv)
+    if args.write and not args.render:
+        parser.error("--write needs --render (it publishes the rendered table)")
     if args.render:
-        print(render(args.render, args.figure))
+        markdown = render(args.render, args.figure)
+        print(markdown)
+        if args.write:
+            try:
+                write_block(args.write, args.render, markdown)
+            except (OSError, ValueError) as error:
+                parser.error(str(error))
+            print(f"wrote the table into {args.write}")
         return None
     if not args.pretrained:
         parser.error("--pretrained is required (the checkpoint folder)")

@@ -294,9 +294,9 @@ def test_benchmark_protocol_chooses_on_validation_extends_an_edge_and_fails_what
     assert softmax == {(1e-4, 0): "ok", (3e-4, 0): "ok", (1e-3, 0): "ok", (3e-3, 0): "diverged", (1e-3, 1): "ok",
                        (1e-3, 2): "ok"}  # 1e-3 at the edge, extended to 3e-3, which diverged: 1e-3 is interior
     table = capsys.readouterr().out
-    assert re.search(r"^\| yoso \| failed \| 0\.800 \| 0\.750 \| — \| 0\.0003 \| yes \| 0\.810 \[0\.800, 0\.820\] "
-                     r"\(3 of 3\) \| lr 0\.0001 seed 0 learned_nothing \|$", table, re.M), table
-    assert re.search(r"^\| softmax \| 0\.600 \| 0\.700 \| 0\.900 \| failed \| 0\.001 \| yes \| .* \| "
+    assert re.search(r"^\| yoso \| failed \(0\.510\) \| 0\.800 \| 0\.750 \| — \| 0\.0003 \| yes \| 0\.810 "
+                     r"\[0\.800, 0\.820\] \(3 of 3\) \| lr 0\.0001 seed 0 learned nothing \|$", table, re.M), table
+    assert re.search(r"^\| softmax \| 0\.600 \| 0\.700 \| 0\.900 \| failed \(diverged\) \| 0\.001 \| yes \| .* \| "
                      r"lr 0\.003 seed 0 diverged \|$", table, re.M), table
 
 
@@ -345,6 +345,39 @@ def test_benchmark_protocol_records_each_run_resumes_from_the_records_and_render
     assert len(re.findall(r"^\| transferred \| 0\.700 \| 0\.800 \| 0\.750 \| 0\.0003 \| yes \| 0\.810 "
                           r"\[0\.800, 0\.820\] \(3 of 3\) \| none \|$", out, re.M)) == 2, out
     assert figure.stat().st_size > 0
+
+
+def test_benchmark_render_writes_its_table_between_a_pages_markers_and_names_a_missing_block(tmp_path, capsys):
+    """--render FILE --write PAGE replaces what lies between <!-- convert-protocol-table: FILE --> and
+    <!-- /convert-protocol-table --> (and nothing else); a protocol stopped before its end says so in the table;
+    a page without the block is refused, naming the marker to add."""
+    benchmark = _benchmark()
+    record = tmp_path / "fine_tune.json"
+    base = {"task": "imdb", "mode": "softmax", "status": "ok", "failure": None, "accuracy": 0.8, "steps": 10,
+            "example_args": ["--steps", "10"], "date": "2026-12-02T03:00:00+00:00", "keras_backend": "jax",
+            "num_test_examples": 4, "pretrained": "tiny", "machine": {"note": "quiet"},
+            "protocol": {"phase": "grid", "grid": [1e-4, 3e-4, 1e-3], "max_extensions": 2}}
+    runs = [dict(base, lr=lr, seed=0, validation_accuracy=v) for lr, v in ((1e-4, 0.6), (3e-4, 0.7))]
+    record.write_text(json.dumps(runs))  # two rates of the grid's three: stopped before its end
+    page = tmp_path / "page.md"
+    page.write_text(f"before\n<!-- convert-protocol-table: {record} -->\nstale\n"
+                    "<!-- /convert-protocol-table -->\nafter\n")
+    benchmark.main(["--render", str(record), "--write", str(page)])
+    text = page.read_text()
+    assert text.startswith(f"before\n<!-- convert-protocol-table: {record} -->\nArguments of every run: `--steps 10`")
+    assert text.endswith("\n<!-- /convert-protocol-table -->\nafter\n") and "stale" not in text
+    assert re.search(r"^\| softmax \| 0\.600 \| 0\.700 \| 0\.0003 \| — \| protocol stopped before its end: 0\.800 "
+                     r"\[0\.800, 0\.800\] \(1 of 1\) \| none \|$", text, re.M), text
+    assert benchmark.published_blocks(text) == {str(record): benchmark.render([str(record)])}
+    capsys.readouterr()
+    other = tmp_path / "other.md"
+    other.write_text("no block\n")
+    with pytest.raises(SystemExit):
+        benchmark.main(["--render", str(record), "--write", str(other)])
+    assert f"has no block <!-- convert-protocol-table: {record} -->" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        benchmark.main(["--write", str(page)])
+    assert "--write needs --render" in capsys.readouterr().err
 
 
 def test_benchmark_record_without_protocol_or_machine_note_is_refused(tmp_path, capsys):

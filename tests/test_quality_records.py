@@ -238,3 +238,31 @@ def test_the_protocol_records_chose_on_validation_and_ran_three_seeds_at_the_cho
         if row["chosen_lr"] is not None:
             assert sorted(r["seed"] for r in runs if r["lr"] == row["chosen_lr"]) == list(report.protocol.SEEDS)
             assert row["interior"] or row["extensions"] == runs[0]["protocol"]["max_extensions"]
+
+
+def _convert_benchmark():
+    spec = importlib.util.spec_from_file_location("convert_benchmark", os.path.join(REPO, "benchmarks",
+                                                                                    "convert_pretrained.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+convert = _convert_benchmark()
+FINE_TUNE_TABLES = [(page, key, body) for page in sorted(os.listdir(os.path.join(REPO, "docs"))) if page.endswith(".md")
+                    for key, body in convert.published_blocks(_read("docs", page)).items()]
+
+
+@pytest.mark.parametrize("page, key, published", FINE_TUNE_TABLES, ids=[key for _, key, _ in FINE_TUNE_TABLES])
+def test_each_published_fine_tune_table_is_what_its_records_give(page, key, published):
+    paths = [os.path.join(REPO, path) for path in key.split()]
+    assert published == convert.render(paths), (f"re-render docs/{page} with python benchmarks/convert_pretrained.py "
+                                                f"--render {key} --write docs/{page}")
+
+
+def test_every_fine_tune_record_file_is_published_as_a_rendered_block():
+    published = {path for _, key, _ in FINE_TUNE_TABLES for path in key.split()}
+    recorded = {f"docs/data/{name}" for name in os.listdir(os.path.join(REPO, "docs", "data"))
+                if name.startswith("convert_protocol_") and name.endswith(".json")}
+    assert recorded <= published, (f"records with no <!-- convert-protocol-table --> block: "
+                                   f"{sorted(recorded - published)}")

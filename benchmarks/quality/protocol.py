@@ -144,6 +144,40 @@ def summarize(records):
     }
 
 
+
+def failed_run(record):
+    """A failed run, named for a table: "lr 0.03 seed 0 diverged (step 53)" or "... learned nothing"."""
+    what = ("diverged" + (f" (step {record['diverged']['step']})" if record.get("diverged") else "")
+            if record["status"] == "diverged" else "learned nothing")
+    return f"lr {record['lr']:g} seed {record['seed']} {what}"
+
+
+def seed0_cell(run):
+    """A table's cell for a seed-0 run: its validation score (plot.metric); a failed run says so before it
+    ("failed (0.503)"; "failed (diverged)": a diverged run has no score)."""
+    if run["status"] == "diverged":
+        return "failed (diverged)"
+    score = f"{run[plot.metric(run['task'])[1]]:.3f}"
+    return f"failed ({score})" if failed(run) else score
+
+
+def outcome(row):
+    """(chosen rate, interior, result) cells of a table row from `summarize`'s row: "none", "—" and "every
+    rate failed" when no rate was chosen; a result "mean [min, max] (seeds kept of run)"; and, while the
+    protocol has not run to its end, interior "—" and "protocol stopped before its end: " before the result,
+    so that a table of what ran so far never reads as the protocol's result."""
+    if row["chosen_lr"] is None:
+        chosen, interior, result = "none", "—", "every rate failed"
+    else:
+        chosen = f"{row['chosen_lr']:g}"
+        interior = "yes" if row["interior"] else f"no: at the edge after {row['extensions']} extension(s)"
+        result = (f"{row['test_mean']:.3f} [{row['test_min']:.3f}, {row['test_max']:.3f}] "
+                  f"({row['seeds_kept']} of {row['seeds_run']})" if row["seeds_kept"] else
+                  f"every seed failed (0 of {row['seeds_run']})")
+    if not row["complete"]:
+        interior, result = "—", f"protocol stopped before its end: {result}"
+    return chosen, interior, result
+
 # ----------------------------------------------------------------------------- the driver
 
 def _matches(record, args, name, kwargs, lr, seed):

@@ -138,13 +138,6 @@ def render(records, key):
     return "\n".join(lines)
 
 
-def _failed_run(record):
-    """A failed run, named: "lr 0.03 seed 0 diverged (step 53)" or "... learned nothing"."""
-    what = ("diverged" + (f" (step {record['diverged']['step']})" if record.get("diverged") else "")
-            if record["status"] == "diverged" else "learned nothing")
-    return f"lr {record['lr']:g} seed {record['seed']} {what}"
-
-
 def _provenance(cell):
     """The lines above a protocol table: dates, machine and its load, backend, commands."""
     dates = sorted(r["date"] for r in cell)
@@ -167,21 +160,6 @@ def _provenance(cell):
             f"{first['validation_size']:,} validation and {first['test_size']:,} test "
             f"{'sequences' if first['task'] == 'mqar' else 'examples'}. Commands:", ""]\
         + [f"    python {command}" for command in commands] + [""]
-
-
-def _outcome(row):
-    """(chosen rate, interior, result) cells of a protocol row (protocol.summarize)."""
-    if row["chosen_lr"] is None:
-        chosen, interior, result = "none", "—", "every rate failed"
-    else:
-        chosen = f"{row['chosen_lr']:g}"
-        interior = "yes" if row["interior"] else f"no: at the edge after {row['extensions']} extension(s)"
-        result = (f"{row['test_mean']:.3f} [{row['test_min']:.3f}, {row['test_max']:.3f}] "
-                  f"({row['seeds_kept']} of {row['seeds_run']})" if row["seeds_kept"] else
-                  f"every seed failed (0 of {row['seeds_run']})")
-    if not row["complete"]:
-        interior, result = "—", f"protocol stopped before its end: {result}"
-    return chosen, interior, result
 
 
 def _cell_configurations(records, key, order, what):
@@ -212,22 +190,13 @@ def protocol_title(rows):
             "the protocol: rate chosen on validation, 3 seeds at it")
 
 
-def _seed0_score(run, validation_field):
-    """A protocol table's cell for a seed-0 run: its validation score; a failed run says so before it
-    ("failed (0.503)"; "failed (diverged)": a diverged run has no score)."""
-    if run["status"] == "diverged":
-        return "failed (diverged)"
-    score = f"{run[validation_field]:.3f}"
-    return f"failed ({score})" if protocol.failed(run) else score
-
-
 def render_protocol(records, key, configs=None):
     """The protocol table of cell `key` (cell_key) with its provenance lines above it; `configs`: the cell's
     [(runs, protocol.summarize row)] in the table's order, when the caller has them already."""
     cell = [r for r in records if cell_key(r) == key]
     configs = configs or _cell_configurations(records, key, _table_order, "protocol")
     lrs = sorted({r["lr"] for r in cell})
-    _, validation_field, metric, _ = plot.metric(cell[0]["task"])
+    _, _, metric, _ = plot.metric(cell[0]["task"])
     lines = _provenance(cell) + [
         "| attention | state bytes / layer | " + " | ".join(f"validation {metric}, lr {lr:g}" for lr in lrs)
         + f" | chosen lr | interior | test {metric} mean [min, max] (seeds kept of run) | failed runs |",
@@ -235,15 +204,15 @@ def render_protocol(records, key, configs=None):
     for runs, row in configs:
         first = runs[0]
         seed0 = {r["lr"]: r for r in runs if r["seed"] == protocol.SEEDS[0]}
-        scores = ["—" if lr not in seed0 else _seed0_score(seed0[lr], validation_field) for lr in lrs]
-        chosen, interior, result = _outcome(row)
+        scores = ["—" if lr not in seed0 else protocol.seed0_cell(seed0[lr]) for lr in lrs]
+        chosen, interior, result = protocol.outcome(row)
         settings = first.get("settings") or "-"
         label = first["attention"] + (f" ({settings})" if settings != "-" else "") \
             + (" (the floor)" if first["status"] == "floor" else "")
         state = first.get("state_bytes_per_layer")
         lines.append(f"| {label} | {'—' if state is None else f'{state:,}'} | " + " | ".join(scores)
                      + f" | {chosen} | {interior} | {result} | "
-                     + ("; ".join(_failed_run(r) for r in row["failed"]) or "none") + " |")
+                     + ("; ".join(protocol.failed_run(r) for r in row["failed"]) or "none") + " |")
     return "\n".join(lines)
 
 
@@ -291,12 +260,12 @@ def render_state(records, key):
         "test accuracy mean [min, max] (seeds kept of run) | failed runs | on the frontier |",
         "| --- | --- | ---: | ---: | --- | ---: | --- | --- |"]
     for first, row in rows:
-        chosen, interior, result = _outcome(row)
+        chosen, interior, result = protocol.outcome(row)
         state = first.get("state_bytes_per_layer")
         name = first["attention"] + (" (the floor)" if first["status"] == "floor" else "")
         lines.append(f"| {name} | {first.get('settings') or '-'} | {'—' if state is None else f'{state:,}'} | "
                      f"{chosen} | {interior} | {result} | "
-                     + ("; ".join(_failed_run(r) for r in row["failed"]) or "none") + " | "
+                     + ("; ".join(protocol.failed_run(r) for r in row["failed"]) or "none") + " | "
                      + ("yes" if plot.config_key(first) in on_frontier
                         else "—" if first["status"] == "floor" else "no") + " |")
     return "\n".join(lines)
