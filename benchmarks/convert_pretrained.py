@@ -290,12 +290,11 @@ def write_block(page, paths, markdown):
     key = " ".join(paths)
     with open(page, encoding="utf-8") as f:
         text = f.read()
-    found = [m for m in BLOCK.finditer(text) if m.group(1) == key]
-    if not found:
+    if key not in published_blocks(text):
         raise ValueError(f"--write: {page} has no block <!-- convert-protocol-table: {key} --> ... "
                          f"<!-- /convert-protocol-table --> to replace (add the two markers where the table goes)")
-    for match in reversed(found):
-        text = text[:match.start(2)] + markdown + "\n" + text[match.end(2):]
+    text = BLOCK.sub(lambda match: match.group(0) if match.group(1) != key else
+                     f"<!-- convert-protocol-table: {key} -->\n{markdown}\n<!-- /convert-protocol-table -->", text)
     with open(page, "w", encoding="utf-8") as f:
         f.write(text)
 

@@ -15,9 +15,9 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 pytestmark = pytest.mark.all_cases  # every table on every backend (cheap)
 
 
-def _report():
-    spec = importlib.util.spec_from_file_location("quality_report", os.path.join(REPO, "benchmarks", "quality",
-                                                                                   "report.py"))
+def _script(name, *path):
+    """The benchmark script at REPO/`path`, loaded as module `name` (benchmarks/ is not a package)."""
+    spec = importlib.util.spec_from_file_location(name, os.path.join(REPO, *path))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -28,7 +28,7 @@ def _read(*path):
         return f.read()
 
 
-report = _report()
+report = _script("quality_report", "benchmarks", "quality", "report.py")
 RECORDS = report.load()
 PAGE = _read("docs", "quality.md")
 TABLES = report.page_blocks(PAGE, "table")
@@ -240,15 +240,7 @@ def test_the_protocol_records_chose_on_validation_and_ran_three_seeds_at_the_cho
             assert row["interior"] or row["extensions"] == runs[0]["protocol"]["max_extensions"]
 
 
-def _convert_benchmark():
-    spec = importlib.util.spec_from_file_location("convert_benchmark", os.path.join(REPO, "benchmarks",
-                                                                                    "convert_pretrained.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-convert = _convert_benchmark()
+convert = _script("convert_benchmark", "benchmarks", "convert_pretrained.py")
 FINE_TUNE_TABLES = [(page, key, body) for page in sorted(os.listdir(os.path.join(REPO, "docs"))) if page.endswith(".md")
                     for key, body in convert.published_blocks(_read("docs", page)).items()]
 

@@ -144,7 +144,6 @@ def summarize(records):
     }
 
 
-
 def failed_run(record):
     """A failed run, named for a table: "lr 0.03 seed 0 diverged (step 53)" or "... learned nothing"."""
     what = ("diverged" + (f" (step {record['diverged']['step']})" if record.get("diverged") else "")
@@ -177,6 +176,7 @@ def outcome(row):
     if not row["complete"]:
         interior, result = "—", f"protocol stopped before its end: {result}"
     return chosen, interior, result
+
 
 # ----------------------------------------------------------------------------- the driver
 
