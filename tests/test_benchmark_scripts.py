@@ -407,3 +407,44 @@ def test_docs_benchmarks_quote_the_native_ab_records_as_rendered(tmp_path):
     proc = _run("native_ab.py", tmp_path, "--render", record)
     assert proc.returncode == 0, proc.stderr
     assert published.strip() == proc.stdout.split("\nwrote ")[0].strip()
+
+
+_TINY_ENCODER = ["--batch", "1", "--length", "128", "--layers", "1", "--heads", "2", "--width", "16", "--ffn", "32"]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("jax") is None or importlib.util.find_spec("keras_hub") is None,
+                    reason="compiles a JAX training step of a keras_hub BertBackbone")
+def test_training_memory_compiles_a_step_per_tree_window_and_scheduler_and_renders_its_record(tmp_path):
+    record = tmp_path / "training_memory.json"
+    proc = _run("training_memory.py", tmp_path, "--trees", REPO, "--labels", "here", *_TINY_ENCODER,
+                "--local-windows", "0", "8", "--schedulers", "serial", "--record", str(record), timeout=600)
+    _assert_wrote(proc, tmp_path, "training_memory.png", "training_memory.json")
+    (written,) = json.loads(record.read_text())
+    assert [(row["window"], row["scheduler"], row["status"]) for row in written["rows"]] == [
+        (0, "serial", "ok"), (8, "serial", "ok")]
+    without, with_window = (row["temp_bytes"] for row in written["rows"])
+    assert 0 < without < with_window, written["rows"]   # the window's band is a buffer of the step
+    assert all(row["keras_yoso"] == os.path.join(REPO, "keras_yoso") for row in written["rows"])
+    rendered = _run("training_memory.py", tmp_path, "--render", str(record))
+    assert rendered.returncode == 0, rendered.stderr
+    assert rendered.stdout.split("\nwrote ")[0].strip() in proc.stdout
+    assert (tmp_path / "training_memory_0.png").stat().st_size > 10_000
+
+
+def test_training_memory_names_the_argument_it_refuses(tmp_path):
+    proc = _run("training_memory.py", tmp_path, "--trees", str(tmp_path))
+    assert proc.returncode == 2 and "--trees: expected folders holding keras_yoso/__init__.py" in proc.stderr
+    proc = _run("training_memory.py", tmp_path, "--trees", REPO, "--local-windows", "-1")
+    assert proc.returncode == 2 and "--local-windows: expected integers >= 0 (0: no window), got -1" in proc.stderr
+    proc = _run("training_memory.py", tmp_path, "--trees", REPO, "--labels", "a", "b")
+    assert proc.returncode == 2 and "--labels: expected one per tree (1), got 2" in proc.stderr
+
+
+def test_docs_benchmarks_quote_the_training_memory_records_as_rendered(tmp_path):
+    with open(os.path.join(REPO, "docs", "benchmarks.md"), encoding="utf-8") as f:
+        page = f.read()
+    record = "docs/data/training_memory.json"
+    published = page.split(f"<!-- training-memory: {record} -->\n")[1].split("<!-- /training-memory -->")[0]
+    proc = _run("training_memory.py", tmp_path, "--render", record)
+    assert proc.returncode == 0, proc.stderr
+    assert published.strip() == proc.stdout.split("\nwrote ")[0].strip()

@@ -1,17 +1,25 @@
 """YosoAttention(local_window=w): exact softmax attention inside a band of positions beside YOSO (issue 42,
 item 3's option; LoLCATs' sliding window). `keras_yoso.ops.local_attention` equals the NumPy reference (masks,
 causal, decoding offsets, windows longer than the sequence) and its gradients the reference's finite differences;
-a layer whose window scale is zero is the layer without a window; the window's term is its scale times the exact
-local softmax of the projected heads; decoding with the kept keys reproduces the full causal forward; the window
-and its scale live in the config and the weights; bad arguments raise naming them. Every backend."""
+its written-out gradient equals autodiff of the same forward on every case, and a JAX training step keeps less
+than two bands per layer where autodiff kept five; a layer whose window scale is zero is the layer without a
+window; the window's term is its scale times the exact local softmax of the projected heads; decoding with the
+kept keys reproduces the full causal forward; the window and its scale live in the config and the weights; bad
+arguments raise naming them. Every backend."""
+
+import os
+import subprocess
+import sys
+import textwrap
 
 import keras
 import numpy as np
 import numpy_reference as ref
 import pytest
-from conftest import random_mask, to_numpy, trainable_gradients, vjp
+from conftest import BACKEND, random_mask, to_numpy, trainable_gradients, vjp
 
 from keras_yoso import ops
+from keras_yoso.ops.composite import local as composite_local
 from keras_yoso.layers import YosoAttention
 
 # (T, S, window, causal, key_offset, query mask kind, key mask kind)
@@ -55,6 +63,67 @@ def test_local_attention_gradients_equal_the_references_finite_differences(causa
                 loss = (ref.local_attention(*shifted, 3, None, key_mask, causal) * cotangent).sum()
                 expected[position] += sign * loss / 2e-5
         np.testing.assert_allclose(grad, expected, atol=2e-4, rtol=2e-3)
+
+
+@pytest.mark.parametrize("t,s,window,causal,offset,q_kind,k_kind", GRID)
+def test_local_attention_gradients_equal_autodiff_of_its_forward(t, s, window, causal, offset, q_kind, k_kind):
+    rng = np.random.default_rng(t * s + window)
+    q, k = rng.normal(size=(2, t, 4)).astype("float32"), rng.normal(size=(2, s, 4)).astype("float32")
+    v = rng.normal(size=(2, s, 3)).astype("float32")
+    qm, km = random_mask(rng, q_kind, 2, t), random_mask(rng, k_kind, 2, s)
+    cotangent = rng.normal(size=(2, t, 3))
+    full = lambda mask, n: keras.ops.convert_to_tensor(np.ones((2, n), bool) if mask is None else mask)  # noqa: E731
+    written = lambda a, b, c: ops.local_attention(a, b, c, window, qm, km,  # noqa: E731
+                                                  causal=causal, key_offset=offset)
+    autodiff = lambda a, b, c: composite_local.local_attention(a, b, c, window, full(qm, t), full(km, s),  # noqa: E731
+                                                               causal, offset)
+    out, grads = vjp(written, [q, k, v], cotangent)
+    expected_out, expected = vjp(autodiff, [q, k, v], cotangent)
+    np.testing.assert_array_equal(out, expected_out)
+    for name, got, want in zip("qkv", grads, expected):
+        np.testing.assert_allclose(got, want, atol=2e-6, rtol=1e-5, err_msg=f"d{name}")
+
+
+_STEP_MEMORY = textwrap.dedent("""
+    import sys
+    import jax, jax.numpy as jnp
+    from keras_yoso import ops
+    from keras_yoso.ops.composite import local
+
+    band = ops.local_attention if sys.argv[1] == "op" else local.local_attention
+    def loss(x, weights):
+        mask = jnp.ones(x.shape[:2], bool)
+        for w in weights:  # layers with residuals, as in a transformer
+            h = x @ w
+            x = x + band(h, h, h, 64, mask, mask, False, 0)
+        return jnp.sum(x ** 2)
+    for layers in (2, 6):
+        x, weights = jnp.ones((8, 1024, 16)), [jnp.eye(16)] * layers
+        step = jax.jit(jax.grad(loss, argnums=(0, 1))).lower(x, weights).compile()
+        print(step.memory_analysis().temp_size_in_bytes)
+""")
+
+
+@pytest.mark.skipif(BACKEND != "jax", reason="reads XLA's compiled buffer sizes (JAX)")
+@pytest.mark.parametrize("scheduler", ["default", "serial"])
+def test_a_jax_training_step_keeps_no_band_of_the_window_per_layer(scheduler):
+    # XLA's temp bytes for 2 and for 6 layers of 8 x 1,024 tokens, window 64: autodiff of the forward keeps about
+    # five [8, 16 chunks, 64, 190] float32 bands (6.2 MB each) per layer until the backward pass; the written-out
+    # gradient needs only the scores (XLA keeps the forward's: 1.4-1.6 bands a layer with the gathered keys and
+    # values), under XLA's CPU scheduler and with its concurrency-optimized scheduling off alike.
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path), JAX_PLATFORMS="cpu")
+    if scheduler == "serial":
+        env["XLA_FLAGS"] = env.get("XLA_FLAGS", "") + " --xla_cpu_enable_concurrency_optimized_scheduler=false"
+    per_layer = {}
+    for gradient in ("op", "autodiff"):
+        proc = subprocess.run([sys.executable, "-c", _STEP_MEMORY, gradient], capture_output=True, text=True, env=env,
+                              timeout=600)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        two, six = map(int, proc.stdout.split())
+        per_layer[gradient] = (six - two) / 4
+    band = 8 * 16 * 64 * 190 * 4
+    assert per_layer["autodiff"] > 4 * band, per_layer          # what the test would catch coming back
+    assert per_layer["op"] < 2 * band, per_layer
 
 
 @pytest.mark.parametrize("arguments, match", [
