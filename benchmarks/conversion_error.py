@@ -407,6 +407,19 @@ def append_record(path, record):
         json.dump(records + [record], f, indent=1)
 
 
+def add_record_arguments(parser, out_dir):
+    """--out-dir (default `out_dir`), --record, --machine-note and --render RECORDS, as benchmarks/native_ab.py
+    and benchmarks/training_memory.py take them: a run appends one record to --record's JSON list; --render
+    measures nothing and prints (and draws) every record of RECORDS."""
+    parser.add_argument("--out-dir", default=out_dir, help="Default: %(default)s")
+    parser.add_argument("--record", default=None, help="a JSON list to append the record to (docs/data/...)")
+    parser.add_argument("--machine-note", default="not stated",
+                        help="what else ran on the machine ('quiet', or 'quiet: ...', if nothing)")
+    parser.add_argument("--render", metavar="RECORDS", default=None,
+                        help="measure nothing: print the heading and table of each record in RECORDS and "
+                             "draw its figure")
+
+
 def run_fields(args, argv, load_before, machine_note):
     """What a record says of its run: the model, the command, the backend, the date, the machine (with
     the load average before and after, and `machine_note` on how quiet it was), the lengths and seed.

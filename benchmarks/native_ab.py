@@ -32,7 +32,7 @@ import time
 
 import numpy as np
 
-import conversion_error  # beside this script: its append_record()
+import conversion_error  # beside this script: its append_record(), add_record_arguments()
 import decoding  # beside this script: its machine()
 from keras_yoso.ops.providers import native_library
 
@@ -57,13 +57,7 @@ def parse_args(argv):
     parser.add_argument("--threads", type=int, default=1, help="the kernels' threads. Default: %(default)s")
     parser.add_argument("--rounds", type=int, default=4, help="turns of each library. Default: %(default)s")
     parser.add_argument("--repeats", type=int, default=8, help="calls timed per turn. Default: %(default)s")
-    parser.add_argument("--out-dir", default=os.path.join("runs", "native_ab"), help="Default: %(default)s")
-    parser.add_argument("--record", default=None, help="a JSON list to append the record to (docs/data/...)")
-    parser.add_argument("--machine-note", default="not stated",
-                        help="what else ran on the machine ('quiet', or 'quiet: ...', if nothing)")
-    parser.add_argument("--render", metavar="RECORDS", default=None,
-                        help="measure nothing: print the heading and table of each record in RECORDS and "
-                             "draw its figure")
+    conversion_error.add_record_arguments(parser, os.path.join("runs", "native_ab"))
     args = parser.parse_args(argv)
     if args.render:
         return args

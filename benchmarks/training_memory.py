@@ -35,7 +35,7 @@ import textwrap
 
 import numpy as np
 
-import conversion_error  # beside this script: append_record
+import conversion_error  # beside this script: append_record(), add_record_arguments()
 import decoding  # beside this script: machine()
 from isolated_run import run_isolated
 
@@ -97,13 +97,7 @@ def parse_args(argv):
     parser.add_argument("--num-hashes", type=int, default=32, help="Default: %(default)s")
     parser.add_argument("--hash-code-len", type=int, default=8, help="Default: %(default)s")
     parser.add_argument("--timeout", type=float, default=900, help="seconds per configuration. Default: %(default)s")
-    parser.add_argument("--out-dir", default=os.path.join("runs", "training_memory"), help="Default: %(default)s")
-    parser.add_argument("--record", default=None, help="a JSON list to append the record to (docs/data/...)")
-    parser.add_argument("--machine-note", default="not stated",
-                        help="what else ran on the machine ('quiet', or 'quiet: ...', if nothing)")
-    parser.add_argument("--render", metavar="RECORDS", default=None,
-                        help="measure nothing: print the heading and table of each record in RECORDS and draw its "
-                             "figure")
+    conversion_error.add_record_arguments(parser, os.path.join("runs", "training_memory"))
     args = parser.parse_args(argv)
     if args.render:
         return args

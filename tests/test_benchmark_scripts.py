@@ -399,21 +399,19 @@ def test_native_ab_names_the_argument_it_refuses(tmp_path):
     assert proc.returncode == 2 and "--hash-code-lens: expected values in [1, 20], got 0" in proc.stderr, proc.stderr
 
 
-def test_docs_benchmarks_quote_the_native_ab_records_as_rendered(tmp_path):
+@pytest.mark.parametrize("script, marker, record", [
+    ("native_ab.py", "native-ab", "docs/data/native_ab_2026-11-30.json"),
+    ("training_memory.py", "training-memory", "docs/data/training_memory.json"),
+])
+def test_docs_benchmarks_quote_the_records_as_their_script_renders_them(tmp_path, script, marker, record):
     with open(os.path.join(REPO, "docs", "benchmarks.md"), encoding="utf-8") as f:
         page = f.read()
-    record = "docs/data/native_ab_2026-11-30.json"
-    published = page.split(f"<!-- native-ab: {record} -->\n")[1].split("<!-- /native-ab -->")[0]
-    proc = _run("native_ab.py", tmp_path, "--render", record)
+    published = page.split(f"<!-- {marker}: {record} -->\n")[1].split(f"<!-- /{marker} -->")[0]
+    proc = _run(script, tmp_path, "--render", record)
     assert proc.returncode == 0, proc.stderr
     assert published.strip() == proc.stdout.split("\nwrote ")[0].strip()
 
 
-_TINY_ENCODER = ["--batch", "1", "--length", "128", "--layers", "1", "--heads", "2", "--width", "16", "--ffn", "32"]
-
-
-@pytest.mark.skipif(importlib.util.find_spec("jax") is None or importlib.util.find_spec("keras_hub") is None,
-                    reason="compiles a JAX training step of a keras_hub BertBackbone")
 def test_training_memory_compiles_a_step_per_tree_window_and_scheduler_and_renders_its_record(tmp_path):
     record = tmp_path / "training_memory.json"
     proc = _run("training_memory.py", tmp_path, "--trees", REPO, "--labels", "here", *_TINY_ENCODER,
@@ -438,13 +436,3 @@ def test_training_memory_names_the_argument_it_refuses(tmp_path):
     assert proc.returncode == 2 and "--local-windows: expected integers >= 0 (0: no window), got -1" in proc.stderr
     proc = _run("training_memory.py", tmp_path, "--trees", REPO, "--labels", "a", "b")
     assert proc.returncode == 2 and "--labels: expected one per tree (1), got 2" in proc.stderr
-
-
-def test_docs_benchmarks_quote_the_training_memory_records_as_rendered(tmp_path):
-    with open(os.path.join(REPO, "docs", "benchmarks.md"), encoding="utf-8") as f:
-        page = f.read()
-    record = "docs/data/training_memory.json"
-    published = page.split(f"<!-- training-memory: {record} -->\n")[1].split("<!-- /training-memory -->")[0]
-    proc = _run("training_memory.py", tmp_path, "--render", record)
-    assert proc.returncode == 0, proc.stderr
-    assert published.strip() == proc.stdout.split("\nwrote ")[0].strip()
