@@ -18,7 +18,9 @@ turns that off (`--xla_cpu_enable_concurrency_optimized_scheduler=false`). The t
 allocation of the step (every buffer besides its arguments and outputs: what the step needs on top of the
 weights; on the CPU it is one allocation per step) in MB (10^6 bytes), its ratio to the first tree's, and
 which YOSO ops the tree ran (custom_op: its native kernels; composite: keras.ops). It is read from the compiled
-executable (`memory_analysis()`), so it depends on the JAX and XLA versions, not on what else runs: no timing.
+executable (`memory_analysis()`), so it depends on the JAX and XLA versions, not on what else runs. With
+--steps N each process also runs its step N + 1 times and the table adds the median seconds of the last N and
+their ratio to the first tree's: that part does depend on the machine's load (say it in --machine-note).
 
 Prints the table, writes training_memory.png in --out-dir, and with --record appends one record (the command,
 the machine, the versions, every row) to that JSON list. `--render RECORDS` measures nothing: it prints the
@@ -44,7 +46,7 @@ SCHEDULERS = {"default": "", "serial": "--xla_cpu_enable_concurrency_optimized_s
 _CHILD = r"""
 import json, os, sys, time
 tree, scheduler_flag = sys.argv[1], sys.argv[2]
-batch, length, window, layers, heads, width, ffn, num_hashes, tau = map(int, sys.argv[3:12])
+batch, length, window, layers, heads, width, ffn, num_hashes, tau, steps = map(int, sys.argv[3:13])
 sys.path.insert(0, tree)
 os.environ["KERAS_BACKEND"] = "jax"
 os.environ["JAX_PLATFORMS"] = "cpu"
@@ -68,11 +70,19 @@ def loss(trainable, others, ids, labels):
     return keras.ops.mean(keras.losses.sparse_categorical_crossentropy(labels, probabilities))
 
 ids = np.random.default_rng(0).integers(1000, 30000, size=(batch, length)).astype("int32")
+labels = np.zeros((batch,), "int32")
 start = time.perf_counter()
-step = jax.jit(jax.value_and_grad(loss)).lower(trainable, others, ids, np.zeros((batch,), "int32")).compile()
+step = jax.jit(jax.value_and_grad(loss)).lower(trainable, others, ids, labels).compile()
 memory = step.memory_analysis()
+compile_s = time.perf_counter() - start
+seconds = []
+for _ in range(steps + 1 if steps else 0):  # the first one untimed
+    start = time.perf_counter()
+    jax.block_until_ready(step(trainable, others, ids, labels))
+    seconds.append(time.perf_counter() - start)
 print(json.dumps({"temp_bytes": int(memory.temp_size_in_bytes), "argument_bytes": int(memory.argument_size_in_bytes),
-                  "output_bytes": int(memory.output_size_in_bytes), "compile_s": time.perf_counter() - start,
+                  "output_bytes": int(memory.output_size_in_bytes), "compile_s": compile_s,
+                  "step_s": sorted(seconds[1:])[len(seconds[1:]) // 2] if steps else None,
                   "yoso_ops": "custom_op" if keras_yoso.ops.custom_ops_available() else "composite",
                   "keras_yoso": os.path.dirname(keras_yoso.__file__), "jax": jax.__version__,
                   "keras": keras.__version__}))
@@ -96,6 +106,9 @@ def parse_args(argv):
     parser.add_argument("--ffn", type=int, default=1536, help="Default: %(default)s")
     parser.add_argument("--num-hashes", type=int, default=32, help="Default: %(default)s")
     parser.add_argument("--hash-code-len", type=int, default=8, help="Default: %(default)s")
+    parser.add_argument("--steps", type=int, default=0,
+                        help="also run the step this many times after one untimed run and give the median seconds "
+                             "(0: compile only). Default: %(default)s")
     parser.add_argument("--timeout", type=float, default=900, help="seconds per configuration. Default: %(default)s")
     conversion_error.add_record_arguments(parser, os.path.join("runs", "training_memory"))
     args = parser.parse_args(argv)
@@ -113,6 +126,8 @@ def parse_args(argv):
     for window in args.local_windows:
         if window < 0:
             parser.error(f"--local-windows: expected integers >= 0 (0: no window), got {window}")
+    if args.steps < 0:
+        parser.error(f"--steps: expected an integer >= 0 (0: compile only), got {args.steps}")
     for name in ("batch", "length", "layers", "heads", "width", "ffn", "num_hashes", "hash_code_len"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')}: expected a positive integer, got {getattr(args, name)}")
@@ -129,10 +144,11 @@ def measure(args):
             for label, tree in zip(args.labels, args.trees):
                 result = run_isolated(_CHILD, [os.path.abspath(tree), SCHEDULERS[scheduler], args.batch, args.length,
                                                window, args.layers, args.heads, args.width, args.ffn,
-                                               args.num_hashes, args.hash_code_len], args.timeout)
+                                               args.num_hashes, args.hash_code_len, args.steps], args.timeout)
                 rows.append(dict(result, window=window, scheduler=scheduler, label=label))
                 print(f"  {label}, window {window or 'none'}, {scheduler} scheduler: "
-                      + (f"{result['temp_bytes'] / 1e6:,.0f} MB" if result["status"] == "ok" else result["status"]),
+                      + (f"{result['temp_bytes'] / 1e6:,.0f} MB" if result["status"] == "ok" else result["status"])
+                      + (f", {result['step_s']:.2f} s a step" if result.get("step_s") else ""),
                       flush=True)
     return rows
 
@@ -142,15 +158,21 @@ def _mb(row):
 
 
 def table(rows, labels):
+    """One line per (window, scheduler): each tree's MB and its ratio to the first's; with timed rows also each
+    tree's median seconds per step and that ratio."""
+    timed = any(row.get("step_s") for row in rows)
     head = ["local window", "XLA CPU scheduler"] + [f"{label} MB" for label in labels]
     head += [f"{label} / {labels[0]}" for label in labels[1:]]
+    if timed:
+        head += [f"{label} s/step" for label in labels] + [f"{label} / {labels[0]} time" for label in labels[1:]]
     lines = ["| " + " | ".join(head) + " |", "| ---: | --- |" + " ---: |" * (len(head) - 2)]
     for start in range(0, len(rows), len(labels)):
         group = rows[start:start + len(labels)]
-        sizes = [_mb(row) for row in group]
         cells = [str(group[0]["window"] or "none"), group[0]["scheduler"]]
-        cells += [f"{size:,.0f}" if size is not None else row["status"] for size, row in zip(sizes, group)]
-        cells += [f"{size / sizes[0]:.2f}" if size is not None and sizes[0] else "-" for size in sizes[1:]]
+        for values, form in [([_mb(row) for row in group], "{:,.0f}")] + (
+                [([row.get("step_s") for row in group], "{:.2f}")] if timed else []):
+            cells += [form.format(value) if value is not None else row["status"] for value, row in zip(values, group)]
+            cells += [f"{value / values[0]:.2f}" if value is not None and values[0] else "-" for value in values[1:]]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -160,9 +182,11 @@ def heading(shapes, machine, rows):
     ok = [row for row in rows if row["status"] == "ok"]
     ops = sorted({f"{row['label']}: {row['yoso_ops']}" for row in ok})
     versions = f"JAX {ok[0]['jax']}, Keras {ok[0]['keras']}" if ok else "no configuration compiled"
+    steps = shapes.get("steps", 0)  # records before --steps: compile only
+    timing = f", seconds a step the median of {steps} after one untimed" if steps else ""
     return (f"XLA temp MB of one training step: {shapes['layers']} layers, {shapes['heads']} heads, width "
             f"{shapes['width']}, FFN {shapes['ffn']}, YOSO m = {shapes['num_hashes']}, "
-            f"tau = {shapes['hash_code_len']}, batch {shapes['batch']} x {shapes['length']} tokens; "
+            f"tau = {shapes['hash_code_len']}, batch {shapes['batch']} x {shapes['length']} tokens{timing}; "
             f"YOSO ops {', '.join(ops)}; {versions}; machine: {machine['cpu']}, {machine['note']}")
 
 
@@ -218,7 +242,7 @@ def main(argv=None):
         return
     rows = measure(args)
     shapes = {name: getattr(args, name) for name in ("batch", "length", "layers", "heads", "width", "ffn",
-                                                     "num_hashes", "hash_code_len")}
+                                                     "num_hashes", "hash_code_len", "steps")}
     machine = {"cpu": decoding.machine(), "note": args.machine_note}
     print(heading(shapes, machine, rows))
     print(table(rows, args.labels))

@@ -412,16 +412,23 @@ def test_docs_benchmarks_quote_the_records_as_their_script_renders_them(tmp_path
     assert published.strip() == proc.stdout.split("\nwrote ")[0].strip()
 
 
+_TINY_ENCODER = ["--batch", "1", "--length", "128", "--layers", "1", "--heads", "2", "--width", "16", "--ffn", "32"]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("jax") is None or importlib.util.find_spec("keras_hub") is None,
+                    reason="compiles a JAX training step of a keras_hub BertBackbone")
 def test_training_memory_compiles_a_step_per_tree_window_and_scheduler_and_renders_its_record(tmp_path):
     record = tmp_path / "training_memory.json"
     proc = _run("training_memory.py", tmp_path, "--trees", REPO, "--labels", "here", *_TINY_ENCODER,
-                "--local-windows", "0", "8", "--schedulers", "serial", "--record", str(record), timeout=600)
+                "--local-windows", "0", "8", "--schedulers", "serial", "--steps", "1", "--record", str(record),
+                timeout=600)
     _assert_wrote(proc, tmp_path, "training_memory.png", "training_memory.json")
     (written,) = json.loads(record.read_text())
     assert [(row["window"], row["scheduler"], row["status"]) for row in written["rows"]] == [
         (0, "serial", "ok"), (8, "serial", "ok")]
     without, with_window = (row["temp_bytes"] for row in written["rows"])
     assert 0 < without < with_window, written["rows"]   # the window's band is a buffer of the step
+    assert all(row["step_s"] > 0 for row in written["rows"]) and "here s/step" in proc.stdout
     assert all(row["keras_yoso"] == os.path.join(REPO, "keras_yoso") for row in written["rows"])
     rendered = _run("training_memory.py", tmp_path, "--render", str(record))
     assert rendered.returncode == 0, rendered.stderr
