@@ -36,23 +36,25 @@ print(json.dumps({"path": os.path.dirname(keras_yoso.__file__),
 """
 
 
-def _child(child_code, argv, timeout):
-    """`python -c child_code *argv` in an empty directory; the CompletedProcess."""
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+def _child(child_code, argv, timeout, environment=None):
+    """`python -c child_code *argv` in an empty directory, with `environment` added to this process's
+    environment variables; the CompletedProcess."""
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", **(environment or {}))
     with tempfile.TemporaryDirectory() as empty:
         return subprocess.run([sys.executable, "-c", child_code, *map(str, argv)], capture_output=True, text=True,
                               timeout=timeout, env=env, cwd=empty)
 
 
-def run_isolated(child_code, argv, timeout):
-    """Runs `python -c child_code *argv`; its last stdout line must be a JSON object.
+def run_isolated(child_code, argv, timeout, environment=None):
+    """Runs `python -c child_code *argv` (with `environment`: {name: value} added to the environment
+    variables); its last stdout line must be a JSON object.
 
     Returns that object with "status": "ok" and "wall_s", or {"status": "timeout ..." |
     "out of memory" | "failed ..."}.
     """
     start = time.perf_counter()
     try:
-        proc = _child(child_code, argv, timeout)
+        proc = _child(child_code, argv, timeout, environment)
     except subprocess.TimeoutExpired:
         return {"status": f"timeout (> {timeout:g} s)"}
     if proc.returncode != 0:

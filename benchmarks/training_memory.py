@@ -45,12 +45,7 @@ SCHEDULERS = {"default": "", "serial": "--xla_cpu_enable_concurrency_optimized_s
 
 _CHILD = r"""
 import json, os, sys, time
-tree, scheduler_flag = sys.argv[1], sys.argv[2]
-batch, length, window, layers, heads, width, ffn, num_hashes, tau, steps = map(int, sys.argv[3:13])
-sys.path.insert(0, tree)
-os.environ["KERAS_BACKEND"] = "jax"
-os.environ["JAX_PLATFORMS"] = "cpu"
-os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + scheduler_flag).strip()
+batch, length, window, layers, heads, width, ffn, num_hashes, tau, steps = map(int, sys.argv[1:11])
 import jax, keras, keras_hub, numpy as np
 import keras_yoso
 
@@ -142,9 +137,13 @@ def measure(args):
     for window in args.local_windows:
         for scheduler in args.schedulers:
             for label, tree in zip(args.labels, args.trees):
-                result = run_isolated(_CHILD, [os.path.abspath(tree), SCHEDULERS[scheduler], args.batch, args.length,
-                                               window, args.layers, args.heads, args.width, args.ffn,
-                                               args.num_hashes, args.hash_code_len, args.steps], args.timeout)
+                # keras_yoso from `tree` (ahead of any installed one), JAX on the CPU with `scheduler`.
+                environment = {"PYTHONPATH": os.pathsep.join([os.path.abspath(tree)] + [p for p in os.environ.get(
+                    "PYTHONPATH", "").split(os.pathsep) if p]), "KERAS_BACKEND": "jax", "JAX_PLATFORMS": "cpu",
+                               "XLA_FLAGS": f"{os.environ.get('XLA_FLAGS', '')} {SCHEDULERS[scheduler]}".strip()}
+                result = run_isolated(_CHILD, [args.batch, args.length, window, args.layers, args.heads, args.width,
+                                               args.ffn, args.num_hashes, args.hash_code_len, args.steps],
+                                      args.timeout, environment)
                 rows.append(dict(result, window=window, scheduler=scheduler, label=label))
                 print(f"  {label}, window {window or 'none'}, {scheduler} scheduler: "
                       + (f"{result['temp_bytes'] / 1e6:,.0f} MB" if result["status"] == "ok" else result["status"])
