@@ -420,6 +420,16 @@ def add_record_arguments(parser, out_dir):
                              "draw its figure")
 
 
+def show_records(path, render, draw, out_dir):
+    """What --render does for native_ab.py and training_memory.py: prints `render(records)` of the JSON list in
+    `path`, then draws them with `draw(records, out_dir)` and names each figure written."""
+    with open(path, encoding="utf-8") as f:
+        records = json.load(f)
+    print(render(records))
+    for figure in draw(records, out_dir):
+        print(f"wrote {figure}")
+
+
 def run_fields(args, argv, load_before, machine_note):
     """What a record says of its run: the model, the command, the backend, the date, the machine (with
     the load average before and after, and `machine_note` on how quiet it was), the lengths and seed.

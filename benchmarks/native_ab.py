@@ -24,7 +24,6 @@ quotes them; a test compares) and draws record i's figure as native_ab_<i>.png i
 
 import argparse
 import datetime
-import json
 import os
 import sys
 import textwrap
@@ -202,12 +201,7 @@ def draw(records, out_dir):
 def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
     if args.render:
-        with open(args.render, encoding="utf-8") as f:
-            records = json.load(f)
-        print(render(records))
-        for figure in draw(records, args.out_dir):
-            print(f"wrote {figure}")
-        return
+        return conversion_error.show_records(args.render, render, draw, args.out_dir)
     natives = [native_library.open_library(os.path.abspath(path)) for path in args.libraries]
     load_before = os.getloadavg()
     rows = measure(args, natives)

@@ -30,7 +30,6 @@ figure as training_memory_<i>.png in --out-dir.
 
 import argparse
 import datetime
-import json
 import os
 import sys
 import textwrap
@@ -233,12 +232,7 @@ def draw(records, out_dir):
 def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
     if args.render:
-        with open(args.render, encoding="utf-8") as f:
-            records = json.load(f)
-        print(render(records))
-        for figure in draw(records, args.out_dir):
-            print(f"wrote {figure}")
-        return
+        return conversion_error.show_records(args.render, render, draw, args.out_dir)
     rows = measure(args)
     shapes = {name: getattr(args, name) for name in ("batch", "length", "layers", "heads", "width", "ffn",
                                                      "num_hashes", "hash_code_len", "steps")}
