@@ -146,6 +146,12 @@ def after(checks, tensors):
         return [tf.identity(t) for t in tensors]
 
 
+def upstream_gradient(args, upstream):
+    """The output gradient a `keras.ops.custom_gradient` grad function receives: `upstream=` on TensorFlow,
+    its first positional argument on JAX and torch."""
+    return args[0] if upstream is None else upstream
+
+
 def ensure_rank(x, rank):
     """A TensorFlow tensor of unknown rank, checked to have `rank` when the graph runs
     (tf.ensure_shape's InvalidArgumentError)."""

@@ -5,6 +5,7 @@ a written-out gradient that keeps less of the band for the backward pass than au
 
 from keras import ops
 
+from keras_yoso import _backend
 from keras_yoso import _validation
 from keras_yoso.ops.composite import local as composite
 
@@ -41,7 +42,7 @@ def local_attention(query, key, value, window, query_mask=None, key_mask=None, c
     @ops.custom_gradient
     def attention(q, k, v):
         def grad(*args, upstream=None):
-            d_out = ops.cast(args[0] if upstream is None else upstream, "float32")
+            d_out = ops.cast(_backend.upstream_gradient(args, upstream), "float32")
             return composite.local_attention_gradients(q, k, v, window, query_mask, key_mask, causal, key_offset,
                                                        d_out)
 

@@ -33,11 +33,6 @@ from keras_yoso.ops.composite import collision
 from keras_yoso.ops.composite.masking import keep_rows
 
 
-def _upstream(args, upstream):
-    """The output gradient of a `keras.ops.custom_gradient` grad function, on every backend."""
-    return args[0] if upstream is None else upstream
-
-
 def _ones_mask(codes):
     return ops.ones((ops.shape(codes)[0], ops.shape(codes)[2]), "bool")
 
@@ -100,7 +95,7 @@ def _lsh(provider, qm, qc, km, kc, value, num_buckets, causal):
     @ops.custom_gradient
     def cumulation(v):
         def grad(*args, upstream=None):
-            dy = ops.cast(_upstream(args, upstream), v.dtype)
+            dy = ops.cast(_backend.upstream_gradient(args, upstream), v.dtype)
             return ops.cast(provider.lsh_cumulation_gradient(qm, qc, km, kc, dy, num_buckets, causal), v.dtype)
 
         return ops.cast(provider.run("lsh_cumulation", qm, qc, km, kc, v, num_buckets, causal), v.dtype), grad
@@ -170,7 +165,7 @@ def _weighted(provider, qm, qc, query_weight, km, kc, key_weight, value, num_buc
     @ops.custom_gradient
     def cumulation(qw, kw, v):
         def grad(*args, upstream=None):
-            dy = ops.cast(_upstream(args, upstream), v.dtype)
+            dy = ops.cast(_backend.upstream_gradient(args, upstream), v.dtype)
             d_qw, d_kw, d_v = provider.weighted_lsh_cumulation_gradients(qm, qc, qw, km, kc, kw, v, dy, num_buckets)
             return ops.cast(d_qw, qw.dtype), ops.cast(d_kw, kw.dtype), ops.cast(d_v, v.dtype)
 
@@ -302,7 +297,7 @@ def yoso_cumulation(query, key, value, query_codes, key_codes, hash_code_len, qu
         @ops.custom_gradient
         def attention(q, k, v):
             def grad(*args, upstream=None):
-                dy = ops.cast(_upstream(args, upstream), v.dtype)
+                dy = ops.cast(_backend.upstream_gradient(args, upstream), v.dtype)
                 if backward == "lower_bound":
                     dq, dk = _lower_bound_gradients(provider, qm, qc, q, km, kc, k, v, dy, num_buckets, half_tau,
                                                     causal, fused)
@@ -386,7 +381,7 @@ def yoso_expectation(query, key, value, hash_code_len, query_mask=None, key_mask
         e = e * ops.cast(pair_mask, compute)
 
         def grad(*args, upstream=None):
-            dy32 = keep_rows(qm, ops.cast(_upstream(args, upstream), compute))
+            dy32 = keep_rows(qm, ops.cast(_backend.upstream_gradient(args, upstream), compute))
             dyv = ops.einsum("bid,bjd->bij", dy32, v32)
             if backward == "lower_bound":
                 w = dyv * e * (tau / 2.0)

@@ -59,8 +59,10 @@ def _band(q, k, window, q_mask, k_mask, causal, key_offset):
     return queries, gather, scatter, allowed
 
 
-def _softmax(scores, allowed):
-    """softmax over the allowed keys of each row of `scores` [B, chunks, C, span]; all zero in a row with none."""
+def _weights(queries, keys, allowed):
+    """softmax(q . k / sqrt(d)) over the allowed keys of each row, [B, chunks, C, span]; all zero in a row with
+    none. The forward pass and the gradient's recomputation call this one computation."""
+    scores = ops.einsum("bcrd,bctd->bcrt", queries, keys) * (1.0 / math.sqrt(queries.shape[-1]))
     scores = ops.where(allowed, scores, _EXCLUDED)
     weights = ops.exp(scores - ops.max(scores, axis=-1, keepdims=True))
     weights = ops.where(allowed, weights, 0.0)
@@ -76,8 +78,7 @@ def local_attention(q, k, v, window, q_mask, k_mask, causal, key_offset):
     is unmasked and, with `causal`, j <= key_offset + i. Returns `[B, T, e]` float32, zero on masked queries.
     """
     queries, gather, _, allowed = _band(q, k, window, q_mask, k_mask, causal, key_offset)
-    scores = ops.einsum("bcrd,bctd->bcrt", queries, gather(k)) * (1.0 / math.sqrt(q.shape[-1]))
-    out = ops.einsum("bcrt,bcte->bcre", _softmax(scores, allowed), gather(v))
+    out = ops.einsum("bcrt,bcte->bcre", _weights(queries, gather(k), allowed), gather(v))
     out = ops.reshape(out, (ops.shape(q)[0], -1, v.shape[-1]))[:, :ops.shape(q)[1]]
     return ops.where(q_mask[:, :, None], out, 0.0)
 
@@ -91,7 +92,7 @@ def local_attention_gradients(q, k, v, window, q_mask, k_mask, causal, key_offse
     d_out = ops.where(q_mask[:, :, None], d_out, 0.0)                            # masked queries output 0
     d_out = ops.reshape(pad_rows(d_out, ops.shape(queries)[1] * chunk), (batch, -1, chunk, e))
     keys, values = gather(k), gather(v)
-    weights = _softmax(ops.einsum("bcrd,bctd->bcrt", queries, keys) * (1.0 / math.sqrt(d)), allowed)
+    weights = _weights(queries, keys, allowed)
     d_weights = ops.einsum("bcre,bcte->bcrt", d_out, values)
     d_scores = weights * (d_weights - ops.sum(weights * d_weights, axis=-1, keepdims=True)) * (1.0 / math.sqrt(d))
     dq = ops.reshape(ops.einsum("bcrt,bctd->bcrd", d_scores, keys), (batch, -1, d))[:, :q_len]
