@@ -14,6 +14,8 @@ backend's own tensors (TensorFlow graphs, JAX tracers, torch tensors), for three
 TensorFlow, JAX and torch are imported lazily, only when the backend is theirs.
 """
 
+import contextlib
+
 import keras
 import numpy as np
 from keras import ops
@@ -63,6 +65,21 @@ def has_values(x):
 
         return not (getattr(x, "is_meta", False) or torch.compiler.is_compiling())
     return True
+
+
+def eagerly():
+    """A context in which ops on values known now (NumPy arrays, eager tensors; `has_values`) run eagerly
+    even while a function is traced: `jax.ensure_compile_time_eval` inside `jax.jit`, `tf.init_scope`
+    inside a `tf.function`. An eager-only input check reduces and reads back there, instead of adding
+    graph ops whose result cannot be read."""
+    name = backend()
+    if name == "jax":
+        import jax
+
+        return jax.ensure_compile_time_eval()
+    if name == "tensorflow":
+        return _tf().init_scope()
+    return contextlib.nullcontext()
 
 
 def in_xla_context():

@@ -333,18 +333,19 @@ def _soft_mask_value(mask):
     value keeps, as Keras' MultiHeadAttention reads masks. Costs one reduction."""
     if not dtype_name(mask).startswith(("float", "bfloat")) or not _backend.has_values(mask):
         return None
-    mask = ops.cast(mask, "float32")
-    soft = ops.logical_and(ops.not_equal(mask, 0.0), ops.not_equal(mask, 1.0))
-    if not bool(ops.convert_to_numpy(ops.any(soft))):
-        return None
-    return float(ops.convert_to_numpy(mask)[ops.convert_to_numpy(soft)][0])
+    with _backend.eagerly():  # a mask closed over by a traced function is read, not traced
+        mask = ops.cast(mask, "float32")
+        soft = ops.logical_and(ops.not_equal(mask, 0.0), ops.not_equal(mask, 1.0))
+        if not bool(ops.convert_to_numpy(ops.any(soft))):
+            return None
+        return float(ops.convert_to_numpy(mask)[ops.convert_to_numpy(soft)][0])
 
 
 def mask_dtype(mask, name, *, layer=False):
     """The dtype name of a mask when it is bool or numeric; else (strings) TypeError (ops) or, for
     layers, ValueError in Keras' wording, naming `name`. A float mask whose values are known now must
-    hold only 0 and 1 (else ValueError naming `name` and a value: a mask is not a weight); in graphs
-    and traced functions any nonzero value keeps."""
+    hold only 0 and 1 (else ValueError naming `name` and a value: a mask is not a weight), also when a
+    traced function closes over it; a traced mask's nonzero values all keep."""
     dtype = dtype_name(mask)
     if not _is_numeric(dtype):
         if layer:

@@ -653,3 +653,15 @@ def test_in_a_compiled_function_any_nonzero_float_mask_value_keeps(op):
     soft[0, 3] = np.nan  # nonzero: keeps, as in keras.layers.MultiHeadAttention (mask cast to bool)
     got = to_numpy(_compiled(lambda km: SOFT_MASK_OPS[op](None, km))(soft))
     np.testing.assert_allclose(got, to_numpy(SOFT_MASK_OPS[op](None, soft != 0)), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("op", sorted(SOFT_MASK_OPS))
+def test_a_float_mask_whose_values_are_known_is_checked_inside_a_compiled_function_too(op):
+    # A NumPy mask (or an eager tensor) closed over by a tf.function or jax.jit has values while the
+    # function is traced: it is checked as eagerly, not read through graph ops (which failed to read back).
+    valid = KM.astype(np.float32)
+    valid[1, 2] = 0.0
+    got = to_numpy(_compiled(lambda: SOFT_MASK_OPS[op](None, valid))())
+    np.testing.assert_allclose(got, to_numpy(SOFT_MASK_OPS[op](None, valid != 0)), rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match=r"^key_mask must be bool or hold only 0 and 1 .*got a value 0.5"):
+        _compiled(lambda: SOFT_MASK_OPS[op](None, _soft(KM, 0.5)))()

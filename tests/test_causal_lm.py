@@ -183,6 +183,27 @@ def test_check_token_ids_is_defined_in_a_public_module_and_exported_by_the_packa
         keras_yoso.check_token_ids(np.array([[0, 5]]), 5, "ids")
 
 
+def test_check_token_ids_reads_an_eager_tensor_closed_over_by_a_compiled_function():
+    import keras
+
+    import keras_yoso
+
+    ids = keras.ops.convert_to_tensor(np.array([[0, 5]], np.int32))
+    if keras.backend.backend() == "jax":
+        import jax
+
+        compiled = jax.jit(lambda: keras_yoso.check_token_ids(ids, 5, "ids"))
+    elif keras.backend.backend() == "tensorflow":
+        import tensorflow as tf
+
+        compiled = tf.function(lambda: keras_yoso.check_token_ids(ids, 5, "ids"), autograph=False)
+    else:
+        pytest.skip("PyTorch runs eagerly: test_check_token_ids_is_defined_in_a_public_module_... covers it")
+    with pytest.raises(ValueError, match=r"argument `ids`: expected token ids in \[0, vocabulary_size\) = \[0, 5\)\. Received: ids with min 0 "
+                                         r"and max 5"):
+        compiled()
+
+
 @pytest.mark.parametrize("attention", sorted(ATTENTIONS))
 def test_causal_lm_init_cache_takes_max_length_as_the_attentions_and_the_block_do(attention):
     model = CausalLM(50, 16, hidden_dim=16, num_layers=2, num_heads=2, intermediate_dim=16, attention=attention,

@@ -27,7 +27,8 @@ def check_token_ids(token_ids, vocabulary_size, name="token_ids"):
     elif 0 in _backend.static_shape(token_ids):
         return
     else:
-        low, high = ops.convert_to_numpy(ops.stack([ops.min(token_ids), ops.max(token_ids)]))
+        with _backend.eagerly():  # ids closed over by a traced function are read, not traced
+            low, high = ops.convert_to_numpy(ops.stack([ops.min(token_ids), ops.max(token_ids)]))
     if low < 0 or high >= vocabulary_size:
         raise ValueError(f"Received an invalid value for argument `{name}`: expected token ids in "
                          f"[0, vocabulary_size) = [0, {vocabulary_size}). Received: {name} with "
