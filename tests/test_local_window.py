@@ -32,6 +32,8 @@ GRID = [
     (1, 5, 5, True, 4, "none", "none"),
     (70, 70, 8, True, 0, "random", "zeros"),    # no key at all: zeros
     (64, 64, 64, False, 0, "random", "random"),
+    (20, 27, 5, True, 7, "none", "random"),     # a prefill of 20 queries after 7 kept keys: several chunks
+    (12, 30, 4, False, 9, "random", "none"),    # queries at positions 9-20 of 30 keys, both sides of the band
 ]
 
 
