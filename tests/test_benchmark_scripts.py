@@ -291,6 +291,27 @@ def test_the_readme_gpu_rows_are_the_recorded_gpu_run():
     assert f"| {layer['yoso_ms']:.1f} ms | **{layer['mha_ms']:.1f} ms** (MultiHeadAttention) |" in readme
 
 
+def test_the_mixed_bfloat16_advice_quotes_the_recorded_gpu_run():
+    """The README's and docs/gpu.md's advice to train in mixed_bfloat16 on a GPU quote YOSO's forward+backward
+    at 16,384 tokens (codes given; bidirectional and causal, float32 and bfloat16) of docs/data/gpu_2026-11-30."""
+    with open(os.path.join(REPO, "docs", "data", "gpu_2026-11-30", "timings.json"), encoding="utf-8") as f:
+        rows = [r for r in json.load(f)["timings"]["result"]["rows"] if r["n"] == 16384]
+    ms = {(r["what"], r["dtype"]): r["ms"] for r in rows}
+    pages = {}
+    for page in ("README.md", os.path.join("docs", "gpu.md")):
+        with open(os.path.join(REPO, page), encoding="utf-8") as f:
+            pages[page] = " ".join(f.read().split())
+    causal = ms["library causal yoso fwd+bwd", "float32"] / ms["library causal yoso fwd+bwd", "bfloat16"]
+    assert f"causal attention in float32 took {causal:.1f}x its bfloat16 time" in pages["README.md"]
+    gpu = pages[os.path.join("docs", "gpu.md")]
+    bidirectional = ms["library yoso fwd+bwd", "bfloat16"], ms["library yoso fwd+bwd", "float32"]
+    assert "{:.1f} ms in bfloat16 against {:.1f} ms in float32".format(*bidirectional) in gpu
+    assert "causal {:.1f} ms against {:.1f} ms".format(ms["library causal yoso fwd+bwd", "bfloat16"],
+                                                     ms["library causal yoso fwd+bwd", "float32"]) in gpu
+    assert "the causal float32 eq. 4 alone {:.1f} ms, against {:.1f} ms in bfloat16".format(
+        ms["lower_bound_gradients causal", "float32"], ms["lower_bound_gradients causal", "bfloat16"]) in gpu
+
+
 def test_quality_gpu_scale_dry_run_checks_every_stage_and_trains_the_first_at_a_tiny_size(tmp_path):
     """benchmarks/quality/gpu_scale.py (issue 43, item 7), prepared for a GPU machine: every stage's command
     line passes run.py's checks, and the first stage of YOSO against softmax trains end to end at a tiny size, its
