@@ -649,6 +649,10 @@ def test_sass_checks_flag_fenced_atomics_missing_tensor_cores_and_spills():
     assert any("tensor-core" in p for p in aot.sass_problems(dict(entry, arch=80), good))
     assert any("local memory" in p for p in aot.sass_problems(dict(entry, stack_bytes=8), good))
     assert any("shared memory" in p for p in aot.sass_problems(dict(entry, shared_bytes=1 << 20), good))
+    one_hot = dict(entry, kernel="bucket_tables_kernel", dtype="bf16", constexprs={})
+    assert aot.sass_problems(one_hot, "HMMA.16816.F32.BF16") == []
+    assert any("tensor-core" in p for p in aot.sass_problems(one_hot, "FFMA R1, R2, R3, R4"))
+    assert aot.sass_problems(dict(one_hot, dtype="fp32"), "FFMA R1, R2, R3, R4") == []  # exact fp32: FMA
 
 
 # One variant of each kernel family, bf16 rows of width 64 (the standard shape, GPU-DESIGN.md).

@@ -21,8 +21,9 @@ shared_bytes) above 48 KiB, cuLaunchKernel(grid, num_warps * 32 threads, shared_
 
 Checks (`check_cubins`, on by default; they need cuobjdump: on PATH, in /usr/local/cuda/bin, or Triton's bundled
 copy): the eq. 4 kernels use tensor cores (HGMMA or HMMA on sm_90, HMMA on sm_80) except in their exact-fp32
-("ieee") variants; kernels with atomics reduce with RED/REDG and never ATOMG or MEMBAR (the relaxed-atomic trap,
-GPU-DESIGN.md §4.2); no kernel uses local memory (no stack, no spills). Exit status 1 when a check fails.
+("ieee") variants, and so do the 16-bit variants of the kernels that sum rows through 0/1 masks; kernels with
+atomics reduce with RED/REDG and never ATOMG or MEMBAR (the relaxed-atomic trap, GPU-DESIGN.md §4.2); no kernel
+uses local memory (no stack, no spills). Exit status 1 when a check fails.
 """
 
 import argparse
@@ -118,6 +119,8 @@ _GRIDS = {
 # CTA-scope (MEMBAR.ALL.CTA) and allowed.
 _FENCED_ATOMICS = r"\bATOMG\b|\bMEMBAR\.[A-Z.]*(?:GPU|SYS)\b|\bCCTL\b"
 _EQ4_KERNELS = ("lower_bound_pairs_kernel", "lower_bound_tables_kernel", "causal_lower_bound_kernel")
+# Kernels whose sums are products of 0/1 masks and rows: on tensor cores for fp16 and bf16 rows.
+_ONE_HOT_KERNELS = ("bucket_tables_kernel", "causal_scan_kernel", "decode_outputs_kernel")
 # Kernels that add into fp32 accumulators: relaxed reductions, or none at all in their deterministic variants.
 _ACCUMULATING_KERNELS = _EQ4_KERNELS + ("causal_scan_kernel",)
 
@@ -245,7 +248,8 @@ def sass_problems(entry, sass):
     """The check failures of one cubin's SASS (empty when it passes)."""
     problems = []
     name = f"{entry['variant']} sm_{entry['arch']}"
-    if entry["kernel"] in _EQ4_KERNELS and entry["constexprs"]["PRECISION"] != "ieee":
+    if (entry["kernel"] in _EQ4_KERNELS and entry["constexprs"]["PRECISION"] != "ieee"
+            or entry["kernel"] in _ONE_HOT_KERNELS and entry.get("dtype") in ("fp16", "bf16")):
         mma = r"\bHMMA\b" if entry["arch"] < 90 else r"\b(?:HGMMA|HMMA)\b"
         if not re.search(mma, sass):
             problems.append(f"{name}: no tensor-core instruction ({mma}) in the SASS")

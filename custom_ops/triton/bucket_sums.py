@@ -10,7 +10,8 @@ Per hash the sum over j is the sum of the values of query i's bucket, so:
   sort of bucket_sort.py: masked keys and keys with out-of-range codes join no bucket), fp32, zeros for empty
   buckets. One program per (b, h, BLOCK_C buckets, BLOCK_D columns), one owner per table row: no atomics.
   The per-bucket sums of a chunk of sorted rows are one product onehot[BLOCK_C, BLOCK_R] @ rows[BLOCK_R, BLOCK_D]
-  in IEEE fp32 (exact products by 0 and 1, fp32 sums in every dtype).
+  with fp32 sums: on tensor cores in the rows' dtype for fp16 and bf16 rows, in IEEE fp32 (FMA) for fp32 rows;
+  either way every product (by 0 or 1) is exact.
 - K3 `gather_tables_kernel`: out[b, i] = [qmask != 0] / m * sum_h table[b, h, qc[b, h, i]] (codes out of range
   add nothing), one plain store of every element in the output dtype. One program per (b, BLOCK_Q queries,
   BLOCK_D columns); the hashes are summed in a fixed order, so the result is bitwise reproducible.
@@ -25,6 +26,7 @@ import triton.language as tl
 
 from bucket_sort import bucket_sort
 from grid import row_and_block, rows_grid
+from lower_bound import _dot, _zeros_and_ones
 
 # K2: buckets and sorted rows per step; K3: queries per program; both: columns per program (rows wider than
 # BLOCK_D take several programs along the grid's last axis).
@@ -68,9 +70,9 @@ def bucket_tables_kernel(value_ptr, codes_ptr, offsets_ptr, perm_ptr, tables_ptr
         rows = tl.load(perm_row + pos, mask=inside, other=0)
         code = tl.load(codes_row + rows, mask=inside, other=-1)
         x = tl.load(value_rows + rows.to(tl.int64)[:, None] * width + cols[None, :],
-                    mask=inside[:, None] & in_cols[None, :], other=0.0).to(tl.float32)
-        onehot = (buckets[:, None] == code[None, :]).to(tl.float32)
-        sums = tl.dot(onehot, x, sums, input_precision="ieee")
+                    mask=inside[:, None] & in_cols[None, :], other=0.0)
+        onehot = _zeros_and_ones(buckets[:, None] == code[None, :], x.dtype)
+        sums = _dot(onehot, x, sums, "ieee")
     tables_rows = tables_ptr + (bh * num_buckets + buckets)[:, None] * width
     tl.store(tables_rows + cols[None, :], sums, mask=(buckets < num_buckets)[:, None] & in_cols[None, :])
 

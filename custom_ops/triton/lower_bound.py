@@ -153,6 +153,13 @@ def _dot(a, b, acc, PRECISION: tl.constexpr):
 
 
 @triton.jit
+def _zeros_and_ones(mask, dtype: tl.constexpr):
+    """`mask` as 0 and 1 of `dtype`, through fp32 (Triton 3.9's interpreter turns int1 straight into bfloat16 as
+    raw bits, so True is not 1.0 there; compiled, the two conversions are one)."""
+    return mask.to(tl.float32).to(dtype)
+
+
+@triton.jit
 def _load_rows(base, rows, valid, cols, width):
     """Rows `rows` of a [N, width] matrix at `base` as a [len(rows), len(cols)] tile, 0 where not valid
     (int32 offsets: N * width < 2^31)."""
