@@ -6,13 +6,13 @@ value gradient), Nq = Nk = N, rows are positions:
 
 K1 sorts both sides stably (bucket_sort.py), so the rows of a bucket are in position order. `causal_scan_kernel`
 walks each bucket's queries in chunks of BLOCK_Q (in position order, from the far end for causal = -1) beside a
-cursor over the bucket's keys: a chunk takes the keys up to its last query (its first, for -1) in tiles of
-BLOCK_K, each tile through a [BLOCK_Q, BLOCK_K] order mask times the values (products of zeros and ones, exact:
-on tensor cores in the values' dtype for fp16 and bf16, IEEE fp32 for fp32; fp32 sums), plus the running sum of the keys earlier chunks took; the tiles it took join the running sum. Each key
-is taken by one chunk, so the work is linear in the bucket's size whatever the skew. The per-hash results go into
-an fp32 accumulator [B, N, D] (relaxed atomics; in the deterministic mode one launch per hash with plain adds:
-a query row belongs to one bucket per hash), which `lower_bound.finalize_rows_kernel` (K7) scales by 1/m, masks
-and casts.
+cursor over the bucket's keys: a chunk takes the keys up to its last query (its first, for -1) in tiles of BLOCK_K,
+each tile through a [BLOCK_Q, BLOCK_K] order mask times the values (products of zeros and ones, exact: on tensor
+cores in the values' dtype for fp16 and bf16, IEEE fp32 for fp32; fp32 sums), plus the running sum of the keys
+earlier chunks took; the tiles it took join the running sum. Each key is taken by one chunk, so the work is linear
+in the bucket's size whatever the skew. The per-hash results go into an fp32 accumulator [B, N, D] (relaxed
+atomics; in the deterministic mode one launch per hash with plain adds: a query row belongs to one bucket per
+hash), which `lower_bound.finalize_rows_kernel` (K7) scales by 1/m, masks and casts.
 
 One program per (b, h, BUCKETS consecutive buckets, BLOCK_D columns).
 """

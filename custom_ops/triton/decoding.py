@@ -14,7 +14,8 @@ order on one stream:
 
 - `decode_outputs_kernel`, grid (B, cdiv(T, BLOCK_T), cdiv(D, BLOCK_D)): reads the old tables (gathered by query
   code) and the chunk's own earlier keys (a [BLOCK_T, BLOCK_S] code-equality mask times the values: exact products
-  of zeros and ones, on tensor cores in the values' dtype for fp16 and bf16, IEEE fp32 for fp32; fp32 sums), sums the hashes in order, writes every element of out. Reads the tables only.
+  of zeros and ones, on tensor cores in the values' dtype for fp16 and bf16, IEEE fp32 for fp32; fp32 sums), sums
+  the hashes in order, writes every element of out. Reads the tables only.
 - `decode_update_kernel`, grid (B * m, cdiv(D, BLOCK_D)): adds each kept new key's value to its bucket row of
   tables_out, in position order, one program per (b, h) and columns: each table row has one writer, so the update
   is race-free and deterministic; it reads the rows it writes only after the outputs kernel has finished.
