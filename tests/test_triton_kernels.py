@@ -308,6 +308,39 @@ def _check_decoding(tau, length, width, masks, dtype, in_place):
     _assert_close(new, want_tables, torch.float32)
 
 
+def _check_nonfinite_value(kernel, dtype, special):
+    """docs/errors.md, "NaN and Inf", on the GPU kernels: a non-finite entry (column 0) of one kept key's value
+    (batch row 1) makes column 0 non-finite for every query that collides with that key in some hash (and, causal,
+    in causal order), and leaves the other batch row bit for bit as it was. (Unlike the CPU kernels, the 0/1 mask
+    products may also spread it to other queries of the same row and hash: 0 * NaN is NaN.)"""
+    modules = dict(zip(("bucket_sums", "causal", "decoding"), _import_kernels("bucket_sums", "causal", "decoding")))
+    rng = np.random.default_rng(11)
+    length, width, buckets, bad = 70, 16, 4, 37
+    qc, kc = (rng.integers(0, buckets, (2, NUM_HASHES, length)).astype(np.int32) for _ in "qk")
+    qm = km = np.ones((2, length), np.float32)
+    clean = torch.from_numpy(rng.standard_normal((2, length, width))).to(device=DEVICE, dtype=dtype)
+    dirty = clean.clone()
+    dirty[1, bad, 0] = special
+    collide = (qc[1][:, :, None] == kc[1][:, None, :]).any(0)[:, bad]  # [N] queries sharing a code with the key
+    order = np.arange(length)
+
+    def run(value):
+        if kernel == "lsh_cumulation":
+            return modules["bucket_sums"].lsh_cumulation(_t(qm), _t(qc), _t(km), _t(kc), value, buckets)
+        if kernel in ("causal", "anticausal"):
+            return modules["causal"].causal_lsh_cumulation(_t(qm), _t(qc), _t(km), _t(kc), value, buckets,
+                                                           1 if kernel == "causal" else -1)
+        tables = _t(np.zeros((2, NUM_HASHES, buckets, width), np.float32))
+        return modules["decoding"].lsh_cumulation_step(_t(qm), _t(qc), _t(km), _t(kc), value, tables)[0]
+
+    reached = collide & {"lsh_cumulation": order >= 0, "causal": order >= bad, "anticausal": order <= bad,
+                         "decoding": order >= bad}[kernel]
+    got, want = _numpy(run(dirty)), _numpy(run(clean))
+    assert reached.any()
+    assert not np.isfinite(got[1, reached, 0]).any(), "a query that collides with the key stayed finite"
+    np.testing.assert_array_equal(got[0], want[0], err_msg="the other batch row changed")
+
+
 def _check_plan(name, primitive, tau, nq, nk, dim, width, masks, codes_kind, dtype, arch):
     """The C++ launch plan of `primitive` for sm_<arch> (computed by the test process, read from KY_TRITON_PLANS) run in the
     interpreter against float64."""
@@ -446,7 +479,11 @@ PLAN_CASES = {_case_id("plan", *case): (_check_plan, case) for case in [
     ("lower_bound_gradients", 1, 1, 7, 33, 1, "none", "uniform", torch.float32, 90),
     ("lower_bound_gradients", 3, 7, 300, 1, 16, "zero", "zipf", torch.float16, 80),
 ]}
-CASES = {**SORT_CASES, **CUMULATION_CASES, **CAUSAL_CASES, **CAUSAL_LOWER_BOUND_CASES, **DECODING_CASES,
+NONFINITE_CASES = {f"nonfinite-{kernel}-{dtype}-{special}": (_check_nonfinite_value, (kernel, dtype, special))
+                   for kernel in ("lsh_cumulation", "causal", "anticausal", "decoding")
+                   for dtype, special in ((torch.float32, float("nan")), (torch.float32, float("inf")),
+                                          (torch.bfloat16, float("-inf")))}
+CASES = {**SORT_CASES, **CUMULATION_CASES, **NONFINITE_CASES, **CAUSAL_CASES, **CAUSAL_LOWER_BOUND_CASES, **DECODING_CASES,
          **LOWER_BOUND_CASES, **PLAN_CASES}
 
 
@@ -504,6 +541,11 @@ def test_bucket_sort_is_a_stable_counting_sort_of_the_kept_rows(case):
 
 @pytest.mark.parametrize("case", CUMULATION_CASES)
 def test_lsh_cumulation_and_its_value_gradient_match_eq_2(case):
+    _check_case(case)
+
+
+@pytest.mark.parametrize("case", NONFINITE_CASES)
+def test_a_nonfinite_value_reaches_every_query_that_collides_with_it_and_no_other_batch_row(case):
     _check_case(case)
 
 
