@@ -52,6 +52,17 @@ def test_each_published_table_is_what_the_records_give(key, published):
     assert published == report.render(RECORDS, key), f"re-render with python benchmarks/quality/report.py ({key})"
 
 
+def test_a_protocol_table_names_every_machine_its_runs_ran_on():
+    cells = {}
+    for record in PROTOCOL_RECORDS:
+        cells.setdefault(report.cell_key(record), []).append(record)
+    for key, cell in cells.items():
+        header = report._provenance(cell)[0]
+        for record in cell:
+            machine = record["machine"]["cpu_model"] or record["machine"]["processor"]
+            assert f"{machine} ({record['machine']['cpu_count']} CPUs)" in header, (key, header)
+
+
 def _mean_range(row):
     """("mean", "[min, max]") of a protocol row's test score, as the README writes them."""
     return f"{row['test_mean']:.3f}", f"[{row['test_min']:.3f}, {row['test_max']:.3f}]"

@@ -139,9 +139,15 @@ def render(records, key):
 
 
 def _provenance(cell):
-    """The lines above a protocol table: dates, machine and its load, backend, commands."""
+    """The lines above a protocol table: dates, the machines (each one the runs ran on) and their load, backend,
+    commands."""
     dates = sorted(r["date"] for r in cell)
-    machine = cell[0]["machine"]
+    machines = []  # every machine the cell's runs ran on, in the order of their first run
+    for record in sorted(cell, key=lambda r: r["date"]):
+        machine = f"{record['machine']['cpu_model'] or record['machine']['processor']} " \
+                  f"({record['machine']['cpu_count']} CPUs)"
+        if machine not in machines:
+            machines.append(machine)
     notes = sorted({r["protocol"]["machine_note"] for r in cell})
     if len(notes) > 1:  # one per command: each command below carries its --machine-note
         quiet = {r["protocol"]["machine_quiet"] for r in cell}
@@ -154,7 +160,7 @@ def _provenance(cell):
             commands.append(command)
     first = cell[0]
     return [f"Runs {dates[0]} to {dates[-1]} (UTC), Keras {first['keras_backend']} {first['backend_version']}, "
-            f"{machine['cpu_model'] or machine['processor']} ({machine['cpu_count']} CPUs); the machine: "
+            f"{' and '.join(machines)}; the machine: "
             f"{'; '.join(notes)}. Grid {', '.join(f'{lr:g}' for lr in first['protocol']['grid'])}, "
             f"extended by x{first['protocol']['extend_factor']:g} at most {first['protocol']['max_extensions']} times; "
             f"{first['validation_size']:,} validation and {first['test_size']:,} test "
