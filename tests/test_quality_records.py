@@ -269,3 +269,13 @@ def test_every_fine_tune_record_file_is_published_as_a_rendered_block():
                 if name.startswith("convert_protocol_") and name.endswith(".json")}
     assert recorded <= published, (f"records with no <!-- convert-protocol-table --> block: "
                                    f"{sorted(recorded - published)}")
+
+
+def test_the_readme_quotes_the_imdb_fine_tune_rows_of_their_records():
+    table = convert.render([os.path.join(REPO, "docs", "data", name)
+                            for name in ("convert_protocol_imdb.json", "convert_protocol_imdb_b.json")])
+    readme = " ".join(_read("README.md").split())
+    for mode in ("transferred", "softmax"):
+        row = next(line for line in table.splitlines() if line.startswith(f"| {mode} |"))
+        quoted = re.search(r"(\d\.\d{3} \[\d\.\d{3}, \d\.\d{3}\]) \(3 of 3\)", row).group(1)
+        assert quoted in readme, (mode, quoted)
