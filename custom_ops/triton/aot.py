@@ -119,7 +119,7 @@ _GRIDS = {
 # CTA-scope (MEMBAR.ALL.CTA) and allowed.
 _FENCED_ATOMICS = r"\bATOMG\b|\bMEMBAR\.[A-Z.]*(?:GPU|SYS)\b|\bCCTL\b"
 _EQ4_KERNELS = ("lower_bound_pairs_kernel", "lower_bound_tables_kernel", "causal_lower_bound_kernel")
-# Kernels whose sums are products of 0/1 masks and rows: on tensor cores for fp16 and bf16 rows.
+# The kernels that sum rows through 0/1 masks (lower_bound._mask_sums): on tensor cores for fp16 and bf16 rows.
 _ONE_HOT_KERNELS = ("bucket_tables_kernel", "causal_scan_kernel", "decode_outputs_kernel")
 # Kernels that add into fp32 accumulators: relaxed reductions, or none at all in their deterministic variants.
 _ACCUMULATING_KERNELS = _EQ4_KERNELS + ("causal_scan_kernel",)

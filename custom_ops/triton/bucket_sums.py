@@ -6,12 +6,11 @@ YOSO eq. 2 averaged over m hashes, causal = 0 (the primitive lsh_cumulation):
 
 Per hash the sum over j is the sum of the values of query i's bucket, so:
 
-- K2 `bucket_tables_kernel`: table[b, h, c] = sum of value[b, j] over the keys j of bucket c (rows of the key
-  sort of bucket_sort.py: masked keys and keys with out-of-range codes join no bucket), fp32, zeros for empty
-  buckets. One program per (b, h, BLOCK_C buckets, BLOCK_D columns), one owner per table row: no atomics.
-  The per-bucket sums of a chunk of sorted rows are one product onehot[BLOCK_C, BLOCK_R] @ rows[BLOCK_R, BLOCK_D]
-  with fp32 sums: on tensor cores in the rows' dtype for fp16 and bf16 rows, in IEEE fp32 (FMA) for fp32 rows;
-  either way every product (by 0 or 1) is exact.
+- K2 `bucket_tables_kernel`: table[b, h, c] = sum of value[b, j] over the keys j of bucket c (rows of the key sort
+  of bucket_sort.py: masked keys and keys with out-of-range codes join no bucket), fp32, zeros for empty buckets.
+  One program per (b, h, BLOCK_C buckets, BLOCK_D columns), one owner per table row: no atomics. The per-bucket
+  sums of a chunk of sorted rows are one product onehot[BLOCK_C, BLOCK_R] @ rows[BLOCK_R, BLOCK_D] with fp32 sums
+  (`lower_bound._mask_sums`: exact products, on tensor cores for fp16 and bf16 rows).
 - K3 `gather_tables_kernel`: out[b, i] = [qmask != 0] / m * sum_h table[b, h, qc[b, h, i]] (codes out of range
   add nothing), one plain store of every element in the output dtype. One program per (b, BLOCK_Q queries,
   BLOCK_D columns); the hashes are summed in a fixed order, so the result is bitwise reproducible.
@@ -26,7 +25,7 @@ import triton.language as tl
 
 from bucket_sort import bucket_sort
 from grid import row_and_block, rows_grid
-from lower_bound import _dot, _zeros_and_ones
+from lower_bound import _mask_sums
 
 # K2: buckets and sorted rows per step; K3: queries per program; both: columns per program (rows wider than
 # BLOCK_D take several programs along the grid's last axis).
@@ -71,8 +70,7 @@ def bucket_tables_kernel(value_ptr, codes_ptr, offsets_ptr, perm_ptr, tables_ptr
         code = tl.load(codes_row + rows, mask=inside, other=-1)
         x = tl.load(value_rows + rows.to(tl.int64)[:, None] * width + cols[None, :],
                     mask=inside[:, None] & in_cols[None, :], other=0.0)
-        onehot = _zeros_and_ones(buckets[:, None] == code[None, :], x.dtype)
-        sums = _dot(onehot, x, sums, "ieee")
+        sums = _mask_sums(buckets[:, None] == code[None, :], x, sums)
     tables_rows = tables_ptr + (bh * num_buckets + buckets)[:, None] * width
     tl.store(tables_rows + cols[None, :], sums, mask=(buckets < num_buckets)[:, None] & in_cols[None, :])
 

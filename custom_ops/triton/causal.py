@@ -7,12 +7,12 @@ value gradient), Nq = Nk = N, rows are positions:
 K1 sorts both sides stably (bucket_sort.py), so the rows of a bucket are in position order. `causal_scan_kernel`
 walks each bucket's queries in chunks of BLOCK_Q (in position order, from the far end for causal = -1) beside a
 cursor over the bucket's keys: a chunk takes the keys up to its last query (its first, for -1) in tiles of BLOCK_K,
-each tile through a [BLOCK_Q, BLOCK_K] order mask times the values (products of zeros and ones, exact: on tensor
-cores in the values' dtype for fp16 and bf16, IEEE fp32 for fp32; fp32 sums), plus the running sum of the keys
-earlier chunks took; the tiles it took join the running sum. Each key is taken by one chunk, so the work is linear
-in the bucket's size whatever the skew. The per-hash results go into an fp32 accumulator [B, N, D] (relaxed
-atomics; in the deterministic mode one launch per hash with plain adds: a query row belongs to one bucket per
-hash), which `lower_bound.finalize_rows_kernel` (K7) scales by 1/m, masks and casts.
+each tile through a [BLOCK_Q, BLOCK_K] order mask times the values (`lower_bound._mask_sums`: exact products, on
+tensor cores for fp16 and bf16 rows; fp32 sums), plus the running sum of the keys earlier chunks took; the tiles it
+took join the running sum. Each key is taken by one chunk, so the work is linear in the bucket's size whatever the
+skew. The per-hash results go into an fp32 accumulator [B, N, D] (relaxed atomics; in the deterministic mode one
+launch per hash with plain adds: a query row belongs to one bucket per hash), which
+`lower_bound.finalize_rows_kernel` (K7) scales by 1/m, masks and casts.
 
 One program per (b, h, BUCKETS consecutive buckets, BLOCK_D columns).
 """
@@ -24,7 +24,7 @@ import triton.language as tl
 from bucket_sort import bucket_sort
 from grid import row_and_block, rows_grid
 from lower_bound import finalize_rows
-from lower_bound import _add_rows, _dot, _zeros_and_ones
+from lower_bound import _add_rows, _mask_sums
 
 # Buckets per program, queries per chunk, keys per tile (per row dtype: the largest that ptxas compiles without
 # spills on sm_80 and sm_90, aot.py checks), columns per program, warps.
@@ -137,8 +137,7 @@ def causal_scan_kernel(value_ptr, q_offsets_ptr, q_perm_ptr, k_offsets_ptr, k_pe
                 rows, take, order = _tile_rows(k_perm, k_cursor, k_begin, k_end, bound, q_rows, DIRECTION, BLOCK_K)
                 values = tl.load(value + rows[:, None] * width + cols[None, :],
                                  mask=take[:, None] & (cols < width)[None, :], other=0.0)
-                hit = _zeros_and_ones(order & take[None, :] & q_in[:, None], values.dtype)
-                contribution = _dot(hit, values, contribution, "ieee")  # exact products by 0 and 1
+                contribution = _mask_sums(order & take[None, :] & q_in[:, None], values, contribution)
                 taken += tl.sum(values.to(tl.float32), axis=0)
                 count = tl.sum(take.to(tl.int32), axis=0)
                 k_cursor = _advance(k_cursor, count, DIRECTION)

@@ -13,9 +13,9 @@ out [B, T, D] in value's dtype. Codes lie in [0, num_buckets) (the C ABI checks 
 order on one stream:
 
 - `decode_outputs_kernel`, grid (B, cdiv(T, BLOCK_T), cdiv(D, BLOCK_D)): reads the old tables (gathered by query
-  code) and the chunk's own earlier keys (a [BLOCK_T, BLOCK_S] code-equality mask times the values: exact products
-  of zeros and ones, on tensor cores in the values' dtype for fp16 and bf16, IEEE fp32 for fp32; fp32 sums), sums
-  the hashes in order, writes every element of out. Reads the tables only.
+  code) and the chunk's own earlier keys (a [BLOCK_T, BLOCK_S] code-equality mask times the values,
+  `lower_bound._mask_sums`: exact products, on tensor cores for fp16 and bf16 rows; fp32 sums), sums the hashes in
+  order, writes every element of out. Reads the tables only.
 - `decode_update_kernel`, grid (B * m, cdiv(D, BLOCK_D)): adds each kept new key's value to its bucket row of
   tables_out, in position order, one program per (b, h) and columns: each table row has one writer, so the update
   is race-free and deterministic; it reads the rows it writes only after the outputs kernel has finished.
@@ -27,7 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
-from lower_bound import _dot, _zeros_and_ones
+from lower_bound import _mask_sums
 
 # Positions per program (per row dtype: the largest that ptxas compiles without spills on sm_80 and sm_90, aot.py
 # checks) and per step of the inner walk, columns per program.
@@ -64,7 +64,7 @@ def decode_outputs_kernel(tables_ptr, query_codes_ptr, query_mask_ptr, key_codes
             hit = (code[:, None] == key_code[None, :]) & (keys[None, :] <= positions[:, None]) & key_kept[None, :]
             values = tl.load(value_ptr + (row0 + keys)[:, None] * width + cols[None, :],
                              mask=key_kept[:, None] & in_cols[None, :], other=0.0)
-            total = _dot(_zeros_and_ones(hit, values.dtype), values, total, "ieee")  # exact products by 0 and 1
+            total = _mask_sums(hit, values, total)
     out = tl.where(kept[:, None], total * inv_num_hashes, 0.0)
     tl.store(out_ptr + (row0 + positions)[:, None] * width + cols[None, :], out.to(out_ptr.dtype.element_ty),
              mask=inside[:, None] & in_cols[None, :])

@@ -153,10 +153,12 @@ def _dot(a, b, acc, PRECISION: tl.constexpr):
 
 
 @triton.jit
-def _zeros_and_ones(mask, dtype: tl.constexpr):
-    """`mask` as 0 and 1 of `dtype`, through fp32 (Triton 3.9's interpreter turns int1 straight into bfloat16 as
-    raw bits, so True is not 1.0 there; compiled, the two conversions are one)."""
-    return mask.to(tl.float32).to(dtype)
+def _mask_sums(mask, rows, acc):
+    """acc + mask @ rows in fp32 for a boolean `mask` [M, K] and `rows` [K, N]: per output row, the sum of the rows
+    its mask takes. Every product (by 0 or 1) is exact: on tensor cores in the rows' dtype for fp16 and bf16 rows,
+    in IEEE fp32 (FMA) for fp32 rows. The mask becomes 0 and 1 through fp32 (Triton 3.9's interpreter turns int1
+    straight into bfloat16 as raw bits, so True is not 1.0 there; compiled, the two conversions are one)."""
+    return _dot(mask.to(tl.float32).to(rows.dtype), rows, acc, "ieee")
 
 
 @triton.jit
