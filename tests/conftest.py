@@ -86,6 +86,20 @@ def to_numpy(x):
     return np.asarray(keras.ops.convert_to_numpy(keras.ops.cast(x, "float32") if _is_half(x) else x))
 
 
+def traced(fn):
+    """`fn` as a function the backend traces before it runs (tf.function, jax.jit), where an input's values
+    are not known while it is traced; skips the test on PyTorch, which runs eagerly."""
+    if BACKEND == "tensorflow":
+        import tensorflow as tf
+
+        return tf.function(fn, autograph=False)
+    if BACKEND == "jax":
+        import jax
+
+        return jax.jit(fn)
+    pytest.skip("PyTorch runs eagerly: nothing is traced")
+
+
 def _is_half(x):
     return hasattr(x, "dtype") and keras.backend.standardize_dtype(x.dtype) in ("float16", "bfloat16")
 

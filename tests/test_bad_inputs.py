@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from conftest import (BACKEND, DATA_ERROR, IMPLEMENTATIONS, TENSORFLOW, requires_custom_ops, requires_tensorflow,
-                      to_numpy)
+                      to_numpy, traced)
 from keras_yoso import _validation
 from keras_yoso import ops
 from keras_yoso.ops import _dispatch
@@ -633,25 +633,12 @@ def test_a_soft_mask_given_to_the_layers_is_refused_naming_the_argument_and_a_va
         block(x, padding_mask=soft)
 
 
-def _compiled(fn):
-    """`fn` as a compiled function of the backend (tf.function, jax.jit), where mask values are not read."""
-    import keras
-
-    if keras.backend.backend() == "tensorflow":
-        return tf.function(fn, autograph=False)
-    if keras.backend.backend() == "jax":
-        import jax
-
-        return jax.jit(fn)
-    pytest.skip("PyTorch runs the ops eagerly: every float mask is checked")
-
-
 @pytest.mark.parametrize("op", sorted(SOFT_MASK_OPS))
 def test_in_a_compiled_function_any_nonzero_float_mask_value_keeps(op):
     soft = np.where(KM, np.float32(0.5), np.float32(0.0))
     soft[1, 2] = 0.0
     soft[0, 3] = np.nan  # nonzero: keeps, as in keras.layers.MultiHeadAttention (mask cast to bool)
-    got = to_numpy(_compiled(lambda km: SOFT_MASK_OPS[op](None, km))(soft))
+    got = to_numpy(traced(lambda km: SOFT_MASK_OPS[op](None, km))(soft))
     np.testing.assert_allclose(got, to_numpy(SOFT_MASK_OPS[op](None, soft != 0)), rtol=1e-5, atol=1e-6)
 
 
@@ -661,7 +648,7 @@ def test_a_float_mask_whose_values_are_known_is_checked_inside_a_compiled_functi
     # function is traced: it is checked as eagerly, not read through graph ops (which failed to read back).
     valid = KM.astype(np.float32)
     valid[1, 2] = 0.0
-    got = to_numpy(_compiled(lambda: SOFT_MASK_OPS[op](None, valid))())
+    got = to_numpy(traced(lambda: SOFT_MASK_OPS[op](None, valid))())
     np.testing.assert_allclose(got, to_numpy(SOFT_MASK_OPS[op](None, valid != 0)), rtol=1e-5, atol=1e-6)
     with pytest.raises(ValueError, match=r"^key_mask must be bool or hold only 0 and 1 .*got a value 0.5"):
-        _compiled(lambda: SOFT_MASK_OPS[op](None, _soft(KM, 0.5)))()
+        traced(lambda: SOFT_MASK_OPS[op](None, _soft(KM, 0.5)))()

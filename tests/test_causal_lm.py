@@ -10,7 +10,7 @@ import keras
 import numpy as np
 import pytest
 
-from conftest import to_numpy
+from conftest import to_numpy, traced
 from keras_yoso.layers import CachedMultiHeadAttention
 from keras_yoso.layers import TransformerEncoderBlock
 from keras_yoso.models import CausalLM
@@ -189,18 +189,9 @@ def test_check_token_ids_reads_an_eager_tensor_closed_over_by_a_compiled_functio
     import keras_yoso
 
     ids = keras.ops.convert_to_tensor(np.array([[0, 5]], np.int32))
-    if keras.backend.backend() == "jax":
-        import jax
-
-        compiled = jax.jit(lambda: keras_yoso.check_token_ids(ids, 5, "ids"))
-    elif keras.backend.backend() == "tensorflow":
-        import tensorflow as tf
-
-        compiled = tf.function(lambda: keras_yoso.check_token_ids(ids, 5, "ids"), autograph=False)
-    else:
-        pytest.skip("PyTorch runs eagerly: test_check_token_ids_is_defined_in_a_public_module_... covers it")
-    with pytest.raises(ValueError, match=r"argument `ids`: expected token ids in \[0, vocabulary_size\) = \[0, 5\)\. Received: ids with min 0 "
-                                         r"and max 5"):
+    compiled = traced(lambda: keras_yoso.check_token_ids(ids, 5, "ids"))
+    with pytest.raises(ValueError, match=r"argument `ids`: expected token ids in \[0, vocabulary_size\) = \[0, 5\)\. "
+                                         r"Received: ids with min 0 and max 5"):
         compiled()
 
 

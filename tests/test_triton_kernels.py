@@ -483,8 +483,8 @@ NONFINITE_CASES = {f"nonfinite-{kernel}-{dtype}-{special}": (_check_nonfinite_va
                    for kernel in ("lsh_cumulation", "causal", "anticausal", "decoding")
                    for dtype, special in ((torch.float32, float("nan")), (torch.float32, float("inf")),
                                           (torch.bfloat16, float("-inf")))}
-CASES = {**SORT_CASES, **CUMULATION_CASES, **NONFINITE_CASES, **CAUSAL_CASES, **CAUSAL_LOWER_BOUND_CASES, **DECODING_CASES,
-         **LOWER_BOUND_CASES, **PLAN_CASES}
+CASES = {**SORT_CASES, **CUMULATION_CASES, **NONFINITE_CASES, **CAUSAL_CASES, **CAUSAL_LOWER_BOUND_CASES,
+         **DECODING_CASES, **LOWER_BOUND_CASES, **PLAN_CASES}
 
 
 def run_cases(names):
