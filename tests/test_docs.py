@@ -1,8 +1,9 @@
 """The documentation site (docs/, mkdocs.yml) holds what it says: its Python blocks run, its API
 pages render every public name, its links lead somewhere, and `mkdocs build --strict` passes.
 
-The Python blocks of every page of docs/ run by tests/test_readme.py's rules, each in a fresh
-interpreter in an empty folder: a first line `# TensorFlow ...` / `# JAX ...` / `# PyTorch ...`
+The Python blocks of every page of docs/ run by tests/test_readme.py's rules, each as a new file holding
+it would run, in an empty folder (with the README's, in one interpreter: tests/programs/code_blocks.py): a
+first line `# TensorFlow ...` / `# JAX ...` / `# PyTorch ...`
 runs a block on that backend only, a first line `# Excerpt ...` marks a part of a larger program,
 which is not run, and every other block runs on every backend.
 """
@@ -25,20 +26,20 @@ API_PAGES = sorted(glob.glob(os.path.join(DOCS, "api", "*.md")))
 # The modules whose public names (their __all__) the API pages render, each once.
 PUBLIC_MODULES = ["keras_yoso", "keras_yoso.ops", "keras_yoso.layers", "keras_yoso.models", "keras_yoso.distribution"]
 
-_BLOCKS = [(f"{os.path.basename(page)[:-3]}-{block_id}", code, backend)
+_BLOCKS = [(f"{os.path.basename(page)[:-3]}-{block_id}", f"docs/{os.path.basename(page)}", block_id, code, backend)
            for page in PAGES for block_id, code, backend in python_blocks(page)]
 pytestmark = pytest.mark.all_cases  # every block on every backend, JAX included
 
 
 def test_the_pages_have_python_blocks_for_every_backend():
-    assert len(_BLOCKS) >= 10, [block_id for block_id, _, _ in _BLOCKS]
-    assert {"tensorflow", "jax", "torch", None} <= {backend for _, _, backend in _BLOCKS}
+    assert len(_BLOCKS) >= 10, [test_id for test_id, *_ in _BLOCKS]
+    assert {"tensorflow", "jax", "torch", None} <= {block[-1] for block in _BLOCKS}
 
 
-@pytest.mark.parametrize("code, backend", [(code, backend) for _, code, backend in _BLOCKS],
-                         ids=[block_id for block_id, _, _ in _BLOCKS])
-def test_docs_python_block_runs_as_written(code, backend, tmp_path):
-    run_block(code, backend, tmp_path)
+@pytest.mark.parametrize("page, block_id, code, backend", [block[1:] for block in _BLOCKS],
+                         ids=[block[0] for block in _BLOCKS])
+def test_docs_python_block_runs_as_written(page, block_id, code, backend, tmp_path):
+    run_block(page, block_id, code, backend, tmp_path)
 
 
 def _rendered_paths():

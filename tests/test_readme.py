@@ -1,6 +1,11 @@
-"""Every Python code block of README.md runs as written, each in a fresh interpreter (as a user
-pasting it into a new file would), on the backend it names or on every backend; and the README's
-test command is the one CI reads from it.
+"""Every Python code block of README.md runs as written, as a user pasting it into a new file would run
+it, on the backend it names or on every backend; and the README's test command is the one CI reads from it.
+
+The blocks of a backend (README.md's and docs/'s) run in one interpreter, each with globals of its own as
+`__main__`, in an empty folder of its own, the environment and Keras' global state put back after it
+(tests/programs/code_blocks.py): one start of the backend instead of one per block (2026-12-02, PyTorch, on
+one core of 2 busy ones: the 10 blocks in 42 s against 184 s in an interpreter each). A block that sets the
+environment (`os.environ`, which a backend reads when it starts) runs in a fresh interpreter of its own.
 
 A block whose first line is a comment starting with a backend's name (`# TensorFlow ...`,
 `# JAX ...`, `# PyTorch ...`) runs on that backend only; a block whose first line starts with
@@ -11,42 +16,27 @@ to the same rules.
 """
 
 import os
-import re
 
 import pytest
 
-from conftest import BACKEND, run_python
+from conftest import BACKEND, check_program_case, run_python
+from programs.code_blocks import needs_fresh_interpreter, python_blocks, shared_cases
 
 REPOSITORY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 README = os.path.join(REPOSITORY, "README.md")
-_BACKEND_NAMES = {"TensorFlow": "tensorflow", "JAX": "jax", "PyTorch": "torch"}
-_BLOCK = re.compile(r"^```python\n(.*?)^```", re.S | re.M)
-_FENCE = re.compile(r"^ {0,3}```.*?^ {0,3}```", re.S | re.M)
 
 
-def python_blocks(path):
-    """[(id, code, backend or None)] for the ```python blocks of the Markdown file `path` that run
-    (excerpts left out); id = the block's number and the heading of its section."""
-    text = open(path, encoding="utf-8").read()
-    blocks = []
-    for number, match in enumerate(_BLOCK.finditer(text)):
-        code = match.group(1)
-        if code.startswith("# Excerpt"):
-            continue
-        prose = _FENCE.sub("", text[:match.start()])  # no code comments taken for headings
-        headings = re.findall(r"^#+ (.+)$", prose, re.M)
-        named = re.match(r"# (TensorFlow|JAX|PyTorch)\b", code)
-        section = re.sub(r"\W+", "-", headings[-1] if headings else "top").strip("-").lower()
-        backend = _BACKEND_NAMES[named.group(1)] if named else None
-        blocks.append((f"{number}-{section}" + (f"-{backend}-only" if backend else ""), code, backend))
-    return blocks
-
-
-def run_block(code, backend, tmp_path):
-    """Runs one block as tests/test_readme.py's rules say (skipped on the other backends)."""
+def run_block(page, block_id, code, backend, tmp_path):
+    """Runs block `block_id` of `page` (relative to the repository) as this module's rules say, skipped on the
+    other backends: with the other blocks of this backend in one interpreter, each as a file of its own would
+    run (tests/programs/code_blocks.py), or alone in a fresh interpreter when it sets the environment."""
     if backend is not None and backend != BACKEND:
         pytest.skip(f"this block is for KERAS_BACKEND={backend}")
-    run_python(code, tmp_path, timeout=600)
+    if needs_fresh_interpreter(code):
+        run_python(code, tmp_path, timeout=600)
+    else:
+        check_program_case(f"{page}:{block_id}", "code_blocks", cases=shared_cases(BACKEND), cwd=tmp_path,
+                           timeout=1800)
 
 
 _BLOCKS = python_blocks(README)
@@ -58,10 +48,9 @@ def test_readme_has_python_blocks_that_run_on_every_backend():
     assert all(backend is None for _, _, backend in _BLOCKS), "the landing page's example runs on every backend"
 
 
-@pytest.mark.parametrize("code, backend", [(code, backend) for _, code, backend in _BLOCKS],
-                         ids=[block_id for block_id, _, _ in _BLOCKS])
-def test_readme_python_block_runs_as_written(code, backend, tmp_path):
-    run_block(code, backend, tmp_path)
+@pytest.mark.parametrize("block_id, code, backend", _BLOCKS, ids=[block_id for block_id, _, _ in _BLOCKS])
+def test_readme_python_block_runs_as_written(block_id, code, backend, tmp_path):
+    run_block("README.md", block_id, code, backend, tmp_path)
 
 
 def test_readme_test_command_is_the_one_ci_reads():
