@@ -33,7 +33,6 @@ import numpy as np
 
 import conversion_error  # beside this script: its append_record(), add_record_arguments()
 import decoding  # beside this script: its machine()
-from keras_yoso.ops.providers import native_library
 
 CASES = (  # (name in the table, primitive, causal)
     ("eq. 4 (lower_bound_gradients)", "lower_bound_gradients", 0),
@@ -91,8 +90,16 @@ def case_arrays(args, tau, seed=0):
     }
 
 
+def _native_library():
+    """keras_yoso's binding of the C ABI, imported when a measurement starts: importing keras_yoso starts Keras and
+    its backend (10-15 s on 2 cores), which --render and a refused argument need not wait for."""
+    from keras_yoso.ops.providers import native_library
+
+    return native_library
+
+
 def _view(array):
-    return native_library.tensor_view(array.ctypes.data, str(array.dtype), array.shape)
+    return _native_library().tensor_view(array.ctypes.data, str(array.dtype), array.shape)
 
 
 def fastest_ms(native, primitive, arrays, threads, repeats):
@@ -102,7 +109,7 @@ def fastest_ms(native, primitive, arrays, threads, repeats):
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
-        native_library.call(primitive, views[0], attributes, views[1], num_threads=threads, native=native)
+        _native_library().call(primitive, views[0], attributes, views[1], num_threads=threads, native=native)
         times.append(time.perf_counter() - start)
     return min(times) * 1e3
 
@@ -202,7 +209,7 @@ def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
     if args.render:
         return conversion_error.show_records(args.render, render, draw, args.out_dir)
-    natives = [native_library.open_library(os.path.abspath(path)) for path in args.libraries]
+    natives = [_native_library().open_library(os.path.abspath(path)) for path in args.libraries]
     load_before = os.getloadavg()
     rows = measure(args, natives)
     shapes = {"batch": args.batch, "length": args.length, "dim": args.dim, "num_hashes": args.num_hashes,
