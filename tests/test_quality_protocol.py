@@ -1,7 +1,10 @@
 """The protocol of benchmarks/quality/protocol.py (issue 43, item 2) with a fake trainer: the grid is
 extended until its best rate on the validation split is interior (bounded), the test split never
 chooses, failed runs are never chosen nor averaged, and seeds 1 and 2 run at the chosen rate. Then
-one real tiny protocol end to end (MQAR, 5 eager runs of 4 steps of a width-8 model)."""
+real tiny protocols end to end (MQAR, classification and bytes; 5 eager runs of 2-4 steps of a width-8 model
+each), on PyTorch only (`runs_on`: they test the driver, not the backend; 19 s there against 121 s on
+TensorFlow, which traces each run's graph; measured 2026-12-02), and the data splits' generators on
+TensorFlow only (NumPy, no backend)."""
 
 import importlib
 import json
@@ -11,6 +14,8 @@ import sys
 
 import numpy as np
 import pytest
+
+from conftest import runs_on
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[:0] = [os.path.join(REPO, "benchmarks", "quality"), os.path.join(REPO, "examples")]
@@ -167,6 +172,7 @@ def test_mqar_validation_and_training_sequences_are_never_test_sequences():
     assert all((a == b).all() for a, b in zip(plain, kept))
 
 
+@runs_on("tensorflow")
 @pytest.mark.parametrize("task", ["tags", "listops"])
 def test_classification_validation_examples_are_never_training_or_test_examples(task):
     data = tasks.load_classification(task, 64, 200, 100, 100)
@@ -225,6 +231,7 @@ def test_lm_validation_windows_read_held_out_training_reviews_that_no_training_w
             cached.cache_clear()
 
 
+@runs_on("torch")
 def test_a_tiny_lm_protocol_records_validation_bits_per_byte(tmp_path, monkeypatch):
     _fake_imdb(monkeypatch, held_out_reviews=60)
     out = tmp_path / "protocol.json"
@@ -249,6 +256,7 @@ def test_a_validation_example_that_is_also_a_training_example_is_refused():
         tasks._check_disjoint(["a b", "c d"], ["x", "c d"], ["y"])
 
 
+@runs_on("torch")
 def test_a_classification_protocol_scores_every_run_on_its_validation_split(tmp_path):
     """The tags task under the protocol (tiny): every record holds a validation accuracy of its own split."""
     out = tmp_path / "protocol.json"
@@ -262,6 +270,7 @@ def test_a_classification_protocol_scores_every_run_on_its_validation_split(tmp_
     assert all("24 validation" in r["data"] for r in records)
 
 
+@runs_on("torch")
 def test_a_real_tiny_protocol_records_validation_and_test_and_resumes(tmp_path):
     """The driver end to end on the model with no attention (the floor every protocol runs first): 3 rates,
     then seeds 1 and 2 at the best on validation; each record holds both scores; a second invocation

@@ -15,7 +15,9 @@ written with small sizes so that this takes seconds. tests/test_docs.py holds th
 to the same rules.
 """
 
+import glob
 import os
+import re
 
 import pytest
 
@@ -61,3 +63,15 @@ def test_readme_test_command_is_the_one_ci_reads():
     fence = next(index for index in range(start, len(lines)) if lines[index].startswith("```bash"))
     command = next(line for line in lines[fence + 1:] if line.strip() and not line.startswith("#"))
     assert command == 'pip install ".[test]" && pytest', command
+
+
+def test_every_module_with_tests_for_jax_or_pytorch_only_is_one_ci_runs_on_those_backends():
+    """A test marked `runs_on("torch")` or `runs_on("jax")` (conftest) runs only where CI runs its module on that
+    backend: .ci/run's BACKEND_TESTS. Outside that list it would skip everywhere, unseen."""
+    ci = open(os.path.join(REPOSITORY, ".ci", "run"), encoding="utf-8").read()
+    listed = set(re.search(r"^BACKEND_TESTS=\((.*?)\)", ci, re.S | re.M).group(1).split())
+    modules = sorted(glob.glob(os.path.join(REPOSITORY, "tests", "test_*.py")))
+    other_backend_only = {f"tests/{os.path.basename(path)}" for path in modules
+                          if re.search(r"runs_on\([^)]*\"(?:torch|jax)\"", open(path, encoding="utf-8").read())}
+    assert "tests/test_quality_protocol.py" in other_backend_only
+    assert other_backend_only <= listed, sorted(other_backend_only - listed)
