@@ -3,9 +3,9 @@ pages render every public name, its links lead somewhere, and `mkdocs build --st
 
 The Python blocks of every page of docs/ run by tests/test_readme.py's rules, each as a new file holding
 it would run, in an empty folder (with the README's, in one interpreter: tests/programs/code_blocks.py): a
-first line `# TensorFlow ...` / `# JAX ...` / `# PyTorch ...`
-runs a block on that backend only, a first line `# Excerpt ...` marks a part of a larger program,
-which is not run, and every other block runs on every backend.
+first line `# TensorFlow ...` / `# JAX ...` / `# PyTorch ...` runs a block on that backend only, a first
+line `# Excerpt ...` marks a part of a larger program, which is not run, and every other block runs on
+every backend.
 """
 
 import glob
