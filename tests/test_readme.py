@@ -22,9 +22,8 @@ import re
 import pytest
 
 from conftest import BACKEND, check_program_case, run_python
-from programs.code_blocks import needs_fresh_interpreter, python_blocks, shared_cases
+from programs.code_blocks import REPOSITORY, needs_fresh_interpreter, python_blocks, shared_cases
 
-REPOSITORY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 README = os.path.join(REPOSITORY, "README.md")
 
 

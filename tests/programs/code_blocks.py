@@ -14,6 +14,7 @@ A case is `<page>:<block id>`, the page relative to the repository, the id as `p
 import os
 import re
 import sys
+import tempfile
 
 REPOSITORY = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 _BACKEND_NAMES = {"TensorFlow": "tensorflow", "JAX": "jax", "PyTorch": "torch"}
@@ -62,8 +63,7 @@ def _runner(page, code, root):
     def run():
         import keras
 
-        folder = os.path.join(root, re.sub(r"\W+", "-", page + "-" + str(len(os.listdir(root)))))
-        os.makedirs(folder)
+        folder = tempfile.mkdtemp(prefix=re.sub(r"\W+", "-", page) + "-", dir=root)
         environment, working_folder = dict(os.environ), os.getcwd()
         os.chdir(folder)
         try:
