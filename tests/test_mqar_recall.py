@@ -12,6 +12,8 @@ stronger check than the harness's floor, which --no-floor skips to save its runs
 YOSO must reach softmax's accuracy less 0.05. Measured 2026-11-28 on TensorFlow, JAX and PyTorch,
 both cells, both seeds: softmax 0.984-1.0, YOSO 0.972-0.998, YOSO at most 0.027 below softmax (PyTorch,
 (64, 8), seed 1). At 150 steps softmax missed (64, 8) on PyTorch (0.06, seed 0): 250 is the budget.
+Measured again 2026-12-02 on PyTorch, (64, 8): softmax 0.984 and 0.999, YOSO 0.982 and 0.984 (132 s for
+both seeds on one core, the other busy; 186 s on TensorFlow in the same conditions).
 """
 
 import json
@@ -29,11 +31,14 @@ SOFTMAX_SOLVES = 0.9  # softmax's accuracy that makes the cell a fair comparison
 YOSO_WITHIN = 0.05  # how far below softmax YOSO may recall
 
 
-# Each cell trains on one backend: the harder cell on TensorFlow (about 3 minutes on 2 cores), the easier
-# one on PyTorch (2 minutes; 2.3 on JAX). Both cells passed on all three backends, measured above; running
-# both everywhere made this module a fifth of CI's time.
-@pytest.mark.parametrize("length, pairs", [pytest.param(32, 4, marks=runs_on("torch"), id="length_32_pairs_4"),
-                                           pytest.param(64, 8, marks=runs_on("tensorflow"), id="length_64_pairs_8")])
+# Both cells train on PyTorch, the fastest of the three at these small eager steps (the (64, 8) cell: 132 s
+# against 186 s on TensorFlow, 2026-12-02), on CI's side that runs the JAX and PyTorch tests: the README's
+# TensorFlow run of the whole suite was CI's longer side (docs/build.md, "Where CI's time goes"). Both
+# cells passed on all three backends, measured above; the layers' numbers on TensorFlow and JAX are held to
+# the same reference as PyTorch's by the op and layer tests.
+@pytest.mark.parametrize("length, pairs", [pytest.param(32, 4, id="length_32_pairs_4"),
+                                           pytest.param(64, 8, id="length_64_pairs_8")])
+@runs_on("torch")
 def test_yoso_recalls_within_0_05_of_softmax_on_every_seed(length, pairs, tmp_path):
     # The harness's own command, in a fresh interpreter (docs/build.md, "Threads": the (64, 8) cell on one core took
     # 375 s inside the suite's long-lived pytest process, 245 s in a fresh one; 2026-12-01).
