@@ -18,10 +18,11 @@ import sys
 
 import pytest
 
+from programs.code_blocks import page_paths
 from test_readme import README, REPOSITORY, python_blocks, run_block
 
 DOCS = os.path.join(REPOSITORY, "docs")
-PAGES = sorted(glob.glob(os.path.join(DOCS, "*.md")))
+PAGES = [os.path.join(REPOSITORY, path) for path in page_paths() if path.startswith("docs/")]
 API_PAGES = sorted(glob.glob(os.path.join(DOCS, "api", "*.md")))
 # The modules whose public names (their __all__) the API pages render, each once.
 PUBLIC_MODULES = ["keras_yoso", "keras_yoso.ops", "keras_yoso.layers", "keras_yoso.models", "keras_yoso.distribution"]
