@@ -31,11 +31,10 @@ SOFTMAX_SOLVES = 0.9  # softmax's accuracy that makes the cell a fair comparison
 YOSO_WITHIN = 0.05  # how far below softmax YOSO may recall
 
 
-# Both cells train on PyTorch, the fastest of the three at these small eager steps (the (64, 8) cell: 132 s
-# against 186 s on TensorFlow, 2026-12-02), on CI's side that runs the JAX and PyTorch tests: the README's
-# TensorFlow run of the whole suite was CI's longer side (docs/build.md, "Where CI's time goes"). Both
-# cells passed on all three backends, measured above; the layers' numbers on TensorFlow and JAX are held to
-# the same reference as PyTorch's by the op and layer tests.
+# Both cells train on PyTorch, the fastest of the three at these small eager steps (timed above), on CI's
+# side that runs the JAX and PyTorch tests: the README's TensorFlow run of the whole suite was CI's longer
+# side (docs/build.md, "Where CI's time goes"). Both cells passed on all three backends, measured above; the
+# layers' numbers on TensorFlow and JAX are held to the same reference as PyTorch's by the op and layer tests.
 @pytest.mark.parametrize("length, pairs", [pytest.param(32, 4, id="length_32_pairs_4"),
                                            pytest.param(64, 8, id="length_64_pairs_8")])
 @runs_on("torch")
