@@ -30,7 +30,7 @@ import tempfile
 import time
 
 from attention_scaling import run_one
-from isolated_run import announce_package
+from isolated_run import announce_package, failure_status
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _SPIN = "import time, sys\nend = time.monotonic() + float(sys.argv[1])\nwhile time.monotonic() < end:\n    pass\n"
@@ -100,8 +100,7 @@ def quick_start_seconds(backend, args):
             return {"status": f"timeout (> {args.timeout:g} s)", "seconds": None}
         seconds = time.perf_counter() - start
     if proc.returncode != 0:
-        tail = proc.stderr.strip().splitlines()[-1:] or [""]
-        return {"status": f"failed (exit {proc.returncode}): {tail[0][:120]}", "seconds": None}
+        return {"status": failure_status(proc.returncode, proc.stderr), "seconds": None}
     return {"status": "ok", "seconds": seconds}
 
 

@@ -73,8 +73,6 @@ import glob  # noqa: E402
 import json  # noqa: E402
 import re  # noqa: E402
 import resource  # noqa: E402
-import subprocess  # noqa: E402
-import tempfile  # noqa: E402
 import time  # noqa: E402
 
 import jax  # noqa: E402
@@ -87,6 +85,7 @@ from keras_yoso.distribution import SequenceParallel  # noqa: E402
 from keras_yoso.ops.parallel.yoso_tables import CHUNK_FLOATS  # noqa: E402
 
 import sequence_parallel_scale as scale  # noqa: E402  (beside this script, which Python puts on sys.path)
+from isolated_run import package_banner, run_isolated_script  # noqa: E402
 
 MIB = 2.0 ** 20
 # The layer configuration: small heads and tables, so that the tables are negligible next to the
@@ -382,26 +381,12 @@ def memory_worker(kind, tokens, sequence_parallel, dump_dir):
 
 
 def run_memory_config(kind, tokens, sequence_parallel, timeout, extra_xla_flags=""):
-    """memory_worker in a fresh Python process started in an empty directory (so it imports the installed
-    keras_yoso, or the one PYTHONPATH names), with `extra_xla_flags` appended to XLA_FLAGS. Its result
-    dict, or {"status": reason}."""
-    with tempfile.TemporaryDirectory() as empty:
-        dump = os.path.join(empty, "dump")
-        command = [sys.executable, os.path.abspath(__file__), "--worker", kind, str(tokens),
-                   "sp" if sequence_parallel else "single", "--dump-dir", dump]
-        env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3",
-                   XLA_FLAGS=(os.environ.get("XLA_FLAGS", "") + " " + extra_xla_flags).strip())
-        try:
-            proc = subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=empty, env=env)
-        except subprocess.TimeoutExpired:
-            return {"status": f"timeout (> {timeout} s)"}
-    if proc.returncode != 0:
-        tail = proc.stderr.strip().splitlines()[-3:]
-        oom = proc.returncode in (-9, 137) or any("MemoryError" in t or "RESOURCE_EXHAUSTED" in t for t in tail)
-        return {"status": "out of memory" if oom else f"failed (exit {proc.returncode}): {' | '.join(tail)[:400]}"}
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
-    result["status"] = "ok"
-    return result
+    """memory_worker in a fresh Python process started in an empty directory (isolated_run: so it imports
+    the installed keras_yoso, or the one PYTHONPATH names, and XLA dumps into that directory), with
+    `extra_xla_flags` appended to XLA_FLAGS. Its result dict, or {"status": reason}."""
+    xla_flags = (os.environ.get("XLA_FLAGS", "") + " " + extra_xla_flags).strip()
+    return run_isolated_script(__file__, ["--worker", kind, tokens, "sp" if sequence_parallel else "single",
+                                          "--dump-dir", "dump"], timeout, {"XLA_FLAGS": xla_flags})
 
 
 # ---------------------------------------------------------------------------------------------- (b) communication
@@ -536,10 +521,9 @@ def main(argv=None):
                          f"{CONFIG['horizon']}, received {n}")
     t0 = time.perf_counter()
     error = keras_yoso.ops.custom_ops_load_error()
-    print(f"measuring keras_yoso from {os.path.dirname(keras_yoso.__file__)} on {jax.device_count()} "
-          f"{jax.devices()[0].platform} devices (jax {jax.__version__}, keras {keras.__version__})")
-    if error:
-        print(f"!! native kernels not loaded ({error}): measuring the composite")
+    print(package_banner(os.path.dirname(keras_yoso.__file__), error))
+    print(f"on {jax.device_count()} {jax.devices()[0].platform} devices (jax {jax.__version__}, "
+          f"keras {keras.__version__})")
 
     sizes = check_memory_analysis_is_per_device()
     print(f"memory_analysis() check, sin(x) * 2 + 1 on float32 [1, {_DEVICES} Mi]: argument bytes "

@@ -136,6 +136,28 @@ def test_causal_yoso_at_tiny_lengths_prints_ratios_and_writes_json_and_png(tmp_p
     assert "causal/bidir" in proc.stdout
 
 
+def test_isolated_runs_report_json_out_of_memory_failure_and_timeout_and_start_in_an_empty_directory(tmp_path):
+    sys.path.insert(0, os.path.join(REPO, "benchmarks"))
+    try:
+        import isolated_run
+    finally:
+        sys.path.pop(0)
+    script = tmp_path / "child.py"
+    script.write_text("import json, os, sys\n"
+                      "if sys.argv[1] == 'ok': print(json.dumps({'cwd': os.listdir('.'), 'x': os.environ['X']}))\n"
+                      "if sys.argv[1] == 'oom': raise MemoryError('no room')\n"
+                      "if sys.argv[1] == 'fail': sys.exit('line one\\nline two')\n"
+                      "if sys.argv[1] == 'sleep': import time; time.sleep(30)\n")
+    ok = isolated_run.run_isolated_script(str(script), ["ok"], 60, {"X": "set"})
+    assert ok["status"] == "ok" and ok["cwd"] == [] and ok["x"] == "set" and ok["wall_s"] > 0, ok
+    assert isolated_run.run_isolated_script(str(script), ["oom"], 60) == {"status": "out of memory"}
+    failed = isolated_run.run_isolated_script(str(script), ["fail"], 60)["status"]
+    assert failed == "failed (exit 1): line one | line two", failed
+    assert isolated_run.run_isolated_script(str(script), ["sleep"], 1) == {"status": "timeout (> 1 s)"}
+    code = isolated_run.run_isolated("import json, sys; print(json.dumps({'argv': sys.argv[1:]}))", [3, "a"], 60)
+    assert code["argv"] == ["3", "a"] and code["status"] == "ok", code
+
+
 def test_sequence_parallel_scale_simulation_keeps_yoso_bytes_independent_of_length(tmp_path):
     proc = _run("sequence_parallel_scale.py", tmp_path)
     _assert_wrote(proc, tmp_path, "sequence_parallel_scale.json", "sequence_parallel_scale.png")
