@@ -4,7 +4,9 @@
         --learning-rates 5e-5 2e-4 --seeds 0 1 2 --out runs/convert/imdb -- --train-examples 480 --test-examples 300
 
 Runs examples/convert_pretrained.py once per --mode (yoso, transferred, softmax, scratch), learning rate and seed, each
-in its own process with the same data, steps and batch size (the arguments after `--` go to every run),
+in its own process with the same data, steps and batch size (the arguments after `--` go to every run, less
+the options the example's MODE_OPTIONS gives only to other modes: YOSO's to the YOSO modes, transfer's to
+transferred),
 then prints a table of test accuracy (each seed, mean, and the training seconds) and writes
 <out>/convert_pretrained.png and <out>/results.json. A run whose metrics.json exists is not run again,
 so an interrupted sweep continues where it stopped. Without --data-dir: the built-in long-range task, and
@@ -35,6 +37,7 @@ tests/test_quality_records.py holds against the records.
 """
 
 import argparse
+import ast
 import datetime
 import hashlib
 import importlib.util
@@ -62,12 +65,42 @@ protocol = _load_protocol()
 import run as quality_run  # noqa: E402  (benchmarks/quality/run.py, on sys.path once protocol.py is loaded)
 
 EXAMPLE = os.path.join(HERE, "..", "examples", "convert_pretrained.py")
-MODES = ("yoso", "transferred", "softmax", "scratch")
+
+
+def _example_constant(name):
+    """The literal value of the example's module-level `name`, read from its source (importing the example
+    would import Keras, and put examples/ on sys.path, in this process)."""
+    with open(EXAMPLE, encoding="utf-8") as f:
+        tree = ast.parse(f.read())
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(getattr(target, "id", None) == name for target in node.targets):
+            return ast.literal_eval(node.value)
+    raise LookupError(f"{EXAMPLE} defines no {name}")
+
+
+MODES = _example_constant("MODES")
+MODE_OPTIONS = _example_constant("MODE_OPTIONS")  # {option: (the modes that read it, default)}
 FLOOR_MARGIN = 0.02  # validation accuracy a run must add to the majority class's not to have learned nothing
 
 
 def run_dir(out, mode, learning_rate, seed):
     return os.path.join(out, f"{mode}-lr{learning_rate:g}-seed{seed}")
+
+
+def arguments_for_mode(mode, argv):
+    """`argv` (the example's options after `--`) less the options MODE_OPTIONS gives only to other modes, each
+    with its value (`--option value` or `--option=value`): the example refuses those rather than ignore them."""
+    kept, skip_value = [], False
+    for token in argv:
+        if skip_value:
+            skip_value = False
+            continue
+        option = token.split("=", 1)[0]
+        if option in MODE_OPTIONS and mode not in MODE_OPTIONS[option][0]:
+            skip_value = "=" not in token
+            continue
+        kept.append(token)
+    return kept
 
 
 def run_one(args, mode, learning_rate, seed):
@@ -81,9 +114,10 @@ def run_one(args, mode, learning_rate, seed):
         if mode == "transferred":  # one transfer per seed and setting, read back by the other rates' runs
             setting = hashlib.sha256("\x00".join(args.example_args).encode("utf-8")).hexdigest()[:10]
             command += ["--transfer-cache", os.path.join(args.out, f"transferred-seed{seed}-{setting}.keras")]
-        print(f"== {mode} lr={learning_rate:g} seed={seed}: {' '.join(command[1:] + args.example_args)}", flush=True)
+        command += arguments_for_mode(mode, args.example_args)
+        print(f"== {mode} lr={learning_rate:g} seed={seed}: {' '.join(command[1:])}", flush=True)
         start = time.perf_counter()
-        subprocess.run(command + args.example_args, check=True, cwd=os.path.dirname(EXAMPLE))
+        subprocess.run(command, check=True, cwd=os.path.dirname(EXAMPLE))
         print(f"== done in {time.perf_counter() - start:.0f} s", flush=True)
     with open(path, encoding="utf-8") as f:
         return json.load(f)

@@ -54,6 +54,14 @@ import long_range_data  # noqa: E402
 from imdb_data import IMDB_CLASS_NAMES, load_imdb  # noqa: E402
 
 MODES = ("yoso", "transferred", "softmax", "scratch")
+# Options only some modes read: {option: (those modes, default)}. Any other mode (and --fidelity, which
+# measures its own settings) refuses them rather than ignore them. benchmarks/convert_pretrained.py reads
+# this table (a literal, so it can without importing Keras) to pass each mode only its own options.
+MODE_OPTIONS = {"--num-hashes": (("yoso", "transferred", "scratch"), 32),
+                "--hash-code-len": (("yoso", "transferred", "scratch"), 8),
+                "--local-window": (("yoso", "transferred", "scratch"), None),
+                "--transfer-texts": (("transferred",), 8), "--transfer-steps": (("transferred",), 100),
+                "--transfer-rate": (("transferred",), 2e-2), "--transfer-cache": (("transferred",), None)}
 
 
 def missing_tokenizer_files(directory):
@@ -247,8 +255,8 @@ def parse_args(argv):
     parser.add_argument("--max-length", type=int, default=2048,
                         help="tokens per document (yoso and scratch); softmax keeps the checkpoint's positions "
                              "(512). Default: %(default)s")
-    parser.add_argument("--num-hashes", type=int, default=32, help="YOSO's m. Default: %(default)s")
-    parser.add_argument("--hash-code-len", type=int, default=8, help="YOSO's tau. Default: %(default)s")
+    parser.add_argument("--num-hashes", type=int, help="YOSO modes: YOSO's m. Default: 32")
+    parser.add_argument("--hash-code-len", type=int, help="YOSO modes: YOSO's tau. Default: 8")
     parser.add_argument("--dropout", type=float, default=0.1, help="before the softmax layer. Default: %(default)s")
     parser.add_argument("--data-dir", default=None,
                         help="IMDB (train.jsonl.gz and test.jsonl.gz, or aclImdb/), e.g. ../shared/data/imdb. "
@@ -256,17 +264,16 @@ def parse_args(argv):
     parser.add_argument("--train-examples", type=int, default=512,
                         help="training documents (then --validation-fraction of them held out). Default: %(default)s")
     parser.add_argument("--test-examples", type=int, default=256, help="Default: %(default)s")
-    parser.add_argument("--transfer-texts", type=int, default=8,
-                        help="--mode transferred: training documents whose text the transfer reads. "
-                             "Default: %(default)s")
-    parser.add_argument("--transfer-steps", type=int, default=100,
-                        help="--mode transferred: transfer_attention's steps per layer. Default: %(default)s")
-    parser.add_argument("--transfer-rate", type=float, default=2e-2,
-                        help="--mode transferred: transfer_attention's peak learning rate. Default: %(default)s")
-    parser.add_argument("--transfer-cache", default=None, metavar="FILE",
+    parser.add_argument("--transfer-texts", type=int,
+                        help="--mode transferred: training documents whose text the transfer reads. Default: 8")
+    parser.add_argument("--transfer-steps", type=int,
+                        help="--mode transferred: transfer_attention's steps per layer. Default: 100")
+    parser.add_argument("--transfer-rate", type=float,
+                        help="--mode transferred: transfer_attention's peak learning rate. Default: 0.02")
+    parser.add_argument("--transfer-cache", metavar="FILE",
                         help="--mode transferred: a .keras file for the transferred backbone, read when it holds "
                              "one transferred with the same settings (FILE.json), else written")
-    parser.add_argument("--local-window", type=int, default=None, metavar="W",
+    parser.add_argument("--local-window", type=int, metavar="W",
                         help="YOSO modes: an exact softmax window of W positions beside YOSO in every layer "
                              "(YosoAttention(local_window=W)). Default: none")
     parser.add_argument("--fidelity", type=int, default=None, metavar="N",
@@ -274,11 +281,20 @@ def parse_args(argv):
                              "pretrained softmax model's on N texts (before fine-tuning), then exit")
     add_training_arguments(parser, batch_size=8, learning_rate=5e-5, export=False)
     args = parser.parse_args(argv)
+    for option, (modes, default) in MODE_OPTIONS.items():
+        name = option[2:].replace("-", "_")
+        value = getattr(args, name)
+        if value is not None and (args.fidelity or args.mode not in modes):
+            reader = "--fidelity, which measures its own settings," if args.fidelity else f"--mode {args.mode}"
+            parser.error(f"{option} applies to --mode {' / '.join(modes)} only; {reader} does not read it "
+                         f"(got {option} {value})")
+        if value is None and args.mode in modes:
+            setattr(args, name, default)
     check_training_arguments(parser, args)
     check_positive_arguments(parser, args, ("max_length", "num_hashes", "hash_code_len", "train_examples",
                                             "test_examples", "fidelity", "transfer_texts", "transfer_steps",
                                             "local_window"))
-    if not args.transfer_rate > 0:
+    if args.transfer_rate is not None and not args.transfer_rate > 0:
         parser.error(f"--transfer-rate must be > 0, got {args.transfer_rate}")
     if args.transfer_cache and not args.transfer_cache.endswith(".keras"):
         parser.error(f"--transfer-cache must name a .keras file, got {args.transfer_cache!r}")

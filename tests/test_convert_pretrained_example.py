@@ -70,14 +70,20 @@ def checkpoint(tmp_path_factory):
     return directory, _hugging_face_bert(directory)
 
 
-TINY_RUN = ["--train-examples", "24", "--test-examples", "8", "--batch-size", "8", "--num-hashes", "4",
-            "--hash-code-len", "4", "--learning-rate", "1e-3", "--eval-every", "3", "--transfer-texts", "4",
-            "--transfer-steps", "2"]
+TINY_RUN = ["--train-examples", "24", "--test-examples", "8", "--batch-size", "8", "--learning-rate", "1e-3",
+            "--eval-every", "3"]
+TINY_YOSO = ["--num-hashes", "4", "--hash-code-len", "4"]
+TINY_TRANSFER = ["--transfer-texts", "4", "--transfer-steps", "2"]
+
+
+def tiny_run(mode):
+    """TINY_RUN with the options of `mode` (the example's MODE_OPTIONS): YOSO's and transfer's."""
+    return TINY_RUN + (TINY_YOSO if mode != "softmax" else []) + (TINY_TRANSFER if mode == "transferred" else [])
 
 
 def test_converted_checkpoint_keeps_its_weights_and_copies_positions_to_the_new_length(checkpoint):
     directory, tensors = checkpoint
-    args = convert_pretrained.parse_args(["--pretrained", directory, "--max-length", "150"] + TINY_RUN)
+    args = convert_pretrained.parse_args(["--pretrained", directory, "--max-length", "150"] + tiny_run("yoso"))
     backbone = convert_pretrained.load_backbone(args)
     rows = tensors["embeddings.position_embeddings.weight"]
     np.testing.assert_array_equal(to_numpy(backbone.get_layer("position_embedding").position_embeddings),
@@ -90,7 +96,8 @@ def test_converted_checkpoint_keeps_its_weights_and_copies_positions_to_the_new_
 
 def test_a_max_length_below_the_checkpoints_positions_keeps_all_of_them(checkpoint):
     directory, tensors = checkpoint
-    args = convert_pretrained.parse_args(["--pretrained", directory, "--max-length", str(POSITIONS // 2)] + TINY_RUN)
+    args = convert_pretrained.parse_args(["--pretrained", directory, "--max-length", str(POSITIONS // 2)]
+                                         + tiny_run("yoso"))
     backbone = convert_pretrained.load_backbone(args)
     np.testing.assert_array_equal(to_numpy(backbone.get_layer("position_embedding").position_embeddings),
                                   tensors["embeddings.position_embeddings.weight"])
@@ -103,7 +110,7 @@ def test_each_mode_fine_tunes_on_the_builtin_task_and_writes_its_outputs(checkpo
     for mode in convert_pretrained.MODES:
         out = str(tmp_path / mode)
         result = convert_pretrained.main(["--pretrained", directory, "--mode", mode, "--max-length", "128",
-                                          "--output-dir", out] + TINY_RUN)
+                                          "--output-dir", out] + tiny_run(mode))
         with open(os.path.join(out, "metrics.json")) as f:
             metrics = json.load(f)
         assert metrics["task"] == "tags" and 0.0 <= metrics["test_accuracy"] <= 1.0
@@ -166,6 +173,25 @@ def test_bad_options_are_refused_naming_the_option(checkpoint, tmp_path, capsys)
     assert "--max-length must be >= 1" in capsys.readouterr().err
 
 
+
+def test_options_of_other_modes_are_refused_naming_the_option_and_the_modes_that_read_it(checkpoint, capsys):
+    directory, _ = checkpoint
+    refused = [(["--mode", "softmax", "--hash-code-len", "6"], "--hash-code-len applies to --mode yoso / "
+                "transferred / scratch only; --mode softmax does not read it (got --hash-code-len 6)"),
+               (["--mode", "yoso", "--transfer-steps", "5"], "--transfer-steps applies to --mode transferred only; "
+                "--mode yoso does not read it (got --transfer-steps 5)"),
+               (["--fidelity", "3", "--num-hashes", "8"], "--num-hashes applies to --mode yoso / transferred / "
+                "scratch only; --fidelity, which measures its own settings, does not read it (got --num-hashes 8)")]
+    for argv, message in refused:
+        with pytest.raises(SystemExit):
+            convert_pretrained.parse_args(["--pretrained", directory] + argv)
+        assert message in capsys.readouterr().err, argv
+    softmax = convert_pretrained.parse_args(["--pretrained", directory, "--mode", "softmax"])
+    assert softmax.hash_code_len is None and softmax.transfer_steps is None  # what it does not read, unset
+    transferred = convert_pretrained.parse_args(["--pretrained", directory, "--mode", "transferred"])
+    assert (transferred.num_hashes, transferred.hash_code_len, transferred.transfer_steps) == (32, 8, 100)
+
+
 @runs_on("torch")  # the script in a fresh process: 33 s on PyTorch, 37 s on TensorFlow, 57 s on JAX
 def test_benchmark_sweep_prints_a_table_and_writes_results_and_figure(checkpoint, tmp_path):
     directory, _ = checkpoint
@@ -173,7 +199,8 @@ def test_benchmark_sweep_prints_a_table_and_writes_results_and_figure(checkpoint
     process = subprocess.run(
         [sys.executable, os.path.join(ROOT, "benchmarks", "convert_pretrained.py"), "--pretrained", directory,
          "--modes", "yoso", "softmax", "--learning-rates", "1e-3", "--seeds", "0", "--out", str(out), "--",
-         "--max-length", "96"] + TINY_RUN, capture_output=True, text=True, timeout=600)
+         "--max-length", "96"] + TINY_RUN + TINY_YOSO,  # the driver passes YOSO's options to yoso only
+        capture_output=True, text=True, timeout=600)
     assert process.returncode == 0, process.stderr[-3000:]
     assert re.search(r"^\| yoso \| 0\.001 \| \d+\.\d% \| \d+\.\d% \|", process.stdout, re.M), process.stdout
     assert re.search(r"^\| softmax \| 0\.001 \|", process.stdout, re.M)
@@ -398,7 +425,7 @@ def test_transferred_mode_with_a_window_caches_its_transfer_per_setting(checkpoi
     directory, _ = checkpoint
     cache = str(tmp_path / "transferred.keras")
     run = ["--pretrained", directory, "--mode", "transferred", "--max-length", "96", "--local-window", "8",
-           "--transfer-cache", cache] + TINY_RUN
+           "--transfer-cache", cache] + tiny_run("transferred")
     first = convert_pretrained.main(run + ["--output-dir", str(tmp_path / "a")])
     assert "wrote the transferred backbone" in capsys.readouterr().out
     settings = json.loads(open(cache + ".json").read())
@@ -415,5 +442,5 @@ def test_transferred_mode_with_a_window_caches_its_transfer_per_setting(checkpoi
     with pytest.raises(ValueError, match=r"--transfer-cache .* other settings .*'transfer_steps': \(2, 3\)"):
         convert_pretrained.main(run + ["--transfer-steps", "3", "--output-dir", str(tmp_path / "c")])
     with pytest.raises(SystemExit):
-        convert_pretrained.parse_args(["--pretrained", directory, "--transfer-rate", "0"])
+        convert_pretrained.parse_args(["--pretrained", directory, "--mode", "transferred", "--transfer-rate", "0"])
     assert "--transfer-rate must be > 0" in capsys.readouterr().err
