@@ -95,18 +95,33 @@ def library(folder):
 
 
 def smoke(folder):
+    """The layer against MultiHeadAttention; with its memory (verify.LAYER_MEMORY) once a run records it."""
     result = _load(folder, "smoke.json")
+    stages = [(stage, result[stage]["result"]) for stage in ("smoke_jax", "smoke_torch")]
+    memory = any("yoso_mib" in row for _, r in stages for row in r["layer_timings"].values())
     lines = ["| backend | GPU vs CPU, max relative difference | YOSO layer fwd+bwd, ms (8,192 / 16,384 tokens) | "
-             "MultiHeadAttention fwd+bwd, ms |", "|---|---|---:|---:|"]
-    for stage in ("smoke_jax", "smoke_torch"):
-        r = result[stage]["result"]
+             "MultiHeadAttention fwd+bwd, ms |" + (" YOSO, MiB | MultiHeadAttention, MiB |" if memory else ""),
+             "|---|---|---:|---:|" + ("---:|---:|" if memory else "")]
+    for stage, r in stages:
         checks = {k: v for k, v in r.items() if isinstance(v, dict) and "verdict" in v}
         compared = "; ".join(f"{k}: {v['verdict']} ({v['worst_relative']:.1e})" for k, v in checks.items())
         t = r["layer_timings"]
-        lines.append(f"| {stage.split('_')[1]} | {compared} | "
-                     f"{t['8192']['yoso_ms']:.0f} / {t['16384']['yoso_ms']:.0f} | "
-                     f"{t['8192']['mha_ms']:.1f} / {t['16384']['mha_ms']:.1f} |")
+        line = (f"| {stage.split('_')[1]} | {compared} | "
+                f"{t['8192']['yoso_ms']:.0f} / {t['16384']['yoso_ms']:.0f} | "
+                f"{t['8192']['mha_ms']:.1f} / {t['16384']['mha_ms']:.1f} |")
+        if memory:
+            line += "".join(" " + " / ".join(_mib(t[length].get(f"{key}_mib")) for length in ("8192", "16384")) + " |"
+                            for key in ("yoso", "mha"))
+        lines.append(line)
+    if memory:
+        lines += ["", "Memory: " + "; ".join(f"{stage.split('_')[1]}, {r['layer_memory']}" for stage, r in stages
+                                             if r.get("layer_memory"))
+                  + "."]
     return "\n".join(lines)
+
+
+def _mib(value):
+    return "–" if value is None else f"{value:,.0f}"
 
 
 def triton(folder):

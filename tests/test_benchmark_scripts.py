@@ -228,13 +228,18 @@ def _gpu_report(folder):
 
 
 def test_gpu_report_renders_the_rows_a_later_verify_run_adds(tmp_path):
-    """verify.py's zipf row (the target "Zipf-skewed codes at most 2x uniform"), stage train_step and stage profile,
-    absent from 2026-11-29's records, get their column and table once a run records them."""
+    """verify.py's zipf row (the target "Zipf-skewed codes at most 2x uniform"), stage train_step, stage profile and
+    the layer's memory, absent from 2026-11-29's records, get their column and table once a run records them."""
     folder = os.path.join(REPO, "docs", "data", "gpu_2026-11-29")
     for name in ("correctness.json", "rates.json", "smoke.json", "timings.json"):
         with open(os.path.join(folder, name), encoding="utf-8") as f:
             record = json.load(f)
         if name == "smoke.json":
+            for stage, (yoso, mha) in (("smoke_jax", (150.0, 2500.0)), ("smoke_torch", (170.0, 3000.0))):
+                result = record[stage]["result"]
+                result["layer_memory"] = f"{stage}'s measure"
+                for length, scale in (("8192", 1), ("16384", 2)):
+                    result["layer_timings"][length].update(yoso_mib=yoso * scale, mha_mib=mha * scale ** 2)
             record["train_step"] = {"status": "ok", "result": {
                 "shape": {"layers": 6, "width": 384, "heads": 12, "batch": 16, "length": 2048},
                 "yoso": {"ms": 812.0, "first_call_s": 14.2}, "mha": {"error": "out of memory"}}}
@@ -252,6 +257,9 @@ def test_gpu_report_renders_the_rows_a_later_verify_run_adds(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "| 0.95 | 1.50 | 26.00 |" in proc.stdout and "| YOSO fwd+bwd, Zipf codes |" in proc.stdout
     assert "| YOSO (m = 32) | 812 | 14.2 |" in proc.stdout
+    assert "| YOSO, MiB | MultiHeadAttention, MiB |" in proc.stdout
+    assert "| 150 / 300 | 2,500 / 10,000 |" in proc.stdout and "| 170 / 340 | 3,000 / 12,000 |" in proc.stdout
+    assert "Memory: jax, smoke_jax's measure; torch, smoke_torch's measure." in proc.stdout
     assert "| MultiHeadAttention | out of memory | – |" in proc.stdout
     assert "### Where one attention forward+backward's GPU time goes" in proc.stdout
     assert "20.00 ms in 14 kernels" in proc.stdout

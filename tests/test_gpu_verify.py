@@ -5,7 +5,8 @@ summary, printed last; its scheduler, its comparisons and its correctness grid o
 The script runs as a user runs it, in a subprocess from the repository root. It needs neither
 torch, JAX nor the native library here. Where both torch and the native library are at hand, the decoding step's
 GPU code paths (its launches in place and not, the bitwise repeat, the timing rows) are rehearsed with "cuda" on
-the CPU: ky_run_device answered by the CPU kernels of ky_run, the launch plans the library's own.
+the CPU: ky_run_device answered by the CPU kernels of ky_run, the launch plans the library's own. The layer timing
+(time and memory against MultiHeadAttention) runs on the CPU on PyTorch, and on JAX in a program of its own.
 """
 
 import importlib.util
@@ -22,6 +23,8 @@ import numpy as np
 import pytest
 
 import numpy_reference
+from conftest import run_program
+from conftest import runs_on
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(REPO, "tests", "gpu", "verify.py")
@@ -473,7 +476,8 @@ class _CudaOnCpu:
         self._torch = torch
         self.cuda = types.SimpleNamespace(
             is_available=lambda: True, synchronize=lambda: None, empty_cache=lambda: None, Event=_Event,
-            get_device_capability=lambda: (9, 0), current_stream=lambda: types.SimpleNamespace(cuda_stream=0))
+            get_device_capability=lambda: (9, 0), current_stream=lambda: types.SimpleNamespace(cuda_stream=0),
+            reset_peak_memory_stats=lambda: None, memory_allocated=lambda: 0, max_memory_allocated=lambda: 0)
 
     def __getattr__(self, name):
         value = getattr(self._torch, name)
@@ -619,6 +623,38 @@ def test_the_train_step_stage_trains_its_encoder_classifier_at_a_tiny_size_on_th
     assert (verify.TRAIN_STEP["layers"], verify.TRAIN_STEP["width"], verify.TRAIN_STEP["length"]) == (6, 384, 2048)
     text = verify._headline_train_step({"shape": verify.TRAIN_STEP, "yoso": {"ms": 820.0}, "mha": {"error": "OOM"}})
     assert "yoso: 820 ms a step" in text and "mha: – ms a step (OOM)" in text and "under 1,000 ms" in text
+
+
+class _Budget:
+    def remaining(self):
+        return 60.0
+
+
+@runs_on("torch")
+def test_the_torch_layer_timing_times_fwd_bwd_and_reports_the_peak_above_what_was_allocated_before(cuda_on_cpu,
+                                                                                                    monkeypatch):
+    torch, _ = cuda_on_cpu
+    import keras
+    monkeypatch.setattr(verify, "LAYER_TIMING", dict(verify.LAYER_TIMING, num_heads=2, key_dim=8))
+    torch.cuda.memory_allocated, torch.cuda.max_memory_allocated = lambda: 3 * 2 ** 20, lambda: 10 * 2 ** 20
+    measured = verify.time_torch_layer(torch, keras.layers.MultiHeadAttention(num_heads=2, key_dim=8), 32, _Budget())
+    assert measured["mib"] == 7.0 and measured["ms"] > 0 and measured["repeats"] > 0, measured
+
+
+@pytest.mark.other_backends
+@runs_on("tensorflow")  # the program starts JAX itself: once, on CI's TensorFlow side
+def test_the_jax_layer_timing_measures_memory_quadratic_in_the_length_for_mha_and_linear_for_yoso(tmp_path):
+    """_layer_timings with time_jax_layer on the CPU at 256 and 1,024 tokens (XLA's temporary buffers of the
+    compiled forward+backward): MultiHeadAttention's [n, n] scores grow 16x, YOSO's buffers 4x plus its tables."""
+    table = json.loads(run_program("verify_layer_memory", cwd=tmp_path, backend="jax").splitlines()[-1])
+    short, long = table["256"], table["1024"]
+    for row in (short, long):
+        assert all(row[f"{key}_{unit}"] > 0 for key in ("yoso", "mha") for unit in ("ms", "mib")), row
+    assert long["mha_mib"] / short["mha_mib"] > 10, table
+    assert long["yoso_mib"] / short["yoso_mib"] < 5, table
+    text = verify._headline_smoke({"layer_timings": {"8192": {"yoso_ms": 12.0, "yoso_mib": 300.0, "mha_ms": 20.0,
+                                                              "mha_mib": 2100.0}}})
+    assert "8192 tokens fwd+bwd: YOSO 12.0 ms 300 MiB, MHA 20.0 ms 2,100 MiB" in text
 
 
 def test_kernel_profile_sums_each_gpu_kernel_per_call_heaviest_first_and_leaves_host_events_out():

@@ -312,15 +312,18 @@ SMOKE_SHAPES = {"batch": 2, "query_length": 64, "value_length": 48, "width": 32,
 # Relative (Frobenius) difference allowed between GPU and CPU results: float32 rounding, and a rare
 # hash bit flipped by a projection within rounding of zero.
 SMOKE_TOLERANCE = 1e-2
-# Layers timed against keras.layers.MultiHeadAttention: batch 1, width 512, 8 heads of 64.
 # The training step of examples/convert_pretrained.py (issue 40's target: under 1 s on JAX and PyTorch on a GPU):
 # all-MiniLM-L6-v2's shape (6 layers, width 384, 12 heads, feed-forward 1,536, its 30,522-token vocabulary),
 # converted to YOSO with m = 32 at 2,048 tokens, batch 16.
 TRAIN_STEP = {"layers": 6, "width": 384, "heads": 12, "ffn": 1536, "vocabulary": 30522, "length": 2048, "batch": 16,
               "num_hashes": 32}
 TRAIN_STEP_TARGET_MS = 1000
+# Layers timed against keras.layers.MultiHeadAttention: batch 1, width 512, 8 heads of 64; with the memory
+# of their forward+backward (LAYER_MEMORY: what each backend measures).
 LAYER_TIMING = {"lengths": (8192, 16384), "num_heads": 8, "key_dim": 64, "num_hashes": 32, "hash_code_len": 8,
                 "dtype": "mixed_bfloat16"}
+LAYER_MEMORY = {"torch": "torch.cuda.max_memory_allocated during the timed calls, less what was allocated before",
+                "jax": "XLA's temporary buffers of the compiled forward+backward (memory_analysis().temp_size_in_bytes)"}
 # torch.compile's backend in smoke_torch: "aot_eager" traces the whole graph (fullgraph=True, fakes,
 # autograd) and runs the kernels, with no code generation (inductor's cold compile takes minutes).
 TORCH_COMPILE_BACKEND = "aot_eager"
@@ -1084,8 +1087,9 @@ def _headline_smoke(result):
     times = result.get("layer_timings") or {}
     for length in LAYER_TIMING["lengths"]:
         row = times.get(str(length)) or {}
-        parts.append(f"{length} tokens fwd+bwd: YOSO {_number(row.get('yoso_ms'), '{:.1f}')} ms, "
-                     f"MHA {_number(row.get('mha_ms'), '{:.1f}')} ms")
+        parts.append(f"{length} tokens fwd+bwd: YOSO {_number(row.get('yoso_ms'), '{:.1f}')} ms "
+                     f"{_number(row.get('yoso_mib'), '{:,.0f}')} MiB, MHA {_number(row.get('mha_ms'), '{:.1f}')} ms "
+                     f"{_number(row.get('mha_mib'), '{:,.0f}')} MiB")
     return "; ".join(parts)
 
 
@@ -2275,7 +2279,7 @@ def _wall_median_ms(fn, synchronize, rec, repeats=5):
 
 def _layer_timings(rec, time_layer):
     """YosoAttention against keras.layers.MultiHeadAttention, forward+backward at LAYER_TIMING's lengths;
-    `time_layer(layer, length)` -> {"ms", ...}."""
+    `time_layer(layer, length)` -> {"ms", "first_call_s", "mib" (its memory, LAYER_MEMORY), ...}."""
     import keras
     from keras_yoso.layers import YosoAttention
     t = LAYER_TIMING
@@ -2294,13 +2298,58 @@ def _layer_timings(rec, time_layer):
                 measured = time_layer(make(), length)
                 row[f"{key}_ms"] = measured["ms"]
                 row[f"{key}_first_call_s"] = measured["first_call_s"]
+                row[f"{key}_mib"] = measured["mib"]
             except Exception as error:  # e.g. MultiHeadAttention out of memory: recorded
                 row[f"{key}_error"] = _first_line(error)
                 if key == "yoso":
                     rec.check(False, f"YOSO layer at {length} tokens: {row[f'{key}_error']}")
-            print(f"layer fwd+bwd {length} tokens {key}: {row.get(f'{key}_ms', row.get(f'{key}_error'))}", flush=True)
+            print(f"layer fwd+bwd {length} tokens {key}: " + (row[f"{key}_error"] if f"{key}_error" in row else
+                  f"{_number(row.get(f'{key}_ms'), '{:.1f}')} ms, {_number(row.get(f'{key}_mib'), '{:,.1f}')} MiB"),
+                  flush=True)
             rec.save()
     return table
+
+
+def time_torch_layer(torch, layer, length, rec):
+    """PyTorch on CUDA: `layer`'s self-attention forward+backward on [1, length, LAYER_TIMING width] (the mean
+    square of its output), _wall_median_ms's timing with "mib": LAYER_MEMORY["torch"] in MiB."""
+    x = torch.randn(1, length, LAYER_TIMING["num_heads"] * LAYER_TIMING["key_dim"], device="cuda",
+                    requires_grad=True)
+
+    def step():
+        layer(x, x).float().square().mean().backward()
+
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    measured = _wall_median_ms(step, torch.cuda.synchronize, rec)
+    return dict(measured, mib=(torch.cuda.max_memory_allocated() - before) / 2 ** 20)
+
+
+def time_jax_layer(layer, length, device, rec):
+    """JAX on `device`: `layer`'s self-attention forward+backward (jax.jit of jax.grad of the mean square of its
+    output, for the weights and the input) on [1, length, LAYER_TIMING width], compiled once; _wall_median_ms's
+    timing (first_call_s includes the compile) with "mib": LAYER_MEMORY["jax"] in MiB."""
+    import jax
+    import jax.numpy as jnp
+    x = jax.device_put(np.random.default_rng(0).standard_normal(
+        (1, length, LAYER_TIMING["num_heads"] * LAYER_TIMING["key_dim"])).astype(np.float32), device)
+    layer(x[:, :8], x[:, :8])
+    variables = jax.device_put(([v.value for v in layer.trainable_variables],
+                                [v.value for v in layer.non_trainable_variables]), device)
+
+    def objective(trainable, non_trainable, x):
+        out, _ = layer.stateless_call(trainable, non_trainable, x, x)
+        return jnp.mean(jnp.square(out.astype(jnp.float32)))
+
+    began = time.perf_counter()
+    gradient = jax.jit(jax.grad(objective, argnums=(0, 2))).lower(*variables, x).compile()
+    compile_s = time.perf_counter() - began
+    results = []
+    measured = _wall_median_ms(lambda: results.append(gradient(*variables, x)),
+                               lambda: jax.block_until_ready(results.pop()), rec)
+    return dict(measured, first_call_s=measured["first_call_s"] + compile_s,
+                mib=gradient.memory_analysis().temp_size_in_bytes / 2 ** 20)
 
 
 def stage_smoke_torch(rec):
@@ -2346,16 +2395,8 @@ def stage_smoke_torch(rec):
         rec.check(False, f"torch.compile(fullgraph=True): {r['compiled']['error']}")
     rec.save()
 
-    def time_layer(layer, length):
-        x = torch.randn(1, length, LAYER_TIMING["num_heads"] * LAYER_TIMING["key_dim"], device="cuda",
-                        requires_grad=True)
-
-        def step():
-            layer(x, x).float().square().mean().backward()
-
-        return _wall_median_ms(step, torch.cuda.synchronize, rec)
-
-    r["layer_timings"] = _layer_timings(rec, time_layer)
+    r["layer_memory"] = LAYER_MEMORY["torch"]
+    r["layer_timings"] = _layer_timings(rec, lambda layer, length: time_torch_layer(torch, layer, length, rec))
 
 
 def stage_smoke_jax(rec):
@@ -2398,23 +2439,8 @@ def stage_smoke_jax(rec):
               "the GPU lowering holds no keras_yoso cumulation custom call")
     rec.save()
 
-    def time_layer(layer, length):
-        x = jax.device_put(np.random.default_rng(0).standard_normal(
-            (1, length, LAYER_TIMING["num_heads"] * LAYER_TIMING["key_dim"])).astype(np.float32), gpu)
-        layer(x[:, :8], x[:, :8])
-        variables = ([v.value for v in layer.trainable_variables], [v.value for v in layer.non_trainable_variables])
-
-        def objective(trainable, non_trainable, x):
-            out, _ = layer.stateless_call(trainable, non_trainable, x, x)
-            return jnp.mean(jnp.square(out.astype(jnp.float32)))
-
-        gradient = jax.jit(jax.grad(objective, argnums=(0, 2)))
-        results = []
-        measured = _wall_median_ms(lambda: results.append(gradient(*variables, x)),
-                                   lambda: jax.block_until_ready(results.pop()), rec)
-        return measured
-
-    r["layer_timings"] = _layer_timings(rec, time_layer)
+    r["layer_memory"] = LAYER_MEMORY["jax"]
+    r["layer_timings"] = _layer_timings(rec, lambda layer, length: time_jax_layer(layer, length, gpu, rec))
 
 
 def encoder_classifier(attention, shape, num_classes=2):
