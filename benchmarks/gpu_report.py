@@ -153,13 +153,16 @@ def train_step(folder):
     shape = result.get("shape") or {}
     lines = [f"{shape.get('layers')} layers, width {shape.get('width')}, {shape.get('heads')} heads, batch "
              f"{shape.get('batch')} x {shape.get('length')} tokens (all-MiniLM-L6-v2's shape, random weights), "
-             "model.train_on_batch, wall-clock median:", "", "| attention | ms a step | first call, s |",
-             "|---|---:|---:|"]
-    for name, label in (("yoso", "YOSO (m = 32)"), ("mha", "MultiHeadAttention")):
-        row = result.get(name) or {}
-        first = row.get("first_call_s")
+             "model.train_on_batch, wall-clock median:", ""]
+    rows = [(label, result.get(name) or {}) for name, label in (("yoso", "YOSO (m = 32)"), ("mha", "MultiHeadAttention"))]
+    memory = any(row.get("mib") is not None for _, row in rows)  # recorded since 2026-12-03
+    lines += ["| attention | ms a step | first call, s |" + (" memory, MiB |" if memory else ""),
+              "|---|---:|---:|" + ("---:|" if memory else "")]
+    for label, row in rows:
         lines.append(f"| {label} | {_ms(row.get('ms'), '{:.0f}') if 'ms' in row else row.get('error', '–')} | "
-                     f"{_ms(first, '{:.1f}')} |")
+                     f"{_ms(row.get('first_call_s'), '{:.1f}')} |" + (f" {_mib(row.get('mib'))} |" if memory else ""))
+    if memory:
+        lines += ["", f"Memory: {result['memory']}."]
     return "\n".join(lines)
 
 

@@ -229,7 +229,8 @@ def _gpu_report(folder):
 
 def test_gpu_report_renders_the_rows_a_later_verify_run_adds(tmp_path):
     """verify.py's zipf row (the target "Zipf-skewed codes at most 2x uniform"), stage train_step, stage profile and
-    the layer's memory, absent from 2026-11-29's records, get their column and table once a run records them."""
+    the layer's and the training step's memory, absent from 2026-11-29's records, get their column and table once
+    a run records them."""
     folder = os.path.join(REPO, "docs", "data", "gpu_2026-11-29")
     for name in ("correctness.json", "rates.json", "smoke.json", "timings.json"):
         with open(os.path.join(folder, name), encoding="utf-8") as f:
@@ -242,7 +243,8 @@ def test_gpu_report_renders_the_rows_a_later_verify_run_adds(tmp_path):
                     result["layer_timings"][length].update(yoso_mib=yoso * scale, mha_mib=mha * scale ** 2)
             record["train_step"] = {"status": "ok", "result": {
                 "shape": {"layers": 6, "width": 384, "heads": 12, "batch": 16, "length": 2048},
-                "yoso": {"ms": 812.0, "first_call_s": 14.2}, "mha": {"error": "out of memory"}}}
+                "memory": "train_step's measure", "yoso": {"ms": 812.0, "first_call_s": 14.2, "mib": 1234.0},
+                "mha": {"error": "out of memory"}}}
         if name == "timings.json":
             record["timings"]["result"]["rows"].append(
                 {"what": "library yoso fwd+bwd zipf", "n": 16384, "dtype": "bfloat16", "ms": 26.0})
@@ -256,11 +258,11 @@ def test_gpu_report_renders_the_rows_a_later_verify_run_adds(tmp_path):
     proc = _run_gpu_report(str(tmp_path))
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "| 0.95 | 1.50 | 26.00 |" in proc.stdout and "| YOSO fwd+bwd, Zipf codes |" in proc.stdout
-    assert "| YOSO (m = 32) | 812 | 14.2 |" in proc.stdout
+    assert "| YOSO (m = 32) | 812 | 14.2 | 1,234 |" in proc.stdout and "Memory: train_step's measure." in proc.stdout
     assert "| YOSO, MiB | MultiHeadAttention, MiB |" in proc.stdout
     assert "| 150 / 300 | 2,500 / 10,000 |" in proc.stdout and "| 170 / 340 | 3,000 / 12,000 |" in proc.stdout
     assert "Memory: jax, smoke_jax's measure; torch, smoke_torch's measure." in proc.stdout
-    assert "| MultiHeadAttention | out of memory | – |" in proc.stdout
+    assert "| MultiHeadAttention | out of memory | – | – |" in proc.stdout
     assert "### Where one attention forward+backward's GPU time goes" in proc.stdout
     assert "20.00 ms in 14 kernels" in proc.stdout
     assert "| `lower_bound_tables_kernel` | 1 | 7.000 | 35% |" in proc.stdout

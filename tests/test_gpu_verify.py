@@ -621,8 +621,29 @@ def test_the_train_step_stage_trains_its_encoder_classifier_at_a_tiny_size_on_th
         measured = verify.time_train_steps(model, shape, Budget(), repeats=2)
         assert measured["repeats"] == 2 and measured["ms"] > 0 and math.isfinite(measured["loss"]), attention
     assert (verify.TRAIN_STEP["layers"], verify.TRAIN_STEP["width"], verify.TRAIN_STEP["length"]) == (6, 384, 2048)
-    text = verify._headline_train_step({"shape": verify.TRAIN_STEP, "yoso": {"ms": 820.0}, "mha": {"error": "OOM"}})
-    assert "yoso: 820 ms a step" in text and "mha: – ms a step (OOM)" in text and "under 1,000 ms" in text
+    text = verify._headline_train_step({"shape": verify.TRAIN_STEP, "yoso": {"ms": 820.0, "mib": 1500.0},
+                                        "mha": {"error": "OOM"}})
+    assert "yoso: 820 ms a step, 1,500 MiB" in text and "mha: – ms a step (OOM)" in text and "under 1,000 ms" in text
+
+
+@runs_on("jax")
+def test_the_train_step_memory_is_quadratic_in_the_length_for_mha_and_about_linear_for_yoso():
+    """train_step_memory_mib (stage train_step's memory: XLA's temporaries of the compiled train_step) on the CPU,
+    tiny models at 128 and 512 tokens: MultiHeadAttention's [B, H, n, n] scores and their gradients grow 16x, so
+    its step's memory grows far more than 4x; YOSO's activations 4x and its tables not at all (measured
+    2026-12-03: MultiHeadAttention 2.2 -> 33.0 MiB, 15x; YOSO 0.83 -> 3.24 MiB, 3.9x)."""
+    grown = {}
+    for attention in ("yoso", "mha"):
+        mib = []
+        for length in (128, 512):
+            shape = dict(verify.TRAIN_STEP, layers=1, width=32, heads=4, ffn=32, vocabulary=50, length=length,
+                         batch=2, num_hashes=4)
+            model = verify.encoder_classifier(attention, shape)
+            model.train_on_batch(*verify.train_batch(shape))
+            mib.append(verify.train_step_memory_mib(model, shape))
+        assert min(mib) > 0, (attention, mib)
+        grown[attention] = mib[1] / mib[0]
+    assert grown["mha"] > 8 and grown["yoso"] < 5, grown
 
 
 class _Budget:
