@@ -275,7 +275,7 @@ def test_the_readme_quotes_the_imdb_fine_tune_rows_of_their_records():
     table = convert.render([os.path.join(REPO, "docs", "data", name)
                             for name in ("convert_protocol_imdb.json", "convert_protocol_imdb_b.json")])
     readme = " ".join(_read("README.md").split())
-    for mode in ("transferred", "softmax", "yoso"):
+    for mode in ("transferred", "softmax", "yoso", "scratch"):
         row = next(line for line in table.splitlines() if line.startswith(f"| {mode} |"))
         quoted = re.search(r"(\d\.\d{3} \[\d\.\d{3}, \d\.\d{3}\]) \(3 of 3\)", row).group(1)
         assert quoted in readme, (mode, quoted)
